@@ -1,0 +1,29 @@
+"""posenc: positional encodings for transformers on one fast attention core.
+
+``posenc.available()`` lists every encoding; ``posenc.build(name, ...)`` constructs one.
+"""
+
+from . import graph, seq, timeseries, vision  # noqa: F401  (importing registers the encodings)
+from .common import (
+    BACKENDS,
+    AttentionMask,
+    Hook,
+    KVCache,
+    ModelDims,
+    MultiheadAttention,
+    PairwiseBias,
+    PositionEncoding,
+    TransformerBlock,
+    TransformerEncoder,
+    attend,
+    available,
+    build,
+    register,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS", "AttentionMask", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias",
+    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "register",
+]

@@ -1,0 +1,150 @@
+"""Pre-norm transformer block and encoder stack, with a place between blocks for conditional
+encoders (PEG) and an optional KV cache."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .attention import Backend, MultiheadAttention, normalize_positions
+from .encoding import Hook, PositionEncoding
+from .kv_cache import KVCache
+from .masks import AttentionMask
+
+
+class MLP(nn.Module):
+    """``Linear -> GELU -> Dropout -> Linear``."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(x))))
+
+
+class TransformerBlock(nn.Module):
+    """``x + Attn(LN(x))`` then ``x + MLP(LN(x))``.
+
+    Shapes: ``x [B, T, C]`` -> ``[B, T, C]``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        encoding: PositionEncoding | None = None,
+        backend: Backend = "auto",
+        attn_scale: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MultiheadAttention(
+            dim, num_heads, num_kv_heads=num_kv_heads, encoding=encoding, backend=backend, scale=attn_scale
+        )
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        cache=None,
+    ) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), q_pos=positions, mask=mask, cache=cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+def _attention_part(encoding: PositionEncoding | None) -> PositionEncoding | None:
+    """The encoding as the attention layers see it: None when it acts on the input only."""
+    if encoding is None or not (encoding.hooks - {Hook.INPUT}):
+        return None
+    return encoding
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of pre-norm blocks with a position encoding.
+
+    Args:
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, dropout, backend: as for the blocks.
+        encoding: one encoding shared by every layer, or a sequence of ``depth`` encodings (one per
+            layer). Its input hook is applied to ``x`` before the first block (from the first
+            encoding of a sequence); its attention hooks inside every block.
+        conditional: ``{i: module}``: ``module(x, positions)`` is added after block ``i``
+            (0-based); conditional encoders such as PEG live here.
+        final_norm: apply a LayerNorm after the last block.
+
+    Shapes: ``x [B, T, C]``, ``positions [B or 1, T(, coords)]`` -> ``[B, T, C]``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        *,
+        encoding: PositionEncoding | Sequence[PositionEncoding] | None = None,
+        num_kv_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        conditional: Mapping[int, nn.Module] | None = None,
+        backend: Backend = "auto",
+        attn_scale: float | None = None,
+        final_norm: bool = True,
+    ) -> None:
+        super().__init__()
+        if depth <= 0:
+            raise ValueError(f"depth must be positive, got {depth}")
+        if encoding is None or isinstance(encoding, PositionEncoding):
+            per_layer = [encoding] * depth
+            self.encoding = encoding
+        else:
+            per_layer = list(encoding)
+            if len(per_layer) != depth:
+                raise ValueError(f"encoding: got {len(per_layer)} per-layer encodings for depth {depth}")
+            self.encoding = per_layer[0]
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                dim, num_heads, num_kv_heads=num_kv_heads, mlp_ratio=mlp_ratio, dropout=dropout,
+                encoding=_attention_part(enc), backend=backend, attn_scale=attn_scale,
+            )
+            for enc in per_layer
+        )
+        conditional = dict(conditional or {})
+        for i in conditional:
+            if not 0 <= i < depth:
+                raise ValueError(f"conditional: block index {i} is outside 0..{depth - 1}")
+        self.conditional = nn.ModuleDict({str(i): m for i, m in sorted(conditional.items())})
+        self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache)} layers; this stack has {len(self.blocks)}")
+        past = 0 if cache is None else cache.length
+        positions = normalize_positions(positions, x.shape[1], x.shape[0], "positions", start=past, device=x.device)
+        if self.encoding is not None and Hook.INPUT in self.encoding.hooks:
+            x = self.encoding.encode_input(x, positions)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions=positions, mask=mask, cache=None if cache is None else cache[i])
+            if str(i) in self.conditional:
+                x = x + self.conditional[str(i)](x, positions)
+        return self.norm(x)

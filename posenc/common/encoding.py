@@ -1,0 +1,81 @@
+"""The position-encoding interface: four hook points into attention.
+
+A position enters a transformer in one of four places, and an encoding declares which it uses
+in ``hooks``:
+
+``Hook.INPUT``
+    added to (or concatenated with) the token features before the blocks
+    (sinusoidal, learned, tAPE, LapPE, RWSE). Method: :meth:`PositionEncoding.encode_input`.
+``Hook.QK``
+    a transform of queries and keys (the rotary family). Method: :meth:`PositionEncoding.transform_qk`.
+``Hook.SCORE_BIAS``
+    an additive bias on the attention scores before the softmax (ALiBi, T5, KERPLE, FIRE,
+    shortest path). Method: :meth:`PositionEncoding.score_bias`, returning a
+    :class:`~posenc.common.pairwise.PairwiseBias` that serves every kernel path.
+``Hook.POST_SOFTMAX``
+    after the softmax or on the values: an additive bias on the probabilities
+    (eRPE: :meth:`PositionEncoding.prob_bias`), which stays outside the fused kernel because
+    ``(A + B) V = A V + B V``; or a term that needs the probabilities themselves
+    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path.
+
+Positions are always explicit arguments: ``q_pos`` ``[B or 1, Tq]`` and ``kv_pos`` ``[B or 1, Tk]``
+(integer or float; a trailing coordinate axis for 2D encodings). Modules hold parameters and
+constant buffers only, never per-call state.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from .pairwise import PairwiseBias
+
+
+class Hook(str, enum.Enum):
+    INPUT = "input"
+    QK = "qk"
+    SCORE_BIAS = "score_bias"
+    POST_SOFTMAX = "post_softmax"
+
+
+class PositionEncoding(nn.Module):
+    """Base class of every encoding. Subclasses set ``hooks`` and implement those methods.
+
+    Class attributes:
+        hooks: the hook points the encoding uses.
+        causal_only: the encoding is defined for causal attention only (xPos, FIRE, CoPE);
+            an instance may override it (ALiBi is causal-only unless symmetric).
+        supports_kv_cache: cached decoding gives the same result as a full forward.
+        needs_probs: ``value_term`` is implemented; only the math path can serve it.
+    """
+
+    hooks: ClassVar[frozenset[Hook]] = frozenset()
+    causal_only: ClassVar[bool] = False
+    supports_kv_cache: ClassVar[bool] = True
+    needs_probs: ClassVar[bool] = False
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [B, T, C]``, ``positions [B or 1, T]`` -> encoded features ``[B, T, C']``."""
+        raise TypeError(f"{type(self).__name__} has no input hook")
+
+    def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``q [B, Hq, Tq, D]``, ``k [B, Hkv, Tk, D]`` -> transformed ``(q, k)`` of the same shapes."""
+        raise TypeError(f"{type(self).__name__} has no q/k hook")
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
+        raise TypeError(f"{type(self).__name__} has no score-bias hook")
+
+    def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """Additive bias on the attention probabilities (masked entries are excluded by the core)."""
+        raise TypeError(f"{type(self).__name__} has no after-softmax bias")
+
+    def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]``."""
+        raise TypeError(f"{type(self).__name__} has no value term")
+
+    @property
+    def has_prob_bias(self) -> bool:
+        return Hook.POST_SOFTMAX in self.hooks and type(self).prob_bias is not PositionEncoding.prob_bias

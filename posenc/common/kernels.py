@@ -1,0 +1,231 @@
+"""The attention kernel paths. :func:`posenc.common.attention.attend` chooses among them.
+
+``sdpa``   ``scaled_dot_product_attention``: nothing touches the scores (masks only).
+``dense``  a constant score bias handed to SDPA's fused kernel. On CPU the bias is produced
+           chunk by chunk of query rows inside a custom autograd function and recomputed in the
+           backward pass, so no ``T x T`` tensor is kept; with causal masks each chunk stops at
+           its last visible key. A bias that needs a gradient is materialised whole (SDPA then
+           differentiates it).
+``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
+           (compiled on CUDA; eager elsewhere, forward only on CPU).
+``math``   explicit ``softmax(QK^T * scale + bias) V``: the only path that exposes the
+           probabilities, for encodings with a value term.
+
+Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import AttentionMask
+from .pairwise import PairwiseBias
+
+# Chunk the query rows so that one bias chunk holds about this many elements.
+_CHUNK_ELEMENTS = 1 << 21
+
+
+def _repeat_kv(x: Tensor, groups: int) -> Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _indices(n: int, device) -> Tensor:
+    return torch.arange(n, device=device)
+
+
+def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale: float) -> Tensor:
+    """Masks only: SDPA's fused kernels (``is_causal`` when the mask is a plain causal square)."""
+    gqa = q.shape[1] != k.shape[1]
+    tq, tk = q.shape[2], k.shape[2]
+    if mask is None or mask.is_empty:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    if mask.only_causal(tq, tk):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    allowed = mask.dense(q.shape[0], _indices(tq, q.device), _indices(tk, q.device), tq, tk)
+    row_any = allowed.any(dim=-1, keepdim=True)
+    # A fully masked row attends everywhere inside the kernel (no NaN), and is zeroed after it.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_any, scale=scale, enable_gqa=gqa)
+    return out.masked_fill(~row_any, 0.0)
+
+
+def _bias_block(
+    bias: PairwiseBias,
+    mask: AttentionMask | None,
+    batch: int,
+    heads: int,
+    q_idx: Tensor,
+    kv_idx: Tensor,
+    q_len: int,
+    kv_len: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    """Float bias for the given rows with masked entries at -inf, and the rows that see no key."""
+    block = bias.dense(batch, heads, q_idx, kv_idx, dtype=torch.float32)
+    allowed = None if mask is None else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
+    if allowed is None:
+        return block.to(dtype), None
+    row_any = allowed.any(dim=-1, keepdim=True)
+    block = block.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
+    return block.to(dtype), row_any
+
+
+class _ChunkedBiasAttention(torch.autograd.Function):
+    """SDPA's CPU flash kernel over chunks of query rows, with a constant bias recomputed per chunk."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale, chunk):
+        b, h, tq, _ = q.shape
+        tk = k.shape[2]
+        offset = tk - tq
+        causal = mask is not None and mask.causal
+        outs, lses = [], []
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        for s in range(0, tq, chunk):
+            e = min(tq, s + chunk)
+            kv_end = max(1, min(tk, e + offset)) if causal else tk
+            block, row_any = _bias_block(
+                bias, mask, b, h, _indices(tq, q.device)[s:e], _indices(kv_end, q.device), tq, tk, q.dtype
+            )
+            out, lse = flash(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], attn_mask=block, scale=scale)
+            if row_any is not None:
+                out = out.masked_fill(~row_any, 0.0)
+            outs.append(out)
+            lses.append(lse)
+        out = torch.cat(outs, dim=2)
+        ctx.save_for_backward(q, k, v, out, torch.cat(lses, dim=2))
+        ctx.bias, ctx.mask, ctx.scale, ctx.chunk = bias, mask, scale, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
+        b, h, tq, _ = q.shape
+        tk = k.shape[2]
+        offset = tk - tq
+        causal = mask is not None and mask.causal
+        grad_out = grad_out.contiguous()
+        dq = torch.empty_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        for s in range(0, tq, chunk):
+            e = min(tq, s + chunk)
+            kv_end = max(1, min(tk, e + offset)) if causal else tk
+            block, row_any = _bias_block(
+                bias, mask, b, h, _indices(tq, q.device)[s:e], _indices(kv_end, q.device), tq, tk, q.dtype
+            )
+            g = grad_out[:, :, s:e]
+            if row_any is not None:
+                g = g.masked_fill(~row_any, 0.0)
+            gq, gk, gv = flash_bwd(
+                g.contiguous(), q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
+                out[:, :, s:e], lse[:, :, s:e].contiguous(), 0.0, False, attn_mask=block, scale=scale,
+            )
+            dq[:, :, s:e] = gq
+            dk[:, :, :kv_end] += gk
+            dv[:, :, :kv_end] += gv
+        return dq, dk, dv, None, None, None, None
+
+
+def dense_path(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float
+) -> Tensor:
+    """A score bias materialised densely and handed to SDPA."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    if q.device.type == "cpu" and not bias.requires_grad:
+        bias_batch = b if (bias.per_batch or (mask is not None and mask.per_batch)) else 1
+        chunk = max(16, min(tq, _CHUNK_ELEMENTS // max(1, bias_batch * h * tk)))
+        return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk)
+    block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
+    return out if row_any is None else out.masked_fill(~row_any, 0.0)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_path(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias | None, scale: float
+) -> Tensor:
+    """FlexAttention: the bias as ``score_mod``, the mask as a ``BlockMask``."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    block_mask = None
+    if mask is not None and not mask.is_empty:
+        block_mask = mask.block_mask(q.shape[0], q.shape[2], k.shape[2], q.device)
+    score_mod = None
+    if bias is not None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias(b, h, q_idx, kv_idx).to(score.dtype)
+
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if q.device.type == "cuda":
+        return _compiled_flex()(q, k, v, **kwargs)
+    with warnings.catch_warnings():
+        # Eager flex is the unfused reference implementation; fine off CUDA, where it is only asked for.
+        warnings.simplefilter("ignore")
+        return flex_attention(q, k, v, **kwargs)
+
+
+def math_path(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask | None,
+    bias: PairwiseBias | None,
+    scale: float,
+    prob_bias: PairwiseBias | None = None,
+    value_term=None,
+) -> Tensor:
+    """Explicit ``P = softmax(QK^T * scale + bias)``, ``out = (P + prob_bias) V + value_term(P)``."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q_idx, kv_idx = _indices(tq, q.device), _indices(tk, q.device)
+    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
+    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)
+    if allowed is not None:
+        row_any = allowed.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
+    probs = torch.softmax(scores, dim=-1)
+    if allowed is not None:
+        probs = probs.masked_fill(~allowed, 0.0)
+    if prob_bias is not None:
+        extra = prob_bias.dense(b, h, q_idx, kv_idx, dtype=work)
+        probs = probs + (extra if allowed is None else extra.masked_fill(~allowed, 0.0))
+    out = torch.matmul(probs, v.to(work))
+    if value_term is not None:
+        out = out + value_term(probs)
+    return out.to(q.dtype)
+
+
+def prob_bias_term(
+    v: Tensor, heads: int, mask: AttentionMask | None, prob_bias: PairwiseBias, q_len: int
+) -> Tensor:
+    """``(B ⊙ allowed) V`` for an after-softmax bias, added to a fused kernel's ``A V``."""
+    v = _repeat_kv(v, heads // v.shape[1])
+    b, _, tk, _ = v.shape
+    q_idx, kv_idx = _indices(q_len, v.device), _indices(tk, v.device)
+    extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)
+    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, tk)
+    if allowed is not None:
+        extra = extra.masked_fill(~allowed, 0.0)
+    return torch.matmul(extra, v)

@@ -1,0 +1,57 @@
+"""KV cache for incremental decoding. It is an explicit argument, never module state."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LayerKVCache:
+    """Keys, values and key positions seen so far by one attention layer.
+
+    Keys are stored after the encoding's q/k transform, so each is transformed once, at its own
+    position; positions are kept for score biases over the whole history.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.pos: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Append ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]``; return the whole history."""
+        if self.k is None:
+            self.k, self.v, self.pos = k, v, pos
+        else:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+                raise ValueError(f"cached keys are {tuple(self.k.shape)}; new keys {tuple(k.shape)} do not match")
+            if pos.shape[0] != self.pos.shape[0]:
+                b = max(pos.shape[0], self.pos.shape[0])
+                pos, self.pos = pos.expand(b, *pos.shape[1:]), self.pos.expand(b, *self.pos.shape[1:])
+            self.k = torch.cat((self.k, k), dim=2)
+            self.v = torch.cat((self.v, v), dim=2)
+            self.pos = torch.cat((self.pos, pos), dim=1)
+        return self.k, self.v, self.pos
+
+
+class KVCache:
+    """One :class:`LayerKVCache` per layer of a stack."""
+
+    def __init__(self, num_layers: int) -> None:
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be positive, got {num_layers}")
+        self.layers = [LayerKVCache() for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def __getitem__(self, i: int) -> LayerKVCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)

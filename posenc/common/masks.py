@@ -1,0 +1,133 @@
+"""Attention masks: causal, key padding, block-diagonal (packed sequences, batches of graphs),
+sliding window.
+
+One mask is one boolean function ``allowed(b, h, q_idx, kv_idx)``; it becomes a dense boolean
+mask for SDPA and the math path, or a FlexAttention ``BlockMask`` on CUDA. Build one mask object
+per forward pass and hand it to every layer: the block mask is then computed once.
+
+Causal masks are aligned bottom-right: with ``Tq`` queries and ``Tk`` keys, query ``i`` sees keys
+``j <= i + (Tk - Tq)``. That is the KV-cache convention (new queries come after the cached keys);
+for ``Tq == Tk`` it is the usual lower triangle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _check_2d(name: str, t: Tensor, batch: int, length: int, what: str) -> None:
+    if t.dim() != 2 or t.shape[0] not in (1, batch) or t.shape[1] != length:
+        raise ValueError(
+            f"{name} must have shape [batch={batch} or 1, {what}={length}], got {tuple(t.shape)}"
+        )
+
+
+@dataclass(eq=False)
+class AttentionMask:
+    """Which keys each query may attend to.
+
+    Args:
+        causal: query ``i`` sees keys ``j <= i + (Tk - Tq)`` (bottom-right aligned).
+        key_valid: ``[B, Tk]`` bool, True for real keys and False for padding.
+        q_segments: ``[B, Tq]`` integer segment (document, graph) id of each query.
+        kv_segments: ``[B, Tk]`` segment id of each key; a query sees only keys of its own
+            segment (block-diagonal attention). Give both or neither; ``AttentionMask.packed``
+            fills both from one tensor for self-attention.
+        window: sliding window: key ``j`` is visible from query ``i`` when
+            ``|i + (Tk - Tq) - j| < window`` (with ``causal``, only the past side remains).
+    """
+
+    causal: bool = False
+    key_valid: Tensor | None = None
+    q_segments: Tensor | None = None
+    kv_segments: Tensor | None = None
+    window: int | None = None
+    _block_masks: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.q_segments is None) != (self.kv_segments is None):
+            raise ValueError("q_segments and kv_segments must be given together (or use AttentionMask.packed)")
+        if self.key_valid is not None and self.key_valid.dtype != torch.bool:
+            raise ValueError(f"key_valid must be a bool tensor (True = real token), got dtype {self.key_valid.dtype}")
+        for name in ("q_segments", "kv_segments"):
+            seg = getattr(self, name)
+            if seg is not None and (seg.dtype.is_floating_point or seg.dtype == torch.bool):
+                raise ValueError(f"{name} must be an integer tensor of segment ids, got dtype {seg.dtype}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"window must be a positive int, got {self.window!r}")
+
+    @classmethod
+    def packed(cls, segments: Tensor, *, causal: bool = False, key_valid: Tensor | None = None) -> "AttentionMask":
+        """Block-diagonal self-attention mask for packed sequences: ``segments`` is ``[B, T]``."""
+        return cls(causal=causal, key_valid=key_valid, q_segments=segments, kv_segments=segments)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.causal and self.key_valid is None and self.q_segments is None and self.window is None
+
+    @property
+    def per_batch(self) -> bool:
+        return self.key_valid is not None or self.q_segments is not None
+
+    def only_causal(self, q_len: int, kv_len: int) -> bool:
+        """True when the mask is exactly SDPA's ``is_causal=True`` (top-left aligned, square)."""
+        return self.causal and q_len == kv_len and self.key_valid is None and self.q_segments is None and self.window is None
+
+    def validate(self, batch: int, q_len: int, kv_len: int) -> None:
+        if self.key_valid is not None:
+            _check_2d("mask.key_valid", self.key_valid, batch, kv_len, "keys")
+        if self.q_segments is not None:
+            _check_2d("mask.q_segments", self.q_segments, batch, q_len, "queries")
+            _check_2d("mask.kv_segments", self.kv_segments, batch, kv_len, "keys")
+
+    def fn(self, q_len: int, kv_len: int) -> MaskFn:
+        """``allowed(b, h, q_idx, kv_idx) -> bool tensor``, usable densely and as a flex ``mask_mod``."""
+        offset = kv_len - q_len
+        causal, window = self.causal, self.window
+        key_valid, q_seg, kv_seg = self.key_valid, self.q_segments, self.kv_segments
+        # A batch of one broadcasts: index it with b * 0.
+        kv_b = key_valid is not None and key_valid.shape[0] == 1
+        seg_b = q_seg is not None and q_seg.shape[0] == 1
+
+        def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            ok = torch.ones_like(q_idx, dtype=torch.bool) & torch.ones_like(kv_idx, dtype=torch.bool)
+            if causal:
+                ok = ok & (kv_idx <= q_idx + offset)
+            if window is not None:
+                dist = q_idx + offset - kv_idx
+                ok = ok & (dist < window) & (dist > -window)
+            if key_valid is not None:
+                ok = ok & key_valid[b * 0 if kv_b else b, kv_idx]
+            if q_seg is not None:
+                bb = b * 0 if seg_b else b
+                ok = ok & (q_seg[bb, q_idx] == kv_seg[bb, kv_idx])
+            return ok
+
+        return allowed
+
+    def dense(self, batch: int, q_idx: Tensor, kv_idx: Tensor, q_len: int, kv_len: int) -> Tensor | None:
+        """Boolean ``[B or 1, 1, len(q_idx), len(kv_idx)]`` (True = attend), or None if nothing is masked."""
+        if self.is_empty:
+            return None
+        device = q_idx.device
+        b = torch.arange(batch if self.per_batch else 1, device=device).view(-1, 1, 1, 1)
+        h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+        return self.fn(q_len, kv_len)(b, h, q_idx.view(1, 1, -1, 1), kv_idx.view(1, 1, 1, -1))
+
+    def block_mask(self, batch: int, q_len: int, kv_len: int, device: torch.device):
+        """FlexAttention ``BlockMask`` (computed once per mask object, length and device)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        key = (batch, q_len, kv_len, str(device))
+        if key not in self._block_masks:
+            fn = self.fn(q_len, kv_len)
+            self._block_masks[key] = create_block_mask(
+                fn, batch if self.per_batch else None, None, q_len, kv_len, device=device
+            )
+        return self._block_masks[key]

@@ -1,0 +1,74 @@
+"""Pairwise functions over (batch, head, query index, key index).
+
+A score bias (ALiBi, T5, shortest path...) or an after-softmax bias (eRPE) is written once, as
+a function ``fn(b, h, q_idx, kv_idx) -> Tensor`` in the style of FlexAttention's ``score_mod``.
+The same function is
+
+* called with scalar index tensors inside FlexAttention (``score_mod``),
+* called with broadcast ``arange`` tensors to materialise a dense ``[B, H, Tq, Tk]`` block
+  (whole, or a chunk of query rows) for SDPA and the math path.
+
+Only element-wise operations and indexing of captured tensors are allowed inside ``fn``; that is
+what both uses support.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+PairFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class PairwiseBias:
+    """A bias defined per (batch, head, query index, key index).
+
+    Args:
+        fn: ``fn(b, h, q_idx, kv_idx)``; indices are integer tensors that broadcast together.
+            ``q_idx`` and ``kv_idx`` index the query and key sequences of this attention call
+            (not positions: positions are captured tensors the function indexes).
+        per_batch: whether the value depends on ``b``. When False, ``fn`` is only ever called
+            with ``b == 0`` and a dense bias has batch size 1 (broadcast over the batch).
+        learned: tensors ``fn`` reads that may require a gradient. A bias whose learned tensors
+            need no gradient can be handed to fused kernels as a constant.
+        name: what the bias is, for error messages.
+    """
+
+    fn: PairFn
+    per_batch: bool = False
+    learned: tuple[Tensor, ...] = field(default=())
+    name: str = "bias"
+
+    def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        if not self.per_batch:
+            b = torch.zeros_like(b)
+        return self.fn(b, h, q_idx, kv_idx)
+
+    @property
+    def requires_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in self.learned)
+
+    def dense(
+        self,
+        batch: int,
+        heads: int,
+        q_idx: Tensor,
+        kv_idx: Tensor,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
+        """Materialise the bias over the given query and key indices.
+
+        Returns a tensor broadcastable to ``[batch, heads, len(q_idx), len(kv_idx)]``; its batch
+        dimension is 1 when the bias is not ``per_batch``.
+        """
+        device = q_idx.device
+        b = torch.arange(batch if self.per_batch else 1, device=device).view(-1, 1, 1, 1)
+        h = torch.arange(heads, device=device).view(1, -1, 1, 1)
+        out = self.fn(b, h, q_idx.view(1, 1, -1, 1), kv_idx.view(1, 1, 1, -1))
+        if out.dim() != 4:
+            raise ValueError(f"{self.name}: fn must broadcast to 4 dims (b, h, q, k), got shape {tuple(out.shape)}")
+        return out if dtype is None else out.to(dtype)

@@ -1,0 +1,116 @@
+"""The encoding registry: every encoding with its modality, hooks and paper.
+
+Modalities register their encodings with :func:`register`; the package root imports them so
+that ``posenc.available()`` sees everything. :func:`build` constructs by name and checks the
+arguments against the constructor, so a typo fails loudly instead of disappearing into
+``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from .encoding import PositionEncoding
+
+MODALITIES = ("seq", "vision", "graph", "timeseries")
+# Standard size arguments that :func:`build` fills from :class:`ModelDims` when a constructor takes them.
+STANDARD_ARGS = ("dim", "num_heads", "head_dim", "max_len")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Sizes of the model an encoding is built for."""
+
+    dim: int
+    num_heads: int
+    max_len: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+
+@dataclass(frozen=True)
+class EncodingInfo:
+    name: str
+    modality: str
+    hooks: tuple[str, ...]
+    paper: str
+    summary: str
+    cls: type[PositionEncoding]
+    causal_only: bool
+
+
+_REGISTRY: dict[str, EncodingInfo] = {}
+
+E = TypeVar("E", bound=type[PositionEncoding])
+
+
+def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[[E], E]:
+    """Class decorator adding an encoding to the registry under ``name``."""
+    if modality not in MODALITIES:
+        raise ValueError(f"modality must be one of {MODALITIES}; got {modality!r}")
+
+    def deco(cls: E) -> E:
+        if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
+            raise TypeError(f"register({name!r}) expects a PositionEncoding subclass, got {cls!r}")
+        if not cls.hooks:
+            raise ValueError(f"{cls.__name__} declares no hooks")
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"encoding name {name!r} is already registered by {_REGISTRY[name].cls.__name__}")
+        _REGISTRY[name] = EncodingInfo(
+            name=name,
+            modality=modality,
+            hooks=tuple(sorted(h.value for h in cls.hooks)),
+            paper=paper,
+            summary=summary,
+            cls=cls,
+            causal_only=cls.causal_only,
+        )
+        return cls
+
+    return deco
+
+
+def available(modality: str | None = None) -> list[EncodingInfo]:
+    """Registered encodings, sorted by modality then name; optionally of one modality."""
+    if modality is not None and modality not in MODALITIES:
+        raise ValueError(f"modality must be one of {MODALITIES} or None; got {modality!r}")
+    infos = [i for i in _REGISTRY.values() if modality is None or i.modality == modality]
+    return sorted(infos, key=lambda i: (MODALITIES.index(i.modality), i.name))
+
+
+def get(name: str) -> EncodingInfo:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def build(name: str, *, dims: ModelDims | None = None, **options) -> PositionEncoding:
+    """Construct the encoding registered as ``name``.
+
+    Args:
+        dims: model sizes; the constructor's standard arguments (``dim``, ``num_heads``,
+            ``head_dim``, ``max_len``) are taken from it unless given in ``options``.
+        options: constructor arguments, checked against its signature.
+    """
+    info = get(name)
+    params = inspect.signature(info.cls.__init__).parameters
+    accepted = [p for p in params if p != "self"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"{name}: unknown argument(s) {', '.join(unknown)}; {info.cls.__name__} accepts {', '.join(accepted)}")
+    if dims is not None:
+        for arg in STANDARD_ARGS:
+            if arg in params and arg not in options:
+                options[arg] = getattr(dims, arg)
+    missing = [
+        p.name for p in params.values()
+        if p.name != "self" and p.default is inspect.Parameter.empty and p.name not in options
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if missing:
+        raise TypeError(f"{name}: missing required argument(s) {', '.join(missing)} (or pass dims=ModelDims(...))")
+    return info.cls(**options)

@@ -1,0 +1,34 @@
+"""Sinusoid tables (Vaswani et al. 2017), shared by the sequence, vision and time-series encodings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
+    """``omega_k = base^(-2k/dim)`` for ``k = 0 .. dim/2 - 1`` (float32)."""
+    if dim <= 0 or dim % 2:
+        raise ValueError(f"dim must be a positive even number, got {dim}")
+    if base <= 1:
+        raise ValueError(f"base must be > 1, got {base}")
+    k = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
+    return torch.exp(-math.log(base) * k / dim).to(torch.float32)
+
+
+def sinusoid_table(positions: Tensor, dim: int, base: float = 10000.0, *, scale: float = 1.0) -> Tensor:
+    """Interleaved sinusoid table: ``PE[..., p, 2k] = sin(p * scale * omega_k)``, ``PE[..., p, 2k+1] = cos(...)``.
+
+    Args:
+        positions: ``[...]`` integer or float positions.
+        dim: table width (even).
+        scale: multiplies the angles (tAPE uses ``d / L``).
+
+    Returns:
+        ``[..., dim]`` float32.
+    """
+    omega = sinusoid_frequencies(dim, base, device=positions.device)
+    angles = positions.to(torch.float32)[..., None] * (omega * scale)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)

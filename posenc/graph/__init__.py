@@ -1,0 +1,1 @@
+"""Graph encodings (Laplacian eigenvector PE, random-walk SE, shortest-path bias)."""

@@ -1,0 +1,75 @@
+"""ALiBi, attention with linear biases (Press et al. 2022, https://arxiv.org/abs/2108.12409).
+
+``bias(h, i, j) = -m_h * (i - j)`` on causal attention; the symmetric variant
+``-m_h * |i - j|`` serves bidirectional attention. Slopes ``m_h = 2^(-8h/H)``, ``h = 1..H``, for ``H``
+a power of two; otherwise the slopes of the largest power of two below ``H`` followed by every
+other slope of the next power of two. Hook: score bias (a pure function, no gradient).
+Kernel: the dense bias into SDPA's fused kernel on CPU, FlexAttention ``score_mod`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias
+from ..common.registry import register
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """The standard ALiBi slopes (float32 ``[num_heads]``), for any head count."""
+    if num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    p = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = power_of_two(p)
+    if p < num_heads:
+        slopes += power_of_two(2 * p)[0::2][: num_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@register(
+    "alibi",
+    modality="seq",
+    paper="Press et al. 2022, Train Short, Test Long, https://arxiv.org/abs/2108.12409",
+    summary="linear distance penalty per head on the scores; causal or symmetric",
+)
+class ALiBi(PositionEncoding):
+    """Args:
+        num_heads: query heads ``H``.
+        symmetric: use ``-m_h * |i - j|`` (bidirectional); otherwise causal-only.
+
+    Positions ``[B or 1, T]``, integer or float.
+    """
+
+    hooks = frozenset({Hook.SCORE_BIAS})
+
+    def __init__(self, num_heads: int, symmetric: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.symmetric = num_heads, symmetric
+        self.causal_only = not symmetric
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        if q.shape[1] != self.num_heads:
+            raise ValueError(f"q has {q.shape[1]} heads; this ALiBi was built for num_heads={self.num_heads}")
+        if q_pos.dim() != 2 or kv_pos.dim() != 2:
+            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        slopes, symmetric = self.slopes, self.symmetric
+        qp, kp = q_pos.to(torch.float32), kv_pos.to(torch.float32)
+        per_batch = qp.shape[0] > 1 or kp.shape[0] > 1
+        qb, kb = qp.shape[0] > 1, kp.shape[0] > 1
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            dist = qp[b if qb else b * 0, q_idx] - kp[b if kb else b * 0, kv_idx]
+            if symmetric:
+                dist = dist.abs()
+            return -slopes[h] * dist
+
+        return PairwiseBias(bias, per_batch=per_batch, name="ALiBi")

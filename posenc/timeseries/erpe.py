@@ -1,0 +1,63 @@
+"""eRPE, efficient relative position encoding (Foumani et al. 2023, ConvTran,
+https://arxiv.org/abs/2305.16642).
+
+A learned scalar per head and offset, ``w [H, 2L - 1]`` (zero-initialised), added AFTER the
+softmax: ``A = softmax(Q K^T * scale) + B``, ``B_ij = w[h, i - j + L - 1]``, ``out = A V``.
+Hook: after-softmax bias. Kernel: ``softmax(QK^T)V`` stays in SDPA's fused kernel and ``B V`` is
+added beside it (``(A + B) V = A V + B V``); masked keys get no bias. Any head count works (the
+public snippets that hard-code 8 heads in the index repeat do not).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias
+from ..common.registry import register
+
+
+@register(
+    "erpe",
+    modality="timeseries",
+    paper="Foumani et al. 2023, Improving position encoding of transformers for multivariate time series "
+    "classification (ConvTran), https://arxiv.org/abs/2305.16642",
+    summary="learned scalar per head and offset, added after the softmax",
+)
+class ERPE(PositionEncoding):
+    """Args:
+        num_heads: heads ``H``.
+        max_len: the longest series ``L``; offsets ``|i - j| <= L - 1``.
+
+    Positions ``[B or 1, T]``, integer.
+    """
+
+    hooks = frozenset({Hook.POST_SOFTMAX})
+
+    def __init__(self, num_heads: int, max_len: int) -> None:
+        super().__init__()
+        if num_heads <= 0 or max_len <= 0:
+            raise ValueError(f"num_heads and max_len must be positive; got {num_heads}, {max_len}")
+        self.num_heads, self.max_len = num_heads, max_len
+        self.weight = nn.Parameter(torch.zeros(num_heads, 2 * max_len - 1))
+
+    def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
+            if p.dim() != 2 or p.dtype.is_floating_point:
+                raise ValueError(f"eRPE needs integer positions [batch or 1, tokens]; {name} is {p.dtype} {tuple(p.shape)}")
+        if not torch.compiler.is_compiling():
+            span = int(torch.maximum(q_pos.max(), kv_pos.max()) - torch.minimum(q_pos.min(), kv_pos.min()))
+            if span > self.max_len - 1:
+                raise ValueError(
+                    f"eRPE was built for max_len={self.max_len}; positions span {span + 1} (offsets up to "
+                    f"{self.max_len - 1} are learned)"
+                )
+        weight, centre = self.weight, self.max_len - 1
+        qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            offset = q_pos[b if qb else b * 0, q_idx] - kv_pos[b if kb else b * 0, kv_idx]
+            return weight[h, offset + centre]
+
+        return PairwiseBias(bias, per_batch=qb or kb, learned=(weight,), name="eRPE")
