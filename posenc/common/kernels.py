@@ -26,8 +26,11 @@ from torch import Tensor
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 
-# Chunk the query rows so that one bias chunk holds about this many elements.
+# Chunk the query rows so that one bias chunk holds about this many elements (and at least
+# _MIN_CHUNK_ROWS rows): small enough to stay in cache-friendly sizes, large enough to keep the
+# per-call overhead negligible (256 rows at B=1, H=8, T=1024 measured best on 2 cores).
 _CHUNK_ELEMENTS = 1 << 21
+_MIN_CHUNK_ROWS = 16
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -143,7 +146,7 @@ def dense_path(
     tk = k.shape[2]
     if q.device.type == "cpu" and not bias.requires_grad:
         bias_batch = b if (bias.per_batch or (mask is not None and mask.per_batch)) else 1
-        chunk = max(16, min(tq, _CHUNK_ELEMENTS // max(1, bias_batch * h * tk)))
+        chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, bias_batch * h * tk)))
         return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk)
     block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
@@ -175,6 +178,9 @@ def flex_path(
     kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     if q.device.type == "cuda":
         return _compiled_flex()(q, k, v, **kwargs)
+    if not torch.is_grad_enabled():
+        # torch refuses CPU flex for inputs that merely *could* need a gradient.
+        q, k, v = q.detach(), k.detach(), v.detach()
     with warnings.catch_warnings():
         # Eager flex is the unfused reference implementation; fine off CUDA, where it is only asked for.
         warnings.simplefilter("ignore")

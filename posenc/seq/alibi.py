@@ -62,6 +62,8 @@ class ALiBi(PositionEncoding):
         if q_pos.dim() != 2 or kv_pos.dim() != 2:
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         slopes, symmetric = self.slopes, self.symmetric
+        if slopes.dtype != torch.float32:  # the module was cast (.half()): keep the slopes exact
+            slopes = alibi_slopes(self.num_heads).to(slopes.device)
         qp, kp = q_pos.to(torch.float32), kv_pos.to(torch.float32)
         per_batch = qp.shape[0] > 1 or kp.shape[0] > 1
         qb, kb = qp.shape[0] > 1, kp.shape[0] > 1

@@ -25,13 +25,13 @@ PAIRINGS = ("half_split", "interleaved")
 
 
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
-    """``base^(-2k/r)`` for ``k = 0 .. r/2 - 1`` (float32)."""
+    """``base^(-2k/r)`` for ``k = 0 .. r/2 - 1`` (float64)."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if base <= 1:
         raise ValueError(f"base must be > 1, got {base}")
     k = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
-    return (base ** (-k / rotary_dim)).to(torch.float32)
+    return base ** (-k / rotary_dim)
 
 
 @register(
@@ -71,7 +71,10 @@ class RotaryEncoding(PositionEncoding):
     def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         if positions.dim() != 2:
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
-        angles = rotary_angles(positions, self.inv_freq).unsqueeze(1)  # [B, 1, T, r/2]
+        inv_freq = self.inv_freq
+        if inv_freq.dtype != torch.float64:  # the module was cast (.half(), .float()): recompute exactly
+            inv_freq = rope_inv_freq(self.rotary_dim, self.base).to(positions.device)
+        angles = rotary_angles(positions, inv_freq).unsqueeze(1)  # [B, 1, T, r/2]
         return angles.cos(), angles.sin()
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
