@@ -137,7 +137,11 @@ def attend(
     )
     if path == "math":
         return kernels.math_path(q, k, v, mask, bias, scale, prob_bias, value_term)
-    if path == "sdpa" and bias is None:
+    if path == "sdpa" and backend == "auto" and _needs_square_mask(mask, tq, tk) and q.is_cuda and flex_available():
+        # On CUDA a mask that SDPA could only take as a dense [Tq, Tk] tensor goes to FlexAttention's
+        # block-sparse kernel instead (packed sequences, sliding windows, causal + padding).
+        out = kernels.flex_path(q, k, v, mask, None, scale)
+    elif path == "sdpa" and bias is None:
         out = kernels.sdpa_path(q, k, v, mask, scale)
     elif path == "flex":
         out = kernels.flex_path(q, k, v, mask, bias, scale)
@@ -148,6 +152,10 @@ def attend(
     if prob_bias is not None:
         out = out + kernels.prob_bias_term(v, hq, mask, prob_bias, tq)
     return out
+
+
+def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> bool:
+    return mask is not None and not mask.is_empty and not mask.only_causal(q_len, kv_len) and not mask.only_key_padding
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, start: int = 0, device=None) -> Tensor:

@@ -49,7 +49,10 @@ def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if mask.only_causal(tq, tk):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    allowed = mask.dense(q.shape[0], _indices(tq, q.device), _indices(tk, q.device), tq, tk)
+    if mask.only_key_padding:
+        allowed = mask.key_valid[:, None, None, :]  # [B, 1, 1, Tk]: no T x T tensor
+    else:
+        allowed = mask.dense(q.shape[0], _indices(tq, q.device), _indices(tk, q.device), tq, tk)
     row_any = allowed.any(dim=-1, keepdim=True)
     # A fully masked row attends everywhere inside the kernel (no NaN), and is zeroed after it.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_any, scale=scale, enable_gqa=gqa)

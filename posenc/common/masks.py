@@ -75,6 +75,11 @@ class AttentionMask:
     def per_batch(self) -> bool:
         return self.key_valid is not None or self.q_segments is not None
 
+    @property
+    def only_key_padding(self) -> bool:
+        """True when only ``key_valid`` is set: a ``[B, 1, 1, Tk]`` mask then suffices."""
+        return self.key_valid is not None and not self.causal and self.q_segments is None and self.window is None
+
     def only_causal(self, q_len: int, kv_len: int) -> bool:
         """True when the mask is exactly SDPA's ``is_causal=True`` (top-left aligned, square)."""
         return self.causal and q_len == kv_len and self.key_valid is None and self.q_segments is None and self.window is None
@@ -127,7 +132,9 @@ class AttentionMask:
         key = (batch, q_len, kv_len, str(device))
         if key not in self._block_masks:
             fn = self.fn(q_len, kv_len)
+            # Compiled on CUDA so that no dense [Tq, Tk] mask is ever materialised.
             self._block_masks[key] = create_block_mask(
-                fn, batch if self.per_batch else None, None, q_len, kv_len, device=device
+                fn, batch if self.per_batch else None, None, q_len, kv_len, device=device,
+                _compile=torch.device(device).type == "cuda",
             )
         return self._block_masks[key]

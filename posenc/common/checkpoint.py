@@ -1,0 +1,204 @@
+"""Training checkpoints: atomic writes, ``weights_only`` loads, RNG state capture, model checks.
+
+A checkpoint is a plain ``dict`` holding only tensors and Python primitives (no pickled
+classes), so it loads with ``torch.load(path, weights_only=True)``. The keys the trainer writes:
+
+``format``            :data:`CHECKPOINT_FORMAT`
+``model``             the model ``state_dict`` (unwrapped from DDP)
+``model_class``       ``type(model).__name__``
+``model_config``      the ``model_config`` dict given to the trainer (or None)
+``optimizer``         ``optimizer.state_dict()``
+``scheduler``         ``scheduler.state_dict()``
+``step``              optimizer steps done
+``epoch``, ``batch``  the next batch to draw: batch index ``batch`` of epoch ``epoch``
+``rng``               one :func:`capture_rng_state` dict per rank
+``config``            the ``TrainConfig`` as a dict
+``world_size``        processes in the job that wrote it
+``elapsed``           training seconds so far
+``last_loss``         the last training loss (NaN before the first step)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+CHECKPOINT_FORMAT = 1
+
+# Types a ``model_config`` may contain so that it survives ``torch.load(..., weights_only=True)``.
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def check_plain(value: Any, name: str) -> None:
+    """Raise TypeError unless ``value`` is built from None/bool/int/float/str, lists, tuples and
+    str-keyed dicts only (what a ``weights_only`` load can restore)."""
+
+    def walk(v: Any, where: str) -> None:
+        if isinstance(v, _PLAIN):
+            return
+        if isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                walk(item, f"{where}[{i}]")
+            return
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"{name}: keys must be str; got {k!r} at {where}")
+                walk(item, f"{where}[{k!r}]")
+            return
+        raise TypeError(
+            f"{name} must hold only None/bool/int/float/str, lists, tuples and dicts (so the checkpoint loads "
+            f"with weights_only=True); got {type(v).__name__} at {where}"
+        )
+
+    walk(value, name)
+
+
+# ----------------------------------------------------------------------------------------------
+# RNG state
+
+
+def capture_rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The state of torch (CPU and ``device`` if CUDA), ``random`` and ``numpy`` RNGs, as tensors
+    and primitives only."""
+    version, internal, gauss_next = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    cuda = None
+    if device is not None and device.type == "cuda":
+        cuda = torch.cuda.get_rng_state(device)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": cuda,
+        "python": [int(version), torch.tensor(internal, dtype=torch.int64), gauss_next],
+        "numpy": [str(np_name), torch.from_numpy(np.asarray(np_keys).astype(np.int64)), int(np_pos),
+                  int(np_has_gauss), float(np_cached)],
+    }
+
+
+def restore_rng_state(state: Mapping[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    version, internal, gauss_next = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal.tolist()), gauss_next))
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = state["numpy"]
+    np.random.set_state((np_name, np_keys.numpy().astype(np.uint32), int(np_pos), int(np_has_gauss), float(np_cached)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Files
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``.
+
+    A reader sees the old file or the new one, never a partial one; on any failure the temporary
+    file is removed and ``path`` is untouched.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make the rename durable (best effort: not every platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """``torch.load(path, map_location="cpu", weights_only=True)``, checked to be a trainer checkpoint."""
+    ckpt = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
+        found = sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{os.fspath(path)} is not a posenc trainer checkpoint: expected a dict with 'model' and 'step'; found {found}")
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{os.fspath(path)}: expected checkpoint format {CHECKPOINT_FORMAT}; found {ckpt.get('format')!r}")
+    return ckpt
+
+
+def check_model_matches(
+    ckpt: Mapping[str, Any], model: nn.Module, model_config: Mapping[str, Any] | None, path: str | os.PathLike
+) -> None:
+    """Raise ValueError unless ``ckpt`` was written for a model like ``model``: same class name,
+    same ``model_config`` and the same ``state_dict`` keys and shapes. The message lists every
+    difference, expected (this model) against found (the checkpoint)."""
+    problems: list[str] = []
+    expected_class, found_class = type(model).__name__, ckpt.get("model_class")
+    if expected_class != found_class:
+        problems.append(f"model class: expected {expected_class!r}, found {found_class!r}")
+    expected_cfg = dict(model_config) if model_config is not None else None
+    found_cfg = ckpt.get("model_config")
+    if expected_cfg != found_cfg:
+        if isinstance(expected_cfg, dict) and isinstance(found_cfg, dict):
+            keys = sorted(set(expected_cfg) | set(found_cfg))
+            diffs = [
+                f"{k}: expected {expected_cfg.get(k, '<absent>')!r}, found {found_cfg.get(k, '<absent>')!r}"
+                for k in keys
+                if expected_cfg.get(k, _MISSING) != found_cfg.get(k, _MISSING)
+            ]
+            problems.append("model_config differs (" + "; ".join(diffs) + ")")
+        else:
+            problems.append(f"model_config: expected {expected_cfg!r}, found {found_cfg!r}")
+    own = model.state_dict()
+    theirs = ckpt["model"]
+    missing = [k for k in own if k not in theirs]
+    unexpected = [k for k in theirs if k not in own]
+    if missing:
+        problems.append(f"state_dict keys missing from the checkpoint: {_short(missing)}")
+    if unexpected:
+        problems.append(f"unexpected state_dict keys in the checkpoint: {_short(unexpected)}")
+    shapes = [
+        f"{k}: expected {tuple(own[k].shape)}, found {tuple(theirs[k].shape)}"
+        for k in own
+        if k in theirs and hasattr(theirs[k], "shape") and tuple(own[k].shape) != tuple(theirs[k].shape)
+    ]
+    if shapes:
+        problems.append("shape mismatches: " + _short(shapes))
+    if problems:
+        raise ValueError(
+            f"checkpoint {os.fspath(path)} was written for a different model; "
+            + " | ".join(problems)
+            + ". Use another out_dir, or resume=False to start fresh."
+        )
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+def _short(items: list[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
