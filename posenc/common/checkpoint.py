@@ -12,6 +12,8 @@ classes), so it loads with ``torch.load(path, weights_only=True)``. The keys the
 ``step``              optimizer steps done
 ``epoch``, ``batch``  the next batch to draw: batch index ``batch`` of epoch ``epoch``
 ``rng``               one :func:`capture_rng_state` dict per rank
+``log_window``        per rank, the loss/metric sums since the last train log line (so a resumed
+                      run logs the same means as an uninterrupted one)
 ``config``            the ``TrainConfig`` as a dict
 ``world_size``        processes in the job that wrote it
 ``elapsed``           training seconds so far

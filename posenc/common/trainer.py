@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -188,9 +189,16 @@ def lr_factor(step: int, *, steps: int, warmup_steps: int, min_lr_ratio: float =
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    # Injective for seed < 2**32 and epoch < 2**32; fits torch.Generator.manual_seed's 64-bit range.
-    return (seed << 32) | (epoch & 0xFFFFFFFF)
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s data permutation: a hash of ``(seed, epoch)`` to 32 bits (the
+    CPU generator's Mersenne Twister keeps only the low 32 bits of a seed, so ``seed << 32 | epoch``
+    would make the order ignore ``seed``)."""
+    return _hash32("posenc.epoch", seed, epoch)
+
+
+def _hash32(*parts: object) -> int:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 def epoch_batches(
@@ -203,7 +211,7 @@ def epoch_batches(
     takes positions ``r, r + world_size, ...``, and only full batches are kept.
     """
     g = torch.Generator()
-    g.manual_seed(_epoch_seed(seed, epoch))
+    g.manual_seed(epoch_seed(seed, epoch))
     perm = torch.randperm(num_samples, generator=g)
     per_rank = num_samples // world_size
     shard = perm[rank : per_rank * world_size : world_size]
@@ -217,8 +225,7 @@ def move_to_device(obj: Any, device: torch.device, *, non_blocking: bool = False
     if isinstance(obj, Tensor):
         return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, Mapping):
-        return type(obj)(**{k: move_to_device(v, device, non_blocking=non_blocking) for k, v in obj.items()}) \
-            if hasattr(obj, "_fields") else _rebuild_mapping(obj, device, non_blocking)
+        return _rebuild_mapping(obj, device, non_blocking)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(move_to_device(v, device, non_blocking=non_blocking) for v in obj))
     if isinstance(obj, (list, tuple)):
@@ -339,6 +346,8 @@ class Trainer:
             )
         self.batches_per_epoch = per_rank // config.batch_size
 
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is what NCCL collectives use
         self._owns_group = distu.init_process_group(env, self.device)
         seed_everything(config.seed + self.rank)
 
@@ -348,8 +357,7 @@ class Trainer:
             self.train_model: nn.Module = DistributedDataParallel(self.model, device_ids=ids, **(ddp_kwargs or {}))
         else:
             self.train_model = self.model
-        fused = {"fused": True} if self.device.type == "cuda" else {}
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr, **fused)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr)
         steps, warmup, ratio = config.steps, config.warmup_steps, config.min_lr_ratio
 
         def schedule(step: int) -> float:
@@ -364,6 +372,7 @@ class Trainer:
         self._t0 = time.perf_counter()
         self._last_loss = math.nan
         self._last_extras: dict[str, float] = {}
+        self._reset_window()
         self._metrics_file = None
         self._last_checkpoint_step = -1
 
@@ -412,7 +421,7 @@ class Trainer:
         # A DataLoader draws its workers' base seed from `generator` (from the global RNG without
         # one) even with num_workers=0; a dedicated generator keeps the global RNG stream intact.
         g = torch.Generator()
-        g.manual_seed(_epoch_seed(self.config.seed, epoch) ^ (self.rank + 1) << 16)
+        g.manual_seed(_hash32("posenc.loader", self.config.seed, epoch, self.rank))
         return DataLoader(
             self.train_data,
             batch_sampler=batches,
@@ -463,6 +472,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch": self.batch_in_epoch,
             "rng": [capture_rng_state(self.device)],
+            "log_window": [self._window_state()],
             "config": self.config.to_dict(),
             "world_size": self.world_size,
             "elapsed": self.elapsed(),
@@ -473,10 +483,11 @@ class Trainer:
         """Write ``out_dir/checkpoint.pt`` atomically (rank 0; every rank must call it)."""
         if self.checkpoint_path is None:
             return
-        rngs = distu.gather_objects(capture_rng_state(self.device))
+        per_rank = distu.gather_objects((capture_rng_state(self.device), self._window_state()))
         if self.is_main:
             state = self.state_dict()
-            state["rng"] = rngs
+            state["rng"] = [rng for rng, _ in per_rank]
+            state["log_window"] = [window for _, window in per_rank]
             save_atomic(state, self.checkpoint_path)
         distu.barrier()
         self._last_checkpoint_step = self.step
@@ -509,10 +520,26 @@ class Trainer:
         self._elapsed_before = float(ckpt.get("elapsed", 0.0))
         self._last_loss = float(ckpt.get("last_loss", math.nan))
         restore_rng_state(ckpt["rng"][self.rank], self.device)
+        self._load_window(ckpt["log_window"][self.rank])
         self._last_checkpoint_step = self.step
         if self.is_main:
             logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
         return self.step
+
+    # ---- the log window: sums over the steps since the last train log line --------------------
+
+    def _reset_window(self) -> None:
+        self._window_loss = torch.zeros((), device=self.device)
+        self._window_extras: dict[str, float] = {}
+        self._window_n = 0
+
+    def _window_state(self) -> dict[str, Any]:
+        return {"loss": float(self._window_loss), "n": self._window_n, "extras": dict(self._window_extras)}
+
+    def _load_window(self, state: Mapping[str, Any]) -> None:
+        self._window_loss = torch.tensor(float(state["loss"]), dtype=torch.float32, device=self.device)
+        self._window_n = int(state["n"])
+        self._window_extras = {str(k): float(v) for k, v in state["extras"].items()}
 
     # ---- evaluation ---------------------------------------------------------------------------
 
@@ -574,9 +601,6 @@ class Trainer:
                        desc="train", dynamic_ncols=True)
             eval_metrics: dict[str, float] = {}
             evaluated_at = -1
-            window_loss = torch.zeros((), device=self.device)
-            window_extras: dict[str, float] = {}
-            window_n = 0
             grad_norm = None
             last_loss_t: Tensor | None = None
             batches: Iterator[Any] | None = None
@@ -592,28 +616,27 @@ class Trainer:
                     self.epoch += 1
                     self.batch_in_epoch = 0
                     batches = None
-                window_loss += loss
-                window_n += 1
+                self._window_loss += loss
+                self._window_n += 1
                 last_loss_t = loss
                 for k, v in extras.items():
-                    window_extras[k] = window_extras.get(k, 0.0) + v
+                    self._window_extras[k] = self._window_extras.get(k, 0.0) + v
                 self._last_extras = extras
                 bar.update(1)
                 final = self.step == cfg.steps
                 if (cfg.log_every and self.step % cfg.log_every == 0) or final:
-                    mean_loss = distu.mean_across_ranks(window_loss / window_n).item()
+                    mean_loss = distu.mean_across_ranks(self._window_loss / self._window_n).item()
                     if not math.isfinite(mean_loss):
                         raise FloatingPointError(f"training loss is {mean_loss} at step {self.step}")
                     record: dict[str, Any] = {"split": "train", "step": self.step, "lr": lr, "loss": mean_loss}
-                    record.update({k: v / window_n for k, v in window_extras.items()})
+                    record.update({k: v / self._window_n for k, v in self._window_extras.items()})
                     if grad_norm is not None:
                         record["grad_norm"] = float(grad_norm)
                     record["elapsed"] = round(self.elapsed(), 3)
                     if self.is_main:
                         self._write_metrics(record)
                     bar.set_postfix(loss=f"{mean_loss:.4g}", lr=f"{lr:.3g}")
-                    window_loss = torch.zeros((), device=self.device)
-                    window_extras, window_n = {}, 0
+                    self._reset_window()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not final:
                     eval_metrics = self.evaluate()
                     evaluated_at = self.step
