@@ -49,6 +49,7 @@ class ALiBi(PositionEncoding):
     """
 
     hooks = frozenset({Hook.SCORE_BIAS})
+    causal_only = True  # the default; the symmetric variant lifts it
 
     def __init__(self, num_heads: int, symmetric: bool = False) -> None:
         super().__init__()

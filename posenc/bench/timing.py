@@ -1,0 +1,130 @@
+"""Interleaved timing of several steps, and progress reporting on stderr.
+
+:func:`time_interleaved` runs every step once per round (round robin, the order rotated from round
+to round), so that slow drift on a shared machine -- other processes, thermal limits -- falls on
+all rows alike and the ratios between their medians stay meaningful. A step that raises is
+dropped from the remaining rounds and its error is kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, TextIO
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def error_text(exc: BaseException) -> str:
+    """``"TypeName: message"`` on one line."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class Progress:
+    """Progress on ``stream`` (stderr): a bar redrawn in place on a terminal, a line per update elsewhere."""
+
+    def __init__(self, total: int, desc: str, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.total, self.desc, self.done = max(1, total), desc, 0
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self._last = -1.0
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.tty:
+            width = 30
+            filled = int(width * self.done / self.total)
+            bar = "#" * filled + "-" * (width - filled)
+            self.stream.write(f"\r{self.desc} [{bar}] {self.done}/{self.total} {note}".ljust(100)[:120])
+            self.stream.flush()
+        elif now - self._last >= 5.0 or self.done >= self.total:
+            self.stream.write(f"{self.desc}: {self.done}/{self.total} {note}".rstrip() + "\n")
+            self.stream.flush()
+            self._last = now
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclass
+class TimingResult:
+    """Per-step wall times in milliseconds (timed rounds only), or the error that stopped the step."""
+
+    times_ms: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms and self.error is None else None
+
+
+def time_interleaved(
+    steps: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+    before_step: Mapping[str, Callable[[], object]] | None = None,
+    progress: bool = True,
+) -> dict[str, TimingResult]:
+    """Time each of ``steps`` ``repeats`` times after ``warmup`` untimed rounds, round robin.
+
+    Args:
+        steps: name -> a callable doing one full step (e.g. forward and backward).
+        repeats: timed rounds (>= 1); warmup: untimed rounds first (>= 0).
+        device: synchronized before and after each timed step.
+        before_step: name -> an untimed callable run before each step (e.g. clearing gradients).
+        progress: report progress on stderr.
+
+    Returns:
+        name -> :class:`TimingResult`; a step that raised has ``error`` set and no median.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}")
+    names = list(steps)
+    results = {name: TimingResult() for name in names}
+    before_step = before_step or {}
+    rounds = warmup + repeats
+    bar = Progress(rounds * len(names), "timing", enabled=progress)
+    try:
+        for r in range(rounds):
+            timed = r >= warmup
+            shift = r % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                result = results[name]
+                if result.error is not None:
+                    bar.update(note=name)
+                    continue
+                try:
+                    if name in before_step:
+                        before_step[name]()
+                    synchronize(device)
+                    start = time.perf_counter()
+                    steps[name]()
+                    synchronize(device)
+                    elapsed = time.perf_counter() - start
+                except Exception as exc:  # a failing row is reported, not fatal
+                    result.error = error_text(exc)
+                else:
+                    if timed:
+                        result.times_ms.append(elapsed * 1e3)
+                bar.update(note=f"{'round' if timed else 'warm-up'} {r + 1}/{rounds}: {name}")
+    finally:
+        bar.close()
+    return results

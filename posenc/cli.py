@@ -1,0 +1,159 @@
+"""The ``posenc`` command line.
+
+::
+
+    posenc list [--modality M]          the registered encodings
+    posenc bench attention [options]    attention benchmark (see posenc.bench.attention)
+    posenc demo [options]               see posenc.demo
+
+Subcommands other than ``list`` live in their own modules, each defining
+``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``
+(the exit status). A module is imported only when its subcommand is the one being run, so a
+missing or broken module affects that subcommand alone: it then prints why and exits with 2.
+
+Adding commands:
+
+* ``posenc bench NAME``: a module in :mod:`posenc.bench` and a line in ``posenc.bench.BENCHMARKS``.
+* ``posenc train MODALITY``: a line in :data:`TRAIN_COMMANDS` (the ``train`` group appears once it
+  has an entry).
+* a new group of subcommands: an entry in :func:`command_groups`; a single command: :data:`COMMANDS`.
+
+Bad input exits with 2 (argparse's convention) and a message naming the argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Mapping, Sequence
+
+# name -> (module, one-line help): commands taking no further subcommand.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("posenc.demo", "a short demonstration of the encodings (see posenc.demo)"),
+}
+
+# modality -> (module, one-line help) for ``posenc train MODALITY``, e.g.
+# "seq": ("posenc.seq.train", "train a small causal language model with a sequence encoding").
+TRAIN_COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def command_groups() -> dict[str, tuple[str, Mapping[str, tuple[str, str]]]]:
+    """group -> (help, {name: (module, help)}): the two-level commands (``posenc GROUP NAME``)."""
+    from .bench import BENCHMARKS
+
+    return {
+        "bench": ("run a benchmark", BENCHMARKS),
+        "train": ("train a small model with a position encoding", TRAIN_COMMANDS),
+    }
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _unavailable(command: str, module: str, exc: BaseException) -> Handler:
+    reason = f"{type(exc).__name__}: {exc}"
+
+    def handler(args: argparse.Namespace) -> int:
+        print(f"{command}: not available: module {module} could not be imported ({reason})", file=sys.stderr)
+        return 2
+
+    return handler
+
+
+def _attach(subparsers, name: str, module: str, help: str, *, prog: str, load: bool) -> None:
+    """Add the subcommand ``name`` served by ``module``; import the module only when ``load``."""
+    parser = subparsers.add_parser(name, help=help, description=help)
+    if not load:  # not the command being run: its options are never parsed
+        return
+    try:
+        mod = importlib.import_module(module)
+        add_arguments, run = mod.add_arguments, mod.run
+    except Exception as exc:  # missing, broken, or without the add_arguments/run protocol
+        parser.set_defaults(handler=_unavailable(prog, module, exc), accepts_extra=True)
+        return
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _command_path(argv: Sequence[str]) -> tuple[str, ...]:
+    """The leading words of ``argv`` (up to two, before any option): which subcommand runs."""
+    words: list[str] = []
+    for arg in argv:
+        if arg.startswith("-") or len(words) == 2:
+            break
+        words.append(arg)
+    return tuple(words)
+
+
+def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    from .common.registry import MODALITIES
+
+    parser.add_argument("--modality", choices=MODALITIES, default=None, help="only encodings of this modality")
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from .bench.report import format_table
+    from .common.registry import available
+
+    infos = available(args.modality)
+    if not infos:
+        print(f"no encodings registered for modality {args.modality!r}")
+        return 0
+    rows = [[i.name, i.modality, ",".join(i.hooks), "yes" if i.causal_only else "no", i.paper] for i in infos]
+    print(format_table(["name", "modality", "hooks", "causal-only", "paper"], rows))
+    print(f"\n{len(infos)} encoding{'s' if len(infos) != 1 else ''}")
+    return 0
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``posenc`` parser. With ``argv``, only the module of the subcommand it selects is
+    imported; with None, every subcommand module is (unavailable ones get a stub)."""
+    from . import __version__
+
+    path = None if argv is None else _command_path(argv)
+
+    def wanted(*words: str) -> bool:
+        return path is None or path[: len(words)] == words
+
+    parser = argparse.ArgumentParser(
+        prog="posenc", description="Positional encodings for transformers on one attention core."
+    )
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("list", help="list the registered encodings", description="List the registered encodings.")
+    _add_list_arguments(p)
+    p.set_defaults(handler=_run_list)
+
+    for group, (help, table) in command_groups().items():
+        if not table:
+            continue
+        gp = sub.add_parser(group, help=help, description=help)
+        gsub = gp.add_subparsers(dest=f"{group}_command", metavar="NAME", required=True)
+        for name, (module, cmd_help) in table.items():
+            _attach(gsub, name, module, cmd_help, prog=f"posenc {group} {name}", load=wanted(group, name))
+    for name, (module, cmd_help) in COMMANDS.items():
+        _attach(sub, name, module, cmd_help, prog=f"posenc {name}", load=wanted(name))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``posenc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and not getattr(args, "accepts_extra", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # argparse: 2 for bad input, 0 for --help / --version
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

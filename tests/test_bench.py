@@ -1,0 +1,204 @@
+"""The attention benchmark at tiny sizes (no timing assertions), its CPU memory tracker and timing loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc import cli
+from posenc.bench import attention as bench_attention
+from posenc.bench.attention import BASELINE, AttentionBenchConfig, candidates, run_benchmark, trace_kernel_paths
+from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
+from posenc.bench.report import format_table
+from posenc.bench.timing import time_interleaved
+from posenc.common import kernels
+
+TINY = ["--seq-len", "64", "--batch", "1", "--heads", "2", "--head-dim", "16", "--repeats", "1", "--warmup", "0"]
+REQUIRED = {"name", "impl", "ms", "ratio", "peak_mb"}
+
+
+def _check_row(row: dict) -> None:
+    assert REQUIRED <= set(row)
+    if row["error"] is None:
+        assert row["ms"] > 0 and row["ratio"] > 0 and row["peak_mb"] >= 0
+        assert isinstance(row["path"], str) and row["path"]
+    else:
+        assert isinstance(row["error"], str) and row["error"]
+        assert row["ms"] is None or row["peak_mb"] is None
+
+
+def test_bench_attention_writes_json_with_a_row_per_encoding(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert cli.main(["bench", "attention", *TINY, "--no-peers", "--no-progress", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert {"config", "rows"} <= set(data)
+    cfg = data["config"]
+    assert (cfg["seq_len"], cfg["batch"], cfg["heads"], cfg["head_dim"], cfg["repeats"], cfg["warmup"]) == (64, 1, 2, 16, 1, 0)
+    rows = data["rows"]
+    registered = [info.name for info in posenc.available()]
+    assert [r["name"] for r in rows] == [BASELINE, "none", *registered]
+    assert [r["impl"] for r in rows] == ["torch"] + ["posenc"] * (len(registered) + 1)
+    for row in rows:
+        _check_row(row)
+    base, none = rows[0], rows[1]
+    assert base["error"] is None and base["ratio"] == 1.0 and base["path"] == "sdpa"
+    assert none["error"] is None and none["path"] == "sdpa"
+    by_name = {r["name"]: r for r in rows}
+    expected_paths = {"rope": "sdpa", "sinusoidal": "sdpa", "alibi": "dense", "erpe": "sdpa+prob_bias"}
+    for name, kernel_path in expected_paths.items():
+        if name in by_name:
+            assert by_name[name]["error"] is None, by_name[name]["error"]
+            assert by_name[name]["path"] == kernel_path
+    for name in [BASELINE, "none", *registered]:
+        assert name in out
+
+
+def test_bench_attention_encoding_subset(tmp_path):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "attention", *TINY, "--no-peers", "--no-progress", "--encodings", "rope", "--json", str(path)]
+    assert cli.main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["name"] for r in rows] == [BASELINE, "rope"]
+
+
+def test_failing_rows_are_reported_not_fatal(monkeypatch):
+    def broken(config, name):
+        raise RuntimeError(f"cannot build {name}")
+
+    monkeypatch.setattr(bench_attention, "_posenc_unit", broken)
+    config = AttentionBenchConfig(seq_len=16, batch=1, heads=2, head_dim=8, repeats=1, warmup=0, encodings=("rope",), peers=False)
+    result = run_benchmark(config, progress=False)
+    base, rope = result.rows
+    assert base.ratio == 1.0
+    assert rope.ms is None and rope.error == "RuntimeError: cannot build rope"
+    assert "FAILED" in bench_attention.render(result)
+
+
+def test_missing_peers_are_noted_and_skipped(monkeypatch):
+    monkeypatch.setattr(
+        bench_attention, "PEERS",
+        {"x-transformers": ("posenc_no_such_peer_a", "x-transformers"), "attention-smithy": ("posenc_no_such_peer_b", "attention-smithy")},
+    )
+    notes: list[str] = []
+    rows = candidates(AttentionBenchConfig(encodings=("none",), peers=True), notes)
+    assert [c.name for c in rows] == [BASELINE, "none"]
+    assert len(notes) == 2 and all("not installed" in n for n in notes)
+
+
+@pytest.mark.parametrize("impl, module", [("x-transformers", "x_transformers"), ("attention-smithy", "attention_smithy")])
+def test_peer_rows_run_when_installed(impl, module, monkeypatch):
+    pytest.importorskip(module)
+    monkeypatch.setattr(bench_attention, "PEERS", {impl: bench_attention.PEERS[impl]})
+    config = AttentionBenchConfig(seq_len=32, batch=1, heads=2, head_dim=16, repeats=1, warmup=0, encodings=("none",))
+    result = run_benchmark(config, progress=False)
+    peers = [r for r in result.rows if r.impl == impl]
+    assert [r.name for r in peers] == [f"{impl} rope", f"{impl} alibi"]
+    for row in peers:
+        assert row.error is None, row.error
+        assert row.ms > 0 and row.peak_mb > 0
+
+
+def test_config_validation_names_the_argument():
+    with pytest.raises(ValueError, match="seq_len"):
+        AttentionBenchConfig(seq_len=0)
+    with pytest.raises(ValueError, match="dtype"):
+        AttentionBenchConfig(dtype="float64")
+    with pytest.raises(ValueError, match="unknown encoding"):
+        AttentionBenchConfig(encodings=("nope",))
+
+
+def test_kernel_path_tracing_restores_the_kernels():
+    before = kernels.sdpa_path
+    attn = posenc.MultiheadAttention(16, 2)
+    with trace_kernel_paths() as calls:
+        attn(torch.randn(1, 8, 16), mask=posenc.AttentionMask(causal=True))
+    assert calls == ["sdpa"]
+    assert kernels.sdpa_path is before
+
+
+# --- the CPU memory tracker --------------------------------------------------------------------
+
+
+def test_cpu_tracker_sees_a_64mb_temporary():
+    def step():
+        tmp = torch.empty(16 * MB, dtype=torch.float32)  # 16 Mi floats = 64 MB
+        tmp.fill_(1.0)
+        total = tmp.sum()
+        del tmp
+        return total
+
+    peak = peak_memory_bytes(step, "cpu")
+    assert peak >= 64 * MB
+    assert peak < 66 * MB
+
+
+def test_cpu_tracker_small_step_reports_little():
+    keep = torch.randn(4 * MB)  # 16 MB that exists before the step, and is freed inside it
+
+    def step():
+        nonlocal keep
+        keep = None
+        return torch.randn(256).sum()
+
+    assert peak_memory_bytes(step, "cpu") < MB // 4
+
+
+def test_cpu_tracker_counts_autograd_and_frees():
+    x = torch.randn(512, 512, requires_grad=True)  # 1 MB
+    with CPUPeakMemory() as mem:
+        y = (x @ x).relu()  # 1 MB live
+        y.sum().backward()  # grads and temporaries, 1 MB each
+        del y
+    assert 2 * MB <= mem.peak_bytes <= 8 * MB
+    assert mem.allocated_bytes >= mem.peak_bytes
+    assert mem.peak_mb == mem.peak_bytes / MB
+
+
+def test_peak_of_events_ignores_frees_of_older_blocks():
+    events = [(1, 10, 100), (2, 99, -500), (3, 11, 50), (4, 10, -100), (5, 12, 20), (6, 11, -50)]
+    assert peak_of_events(events) == (150, 170)
+    # without addresses every free counts
+    assert peak_of_events([(1, -1, 100), (2, -1, -100), (3, -1, 30)]) == (100, 130)
+
+
+def test_peak_memory_rejects_other_devices():
+    with pytest.raises(ValueError, match="device"):
+        peak_memory_bytes(lambda: None, "meta")
+
+
+# --- timing and tables -------------------------------------------------------------------------
+
+
+def test_time_interleaved_round_robin_and_failures():
+    order: list[str] = []
+
+    def make(name):
+        return lambda: order.append(name)
+
+    def broken():
+        order.append("c")
+        raise RuntimeError("boom")
+
+    steps = {"a": make("a"), "b": make("b"), "c": broken}
+    results = time_interleaved(steps, repeats=3, warmup=1, device=torch.device("cpu"), progress=False)
+    assert len(results["a"].times_ms) == 3 and len(results["b"].times_ms) == 3
+    assert results["a"].median_ms is not None
+    assert results["c"].error == "RuntimeError: boom" and results["c"].median_ms is None
+    assert order.count("c") == 1  # dropped after its failure
+    assert order[:3] == ["a", "b", "c"] and order[3:5] == ["b", "a"]  # the order rotates per round
+    with pytest.raises(ValueError, match="repeats"):
+        time_interleaved(steps, repeats=0, warmup=0, device=torch.device("cpu"))
+
+
+def test_format_table_aligns_columns():
+    text = format_table(["name", "ms"], [["a", "1.00"], ["longer", "10.50"]], align="lr")
+    lines = text.splitlines()
+    assert lines[0] == "name       ms"
+    assert lines[2] == "a        1.00"
+    assert lines[3] == "longer  10.50"
+    with pytest.raises(ValueError, match="row 0"):
+        format_table(["a", "b"], [["x"]])
