@@ -235,3 +235,26 @@ def test_flex_compiled_cpu_forward_matches_reference():
     out = compiled(q, k, v, score_mod=lambda s, b, h, qi, ki: s + bias(b, h, qi, ki), block_mask=block_mask)
     expected = ref.attention(q, k, v, case.allowed(), score_bias=ref.alibi_bias(ALIBI_SLOPES_4, q_pos, kv_pos))
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "dense", "flex", "math"])
+def test_sinusoidal_input_hook_on_every_path_matches_reference(backend):
+    """The input-hook encoding through a block's attention on each path equals the float64 reference."""
+    torch.manual_seed(0)
+    stack = posenc.TransformerEncoder(16, 1, 2, encoding=posenc.build("sinusoidal", dim=16), backend=backend).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    mask = posenc.AttentionMask(causal=True, key_valid=valid)
+    with torch.set_grad_enabled(backend != "flex"):
+        out = stack(x, mask=mask)
+    block = stack.blocks[0]
+    h = x + ref.sinusoid(torch.arange(9)[None], 16)
+    a = block.attn
+    hn = block.norm1(h)
+    heads = lambda t: t.unflatten(-1, (2, 8)).transpose(1, 2)  # noqa: E731
+    o = ref.attention(heads(a.q_proj(hn)), heads(a.k_proj(hn)), heads(a.v_proj(hn)),
+                      ref.allowed_matrix(2, 9, 9, causal=True, key_valid=valid))
+    h = h + a.out_proj(o.transpose(1, 2).flatten(2))
+    h = h + block.mlp(block.norm2(h))
+    torch.testing.assert_close(out, stack.norm(h), rtol=1e-9, atol=1e-9)

@@ -9,26 +9,29 @@ from torch import Tensor
 
 
 def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
-    """``omega_k = base^(-2k/dim)`` for ``k = 0 .. dim/2 - 1`` (float32)."""
+    """``omega_k = base^(-2k/dim)`` for ``k = 0 .. dim/2 - 1`` (float64)."""
     if dim <= 0 or dim % 2:
         raise ValueError(f"dim must be a positive even number, got {dim}")
     if base <= 1:
         raise ValueError(f"base must be > 1, got {base}")
     k = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
-    return torch.exp(-math.log(base) * k / dim).to(torch.float32)
+    return torch.exp(-math.log(base) * k / dim)
 
 
-def sinusoid_table(positions: Tensor, dim: int, base: float = 10000.0, *, scale: float = 1.0) -> Tensor:
+def sinusoid_table(
+    positions: Tensor, dim: int, base: float = 10000.0, *, scale: float = 1.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """Interleaved sinusoid table: ``PE[..., p, 2k] = sin(p * scale * omega_k)``, ``PE[..., p, 2k+1] = cos(...)``.
 
     Args:
         positions: ``[...]`` integer or float positions.
         dim: table width (even).
         scale: multiplies the angles (tAPE uses ``d / L``).
+        dtype: of the result; the angles are computed in float64 (exact for large positions).
 
     Returns:
-        ``[..., dim]`` float32.
+        ``[..., dim]``.
     """
     omega = sinusoid_frequencies(dim, base, device=positions.device)
-    angles = positions.to(torch.float32)[..., None] * (omega * scale)
-    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+    angles = positions.to(torch.float64)[..., None] * (omega * scale)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)

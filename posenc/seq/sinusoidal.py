@@ -42,4 +42,4 @@ class SinusoidalEncoding(PositionEncoding):
             raise ValueError(f"x has {x.shape[-1]} features; this encoding was built for dim={self.dim}")
         if positions.dim() != 2:
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
-        return x + (self.scale * sinusoid_table(positions, self.dim, self.base)).to(x.dtype)
+        return x + self.scale * sinusoid_table(positions, self.dim, self.base, dtype=x.dtype)
