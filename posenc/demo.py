@@ -85,7 +85,7 @@ PARTS: dict[str, tuple[str, Callable[[argparse.Namespace], list[Row]]]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, from {', '.join(PARTS)}")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per model (default 300)")
+    parser.add_argument("--steps", type=int, default=500, help="training steps per model (default 500)")
     parser.add_argument("--seq-encodings", default="none,sinusoidal,rope,alibi,erpe",
                         help="encodings for the sequence part")
     parser.add_argument("--eval-windows", type=int, default=256, help="validation windows per length")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -14,6 +16,9 @@ from ..common.registry import ModelDims, build
 
 class CausalLM(nn.Module):
     """Decoder-only language model: token embedding, pre-norm causal blocks, tied output head.
+
+    Token embeddings are multiplied by ``sqrt(dim)`` as in Vaswani et al.: input encodings of
+    unit amplitude (sinusoidal) would otherwise drown the small initial embeddings.
 
     Args:
         vocab_size, dim, depth, num_heads: sizes.
@@ -41,6 +46,7 @@ class CausalLM(nn.Module):
         if isinstance(encoding, str):
             encoding = build(encoding, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len))
         self.vocab_size, self.max_len = vocab_size, max_len
+        self.embed_scale = math.sqrt(dim)
         self.embed = nn.Embedding(vocab_size, dim)
         self.encoder = TransformerEncoder(dim, depth, num_heads, encoding=encoding, dropout=dropout)
         self.head = nn.Linear(dim, vocab_size, bias=False)
@@ -50,6 +56,6 @@ class CausalLM(nn.Module):
     def forward(self, tokens: Tensor, *, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
-        x = self.embed(tokens)
+        x = self.embed(tokens) * self.embed_scale
         h = self.encoder(x, positions=positions, mask=AttentionMask(causal=True), cache=cache)
         return self.head(h)
