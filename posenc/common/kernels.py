@@ -71,14 +71,13 @@ def _bias_block(
     dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor | None]:
     """Float bias for the given rows with masked entries at -inf, and a ``[B, 1, rows, 1]`` marker
-    of the rows that see some key (None when all do)."""
+    of the rows that see some key (None without a mask). No data-dependent branch: torch.compile
+    traces it whole."""
     block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype)
     allowed = None if mask is None else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
         return block, None
     row_any = allowed.any(dim=-1, keepdim=True)
-    if bool(row_any.all()):
-        return torch.where(allowed, block, float("-inf")), None
     # A row that sees no key attends everywhere inside the kernel (no NaN) and is zeroed after it.
     return torch.where(allowed | ~row_any, block, float("-inf")), row_any
 
