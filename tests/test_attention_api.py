@@ -216,6 +216,8 @@ def test_bad_shapes_are_clear_errors():
     with pytest.raises(ValueError, match=r"q_pos must have shape \[5\], \[batch=2 or 1, 5\]"):
         mha(torch.randn(2, 5, 32), q_pos=torch.arange(4))
     q = torch.randn(1, 4, 5, 8)
+    with pytest.raises(ValueError, match=r"kv_pos must have shape \[5\], \[batch=1 or 1, 5\]"):
+        attend(q, q, q, q_pos=torch.arange(5), kv_pos=torch.arange(6)[None])
     with pytest.raises(ValueError, match=r"q, k, v must be \[B, H, T, D\]"):
         attend(q[0], q, q, q_pos=torch.arange(5)[None], kv_pos=torch.arange(5)[None])
     with pytest.raises(ValueError, match=r"query heads \(4\) must be a multiple of key/value heads \(3\)"):

@@ -103,6 +103,8 @@ def attend(
     if hq % k.shape[1]:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
     tk = k.shape[2]
+    q_pos = normalize_positions(q_pos, tq, b, "q_pos")
+    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
     if mask is not None:
         mask.validate(b, tq, tk)
     scale = d ** -0.5 if scale is None else scale
@@ -159,7 +161,7 @@ def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> b
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, start: int = 0, device=None) -> Tensor:
-    """Positions as ``[B or 1, T(, C)]``; None means ``start, start + 1, ...``."""
+    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``start, start + 1, ...``."""
     if pos is None:
         return torch.arange(start, start + length, device=device).unsqueeze(0)
     if pos.dim() == 1:
