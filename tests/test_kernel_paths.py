@@ -293,3 +293,18 @@ def test_cuda_path_matches_float64_reference(kind, backend, case):
     for name, g, w in zip("qkv", got, want):
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g.double().cpu(), w, rtol=5e-3, atol=5e-3, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_bf16_inputs_keep_a_float32_bias():
+    """Queries far from their keys: ALiBi's biases are large and differ by small amounts, which a
+    bf16 bias (spacing 4 near 750) would erase; the dense path keeps them in float32."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 8, 16)
+    kv = torch.randn(1, 4, 64, 16)
+    q_pos, kv_pos = torch.arange(3000, 3008)[None], torch.arange(64)[None]
+    slopes = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]
+    expected = ref.attention(q, kv, kv, None, score_bias=ref.alibi_bias(slopes, q_pos, kv_pos, symmetric=True))
+    qb, kvb = q.bfloat16(), kv.bfloat16()
+    out = attend(qb, kvb, kvb, q_pos=q_pos, kv_pos=kv_pos, encoding=ALiBi(4, symmetric=True), backend="dense")
+    input_error = (kvb.double() - kv.double()).abs().max().item()
+    assert (out.double() - expected).abs().max().item() < 3 * input_error

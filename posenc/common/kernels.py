@@ -73,6 +73,10 @@ def _bias_block(
     """Float bias for the given rows with masked entries at -inf, and a ``[B, 1, rows, 1]`` marker
     of the rows that see some key (None without a mask). No data-dependent branch: torch.compile
     traces it whole."""
+    # Half-precision inputs still get a float32 bias: a bf16 bias of -500 is off by 2 (fused
+    # kernels accept a float32 mask beside bf16/fp16 q, k, v).
+    if dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
     block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype)
     allowed = None if mask is None else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
@@ -165,7 +169,7 @@ def dense_path(
         chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, bias_batch * h * tk)))
         return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk)
     block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=block, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=block.to(q.dtype), scale=scale)
     return out if row_any is None else out.masked_fill(~row_any, 0.0)
 
 
