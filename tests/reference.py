@@ -110,7 +110,7 @@ def alibi_bias(slopes: list[float], q_pos: Tensor, kv_pos: Tensor, symmetric: bo
 def erpe_bias(weight: Tensor, q_pos: Tensor, kv_pos: Tensor, max_len: int) -> Tensor:
     """``w[h, i - j + L - 1]`` by loops, ``[B|1, H, Tq, Tk]`` (differentiable in ``weight``)."""
     bsz = max(q_pos.shape[0], kv_pos.shape[0])
-    h = weight.shape[0]
+
     rows = []
     for b in range(bsz):
         qp = q_pos[b if q_pos.shape[0] > 1 else 0]

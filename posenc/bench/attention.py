@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ..common import kernels
 from ..common.attention import MultiheadAttention
-from ..common.encoding import Hook, PositionEncoding
+from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, available, build
 from .memory import MB, peak_memory_bytes
@@ -174,7 +174,7 @@ class PosencAttention(nn.Module):
         super().__init__()
         hooks = encoding.hooks if encoding is not None else frozenset()
         self.input_encoding = encoding if Hook.INPUT in hooks else None
-        self.attn = MultiheadAttention(dim, num_heads, encoding=encoding if hooks - {Hook.INPUT} else None)
+        self.attn = MultiheadAttention(dim, num_heads, encoding=attention_part(encoding))
         self.mask = AttentionMask(causal=True)
         self.register_buffer("positions", torch.arange(seq_len).unsqueeze(0), persistent=False)
 

@@ -8,7 +8,6 @@ explicit positions and an optional KV cache.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch

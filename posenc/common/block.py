@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import torch
 from torch import Tensor, nn
 
 from .attention import Backend, MultiheadAttention, normalize_positions
-from .encoding import Hook, PositionEncoding
+from .encoding import Hook, PositionEncoding, attention_part
 from .kv_cache import KVCache
 from .masks import AttentionMask
 
@@ -67,13 +66,6 @@ class TransformerBlock(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
-def _attention_part(encoding: PositionEncoding | None) -> PositionEncoding | None:
-    """The encoding as the attention layers see it: None when it acts on the input only."""
-    if encoding is None or not (encoding.hooks - {Hook.INPUT}):
-        return None
-    return encoding
-
-
 class TransformerEncoder(nn.Module):
     """A stack of pre-norm blocks with a position encoding.
 
@@ -118,7 +110,7 @@ class TransformerEncoder(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 dim, num_heads, num_kv_heads=num_kv_heads, mlp_ratio=mlp_ratio, dropout=dropout,
-                encoding=_attention_part(enc), backend=backend, attn_scale=attn_scale,
+                encoding=attention_part(enc), backend=backend, attn_scale=attn_scale,
             )
             for enc in per_layer
         )

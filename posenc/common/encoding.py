@@ -79,3 +79,10 @@ class PositionEncoding(nn.Module):
     @property
     def has_prob_bias(self) -> bool:
         return Hook.POST_SOFTMAX in self.hooks and type(self).prob_bias is not PositionEncoding.prob_bias
+
+
+def attention_part(encoding: PositionEncoding | None) -> PositionEncoding | None:
+    """The encoding as attention layers see it: None when it acts on the input only."""
+    if encoding is None or not (encoding.hooks - {Hook.INPUT}):
+        return None
+    return encoding
