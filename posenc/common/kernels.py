@@ -1,11 +1,11 @@
 """The attention kernel paths. :func:`posenc.common.attention.attend` chooses among them.
 
 ``sdpa``   ``scaled_dot_product_attention``: nothing touches the scores (masks only).
-``dense``  a constant score bias handed to SDPA's fused kernel. On CPU the bias is produced
-           chunk by chunk of query rows inside a custom autograd function and recomputed in the
-           backward pass, so no ``T x T`` tensor is kept; with causal masks each chunk stops at
-           its last visible key. A bias that needs a gradient is materialised whole (SDPA then
-           differentiates it).
+``dense``  a score bias handed to SDPA's fused kernel. On CPU the bias is produced chunk by
+           chunk of query rows inside a custom autograd function and recomputed in the backward
+           pass, so no ``T x T`` tensor is kept; with causal masks each chunk stops at its last
+           visible key. A bias that needs a gradient gets an explicit chunked backward that also
+           yields its gradient. Elsewhere the bias is materialised whole for SDPA.
 ``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
            (compiled on CUDA; eager elsewhere, forward only on CPU).
 ``math``   explicit ``softmax(QK^T * scale + bias) V``: the only path that exposes the
@@ -95,15 +95,52 @@ def _row_chunks(q_len: int, kv_len: int, chunk: int, causal: bool):
         yield s, e, (max(1, min(kv_len, e + offset)) if causal else kv_len)
 
 
+def _chunk_backward_with_bias_grad(
+    bias: PairwiseBias,
+    learned: list[Tensor],
+    block: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    scale: float,
+    rows: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
+    """Attention backward for one chunk of query rows, written out so that the score gradient
+    ``dS`` is at hand: it is also the gradient of the bias, passed on to the tensors it was built
+    from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O))``."""
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + block.to(work)
+    probs = torch.exp(scores - lse.to(work).unsqueeze(-1))
+    del scores
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    d_scores = probs * (torch.matmul(grad_out, v.transpose(-1, -2)) - delta)
+    gq = torch.matmul(d_scores, k) * scale
+    gk = torch.matmul(d_scores.transpose(-1, -2), q) * scale
+    gv = torch.matmul(probs.transpose(-1, -2), grad_out)
+    del probs
+    with torch.enable_grad():
+        b, h = q.shape[:2]
+        live = bias.dense(b, h, *rows)
+        grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
+    return gq, gk, gv, list(grads)
+
+
 class _ChunkedBiasAttention(torch.autograd.Function):
-    """SDPA's CPU flash kernel over chunks of query rows, with a constant bias recomputed per chunk.
+    """SDPA's CPU flash kernel over chunks of query rows, with the bias recomputed per chunk.
 
     Only ``q, k, v``, the output and the log-sum-exp are saved; each bias chunk lives only while
-    its kernel runs, in the forward and again in the backward pass.
+    its kernel runs, in the forward and again in the backward pass. A constant bias goes through
+    the flash kernel's backward; a bias that needs a gradient (T5 tables, learned slopes) gets the
+    chunked explicit backward, which also yields the bias gradient, so it too keeps no ``T x T``
+    tensor. ``learned`` are the tensors the bias reads that may need a gradient.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, chunk):
+    def forward(ctx, q, k, v, bias, mask, scale, chunk, *learned):
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = mask is not None and mask.causal
@@ -118,13 +155,16 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)
             lse[:, :, s:e] = chunk_lse
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.bias, ctx.mask, ctx.scale, ctx.chunk = bias, mask, scale, chunk
+        ctx.bias, ctx.mask, ctx.scale, ctx.chunk, ctx.learned = bias, mask, scale, chunk, learned
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
+        wanted = [i for i, need in enumerate(ctx.needs_input_grad[7:]) if need]
+        learned = [ctx.learned[i] for i in wanted]
+        learned_grads: list[Tensor | None] = [None] * len(ctx.learned)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = mask is not None and mask.causal
@@ -139,21 +179,30 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             g = grad_out[:, :, s:e]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
-            gq, gk, gv = flash_bwd(
-                g.contiguous(), q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
-                out[:, :, s:e], lse[:, :, s:e].contiguous(), 0.0, False, attn_mask=block, scale=scale,
-            )
+            if learned:
+                gq, gk, gv, grads = _chunk_backward_with_bias_grad(
+                    bias, learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
+                    lse[:, :, s:e], g, scale, (idx[s:e], idx[:kv_end]),
+                )
+                for i, grad in zip(wanted, grads):
+                    if grad is not None:
+                        learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
+            else:
+                gq, gk, gv = flash_bwd(
+                    g.contiguous(), q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
+                    out[:, :, s:e], lse[:, :, s:e].contiguous(), 0.0, False, attn_mask=block, scale=scale,
+                )
             del block
             dq[:, :, s:e] = gq
             if dk is None:
                 if kv_end == tk:
-                    dk, dv = gk, gv
+                    dk, dv = gk.to(k.dtype), gv.to(v.dtype)
                     continue
                 dk, dv = torch.zeros_like(k), torch.zeros_like(v)
             dk[:, :, :kv_end] += gk
             dv[:, :, :kv_end] += gv
             del gq, gk, gv  # before the next chunk's kernel allocates its own
-        return dq, dk, dv, None, None, None, None
+        return (dq, dk, dv, None, None, None, None, *learned_grads)
 
 
 def dense_path(
@@ -164,10 +213,12 @@ def dense_path(
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
     tk = k.shape[2]
-    if q.device.type == "cpu" and not bias.requires_grad:
-        bias_batch = b if (bias.per_batch or (mask is not None and mask.per_batch)) else 1
-        chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, bias_batch * h * tk)))
-        return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk)
+    if q.device.type == "cpu":
+        learned = bias.learned if bias.requires_grad else ()
+        # The explicit backward of a learned bias holds a few [B, H, rows, Tk] tensors per chunk.
+        rows_batch = b if (learned or bias.per_batch or (mask is not None and mask.per_batch)) else 1
+        chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, rows_batch * h * tk)))
+        return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
     block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=block.to(q.dtype), scale=scale)
     return out if row_any is None else out.masked_fill(~row_any, 0.0)
