@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,6 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .bench.report import format_table
+from .common.registry import get
 from .common.trainer import TrainConfig, Trainer
 
 Row = dict[str, object]
@@ -95,38 +98,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def format_table(rows: list[Row]) -> str:
+def _table(rows: list[Row]) -> str:
     if not rows:
         return "(no rows)"
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
-    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+    return format_table(cols, [[r.get(c, "") for c in cols] for r in rows])
 
 
-def run(args: argparse.Namespace) -> int:
-    parts = [p for p in args.parts.split(",") if p]
-    unknown = [p for p in parts if p not in PARTS]
+def _argument_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments (checked before any training), or None."""
+    unknown = [p for p in args.parts.split(",") if p and p not in PARTS]
     if unknown:
-        raise SystemExit(f"posenc demo: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        return f"--parts: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}"
     if args.steps <= 0:
-        raise SystemExit(f"posenc demo: --steps must be positive, got {args.steps}")
-    from .common.registry import get
-
+        return f"--steps must be positive, got {args.steps}"
+    if args.eval_windows <= 0:
+        return f"--eval-windows must be positive, got {args.eval_windows}"
     for name in args.seq_encodings.split(","):
         if name != "none":
             try:
-                get(name)  # unknown names fail before any training
+                get(name)
             except KeyError as exc:
-                raise SystemExit(f"posenc demo: --seq-encodings: {exc.args[0]}") from None
+                return f"--seq-encodings: {exc.args[0]}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _argument_error(args)
+    if error is not None:
+        print(f"posenc demo: {error}", file=sys.stderr)
+        return 2
+    parts = [p for p in args.parts.split(",") if p]
     results = {}
     for part in parts:
         title, fn = PARTS[part]
         print(f"\n== {title}", flush=True)
         rows = fn(args)
         results[part] = rows
-        print(format_table(rows), flush=True)
+        print(_table(rows), flush=True)
     if args.out is not None:
         path = Path(args.out) / "results.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,9 @@ def allowed_matrix(
                 if key_valid is not None and not bool(key_valid[b if key_valid.shape[0] > 1 else 0, j]):
                     ok = False
                 if q_segments is not None:
-                    bb = b if q_segments.shape[0] > 1 else 0
-                    if int(q_segments[bb, i]) != int(kv_segments[bb, j]):
+                    qb = b if q_segments.shape[0] > 1 else 0
+                    kb = b if kv_segments.shape[0] > 1 else 0
+                    if int(q_segments[qb, i]) != int(kv_segments[kb, j]):
                         ok = False
                 out[b, i, j] = ok
     return out

@@ -228,7 +228,7 @@ def test_bad_shapes_are_clear_errors():
                mask=posenc.AttentionMask(causal=True))
     with pytest.raises(ValueError, match="this encoding was built for head_dim=16"):
         attend(q, q, q, q_pos=torch.arange(5)[None], kv_pos=torch.arange(5)[None], encoding=RotaryEncoding(16))
-    with pytest.raises(ValueError, match="eRPE was built for max_len=4; positions span 5"):
+    with pytest.raises(ValueError, match=r"eRPE was built for max_len=4 \(offsets up to 3\); these positions are 4 apart"):
         attend(q, q, q, q_pos=torch.arange(5)[None], kv_pos=torch.arange(5)[None], encoding=ERPE(4, 4))
     with pytest.raises(ValueError, match="eRPE needs integer positions"):
         attend(q, q, q, q_pos=torch.arange(5.0)[None], kv_pos=torch.arange(5.0)[None], encoding=ERPE(4, 8))
@@ -249,3 +249,77 @@ def test_all_paths_give_zero_rows_and_finite_grads_when_everything_is_masked():
             assert torch.isfinite(out).all() and torch.isfinite(x.grad).all(), (name, backend)
             # the fully masked sequence's attention output is zero, so only out_proj's bias remains
             torch.testing.assert_close(out[1], mha.out_proj.bias.expand(6, 32))
+
+
+def test_empty_sequences_give_empty_or_zero_outputs_on_every_path():
+    q = torch.randn(1, 4, 5, 8, requires_grad=True)
+    empty = torch.randn(1, 4, 0, 8)
+    for enc, backends in [(None, ["sdpa", "dense", "math"]), (ALiBi(4, symmetric=True), ["dense", "math"]),
+                          (ERPE(4, 8), ["sdpa", "math"])]:
+        for backend in backends:
+            out = attend(q, empty, empty, q_pos=torch.arange(5), kv_pos=torch.arange(0), encoding=enc, backend=backend)
+            assert out.shape == (1, 4, 5, 8) and not out.any()
+            out = attend(empty, q, q, q_pos=torch.arange(0), kv_pos=torch.arange(5), encoding=enc, backend=backend)
+            assert out.shape == (1, 4, 0, 8)
+    mha = posenc.MultiheadAttention(16, 2, encoding=ALiBi(2, symmetric=True))
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(mha(x, torch.randn(2, 0, 16)), mha.out_proj.bias.expand(2, 3, 16))
+
+
+def test_refused_call_leaves_the_cache_untouched():
+    mha = posenc.MultiheadAttention(16, 2, encoding=ALiBi(2))
+    cache = posenc.common.LayerKVCache()
+    with pytest.raises(ValueError, match="ALiBi is defined for causal attention only"):
+        mha(torch.randn(1, 4, 16), cache=cache)
+    assert cache.length == 0
+
+
+def test_cached_positions_continue_after_explicit_positions():
+    torch.manual_seed(0)
+    stack = posenc.TransformerEncoder(16, 1, 2, encoding=RotaryEncoding(8)).eval()
+    x = torch.randn(1, 6, 16)
+    causal = posenc.AttentionMask(causal=True)
+    pos = torch.arange(1000, 1006)[None]
+    with torch.no_grad():
+        full = stack(x, positions=pos, mask=causal)
+        cache = posenc.KVCache(1)
+        stack(x[:, :4], positions=pos[:, :4], mask=causal, cache=cache)
+        tail = stack(x[:, 4:], mask=causal, cache=cache)  # positions 1004, 1005 by default
+    torch.testing.assert_close(tail, full[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_head_count_of_per_head_encodings_is_checked():
+    q = torch.randn(1, 4, 5, 8)
+    pos = torch.arange(5)
+    for enc in (ERPE(2, 8), ERPE(8, 8)):
+        with pytest.raises(ValueError, match=f"this ERPE was built for num_heads={enc.num_heads}; the attention has 4"):
+            attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc)
+
+
+def test_erpe_range_is_checked_per_sequence():
+    q = torch.randn(2, 2, 10, 8)
+    pos = torch.arange(10) + torch.tensor([[0], [1000]])  # offsets within each row stay below 10
+    out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ERPE(2, 16))
+    assert torch.isfinite(out).all()
+
+
+def test_alibi_distances_are_exact_for_large_integer_positions():
+    enc = ALiBi(8, symmetric=True)
+    q = torch.zeros(1, 8, 1, 2)
+    bias = enc.score_bias(q, q, torch.tensor([[2 ** 24 + 1]]), torch.tensor([[2 ** 24]]))
+    dense = bias.dense(1, 8, torch.arange(1), torch.arange(1))
+    torch.testing.assert_close(dense[0, :, 0, 0], -alibi_slopes_for_test(8))
+
+
+def alibi_slopes_for_test(heads):
+    return torch.tensor([2.0 ** (-8 * h / heads) for h in range(1, heads + 1)])
+
+
+def test_more_bad_input_is_named():
+    mha = posenc.MultiheadAttention(16, 2, kv_dim=8)
+    with pytest.raises(ValueError, match=r"x \(self-attention: kv_dim must equal dim\) must be \[batch=1, keys, kv_dim=8\]"):
+        mha(torch.randn(1, 3, 16))
+    with pytest.raises(ValueError, match=r"context must be \[batch=1, keys, kv_dim=8\]; got \(1, 4, 6\)"):
+        mha(torch.randn(1, 3, 16), torch.randn(1, 4, 6))
+    with pytest.raises(ValueError, match=r"encoding\[1\] \(SinusoidalEncoding\) has an input hook"):
+        posenc.TransformerEncoder(16, 2, 2, encoding=[SinusoidalEncoding(16), SinusoidalEncoding(16)])

@@ -36,11 +36,20 @@ def test_demo_trains_every_encoding_and_writes_results(tmp_path, capsys):
     assert (tmp_path / "seq" / "rope" / "metrics.jsonl").is_file()
 
 
-def test_demo_rejects_unknown_parts_and_encodings(tmp_path):
-    with pytest.raises(SystemExit, match="unknown part\\(s\\) audio"):
-        demo.run(_args(tmp_path, parts="audio"))
-    with pytest.raises(SystemExit, match="unknown encoding 'rotary'"):
-        demo.run(_args(tmp_path, seq_encodings="none,rotary"))
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ({"parts": "audio"}, "--parts: unknown part(s) audio; choose from seq"),
+        ({"seq_encodings": "none,rotary"}, "--seq-encodings: unknown encoding 'rotary'"),
+        ({"steps": 0}, "--steps must be positive, got 0"),
+        ({"eval_windows": -1}, "--eval-windows must be positive, got -1"),
+    ],
+)
+def test_demo_rejects_bad_arguments_before_training(tmp_path, capsys, override, message):
+    assert demo.run(_args(tmp_path, **override)) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not (tmp_path / "seq").exists()  # nothing trained
 
 
 def test_byte_windows_shift_by_one_and_cover_the_text():
@@ -50,6 +59,8 @@ def test_byte_windows_shift_by_one_and_cover_the_text():
     assert bytes(x.tolist()) == b"efgh" and bytes(y.tolist()) == b"fghi"
     with pytest.raises(ValueError, match="seq_len=20 needs at least 21"):
         ByteWindows("short", 20)
+    with pytest.raises(ValueError, match="the text has 0 bytes; seq_len=4 needs at least 5"):
+        ByteWindows("", 4)
     train, valid = split_text(pydoc_corpus())
     assert len(train) > 100_000 and 0 < len(valid) < len(train)
 

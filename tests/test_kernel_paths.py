@@ -83,6 +83,9 @@ CASES = [
     Case("nonsquare_cache", 5, 12, causal=True),
     Case("nonsquare_fully_masked", 8, 5, causal=True, q_pos=torch.arange(-3, 5)[None]),
     Case("cross_padding", 7, 12, key_valid=_padding(), q_pos=torch.arange(7)[None]),
+    # query segments shared by the batch, key segments per sequence (each broadcasts on its own)
+    Case("segments_broadcast", 5, 12, segments=(torch.tensor([[0, 0, 1, 1, 2]]), _packed()[0]),
+         q_pos=torch.arange(5)[None]),
 ]
 
 

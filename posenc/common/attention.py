@@ -64,6 +64,23 @@ def choose_backend(
     return backend
 
 
+def check_attention_args(
+    encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
+) -> None:
+    """The checks of one attention call that need no tensor data: mask shapes, causal-only
+    encodings, and the head count of encodings with per-head parameters (``num_heads``)."""
+    if mask is not None:
+        mask.validate(batch, q_len, kv_len)
+    if encoding is None:
+        return
+    name = type(encoding).__name__
+    if encoding.causal_only and (mask is None or not mask.causal):
+        raise ValueError(f"{name} is defined for causal attention only; pass a causal mask")
+    built_for = getattr(encoding, "num_heads", None)
+    if built_for is not None and built_for != heads:
+        raise ValueError(f"this {name} was built for num_heads={built_for}; the attention has {heads} query heads")
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -104,12 +121,11 @@ def attend(
     tk = k.shape[2]
     q_pos = normalize_positions(q_pos, tq, b, "q_pos")
     kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
-    if mask is not None:
-        mask.validate(b, tq, tk)
+    check_attention_args(encoding, mask, b, hq, tq, tk)
+    if tq == 0 or tk == 0:  # nothing to attend to (or from): zeros, as for fully masked rows
+        return q.new_zeros(b, hq, tq, d)
     scale = d ** -0.5 if scale is None else scale
     hooks = encoding.hooks if encoding is not None else frozenset()
-    if encoding is not None and encoding.causal_only and (mask is None or not mask.causal):
-        raise ValueError(f"{type(encoding).__name__} is defined for causal attention only; pass a causal mask")
 
     if Hook.QK in hooks and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
@@ -159,10 +175,10 @@ def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> b
     return mask is not None and not mask.is_empty and not mask.only_causal(q_len, kv_len) and not mask.only_key_padding
 
 
-def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, start: int = 0, device=None) -> Tensor:
-    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``start, start + 1, ...``."""
+def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
+    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``0 .. T-1``."""
     if pos is None:
-        return torch.arange(start, start + length, device=device).unsqueeze(0)
+        return torch.arange(length, device=device).unsqueeze(0)
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     if pos.dim() not in (2, 3) or pos.shape[1] != length or pos.shape[0] not in (1, batch):
@@ -221,6 +237,7 @@ class MultiheadAttention(nn.Module):
         self.backend = backend
         self.scale = head_dim ** -0.5 if scale is None else scale
         kv_dim = dim if kv_dim is None else kv_dim
+        self.kv_dim = kv_dim
         self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(kv_dim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(kv_dim, num_kv_heads * head_dim, bias=bias)
@@ -242,29 +259,34 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor:
         """Attend from ``x`` to itself (with ``cache``: to the cached keys and itself) or to ``context``.
 
-        Positions default to ``0 .. T-1``; with a cache, the new queries continue after the cached
-        keys. Pass them explicitly for packed sequences, float or 2D positions.
+        Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
+        cached position. Pass them explicitly for packed sequences, float or 2D positions.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
         if context is not None and cache is not None:
             raise ValueError("a KV cache is for self-attention; pass either context or cache, not both")
         src = x if context is None else context
-        if context is not None and (context.dim() != 3 or context.shape[0] != x.shape[0]):
-            raise ValueError(f"context must be [batch={x.shape[0]}, keys, kv_dim]; got {tuple(context.shape)}")
+        if src.dim() != 3 or src.shape[0] != x.shape[0] or src.shape[-1] != self.kv_dim:
+            what = "context" if context is not None else "x (self-attention: kv_dim must equal dim)"
+            raise ValueError(f"{what} must be [batch={x.shape[0]}, keys, kv_dim={self.kv_dim}]; got {tuple(src.shape)}")
         b, tq, _ = x.shape
-        past = 0 if cache is None else cache.length
-        q_pos = normalize_positions(q_pos, tq, b, "q_pos", start=past, device=x.device)
+        if q_pos is None and cache is not None:
+            q_pos = cache.next_positions(tq, device=x.device)
+        q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=x.device)
         if context is None:
             new_kv_pos = q_pos if kv_pos is None else normalize_positions(kv_pos, tq, b, "kv_pos", device=x.device)
         else:
             new_kv_pos = normalize_positions(kv_pos, src.shape[1], b, "kv_pos", device=x.device)
+        enc = self.encoding
+        past = 0 if cache is None else cache.length
+        # Check before the cache grows: a refused call must leave the cache as it was.
+        check_attention_args(enc, mask, b, self.num_heads, tq, past + new_kv_pos.shape[1])
 
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(src), self.num_kv_heads)
         v = self._heads(self.v_proj(src), self.num_kv_heads)
         qk_transformed = False
-        enc = self.encoding
         if cache is not None:
             if enc is not None and not enc.supports_kv_cache:
                 raise ValueError(f"{type(enc).__name__} does not support a KV cache; run the full sequence instead")

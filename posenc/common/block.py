@@ -106,6 +106,12 @@ class TransformerEncoder(nn.Module):
             per_layer = list(encoding)
             if len(per_layer) != depth:
                 raise ValueError(f"encoding: got {len(per_layer)} per-layer encodings for depth {depth}")
+            for i, enc in enumerate(per_layer[1:], start=1):
+                if enc is not None and Hook.INPUT in enc.hooks:
+                    raise ValueError(
+                        f"encoding[{i}] ({type(enc).__name__}) has an input hook, which acts once before the "
+                        "first block: only encoding[0] may have one"
+                    )
             self.encoding = per_layer[0]
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -131,8 +137,9 @@ class TransformerEncoder(nn.Module):
     ) -> Tensor:
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"cache has {len(cache)} layers; this stack has {len(self.blocks)}")
-        past = 0 if cache is None else cache.length
-        positions = normalize_positions(positions, x.shape[1], x.shape[0], "positions", start=past, device=x.device)
+        if positions is None and cache is not None:
+            positions = cache.next_positions(x.shape[1], device=x.device)
+        positions = normalize_positions(positions, x.shape[1], x.shape[0], "positions", device=x.device)
         if self.encoding is not None and Hook.INPUT in self.encoding.hooks:
             x = self.encoding.encode_input(x, positions)
         for i, block in enumerate(self.blocks):

@@ -220,6 +220,8 @@ def dense_path(
         chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, rows_batch * h * tk)))
         return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
     block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
+    # Off CPU the bias takes the inputs' dtype: the fused CUDA kernels are only known to take a
+    # mask of the query's dtype (unchecked here without a GPU; flex is the CUDA default anyway).
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=block.to(q.dtype), scale=scale)
     return out if row_any is None else out.masked_fill(~row_any, 0.0)
 
@@ -228,7 +230,9 @@ def dense_path(
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Default dynamism: a fixed training length compiles once; a length that changes (cached
+    # decoding) recompiles once with dynamic shapes instead of once per length.
+    return torch.compile(flex_attention)
 
 
 def flex_path(

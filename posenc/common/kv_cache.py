@@ -22,6 +22,17 @@ class LayerKVCache:
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
+    def next_positions(self, length: int, device=None) -> Tensor:
+        """Default positions of ``length`` new tokens: they continue after the last cached position
+        (``0 .. length-1`` for an empty cache). ``[B or 1, length]``."""
+        if self.pos is None:
+            return torch.arange(length, device=device).unsqueeze(0)
+        if self.pos.dim() != 2:
+            raise ValueError(
+                f"the cache holds coordinate positions {tuple(self.pos.shape)}; pass the new positions explicitly"
+            )
+        return self.pos[:, -1:] + 1 + torch.arange(length, device=self.pos.device, dtype=self.pos.dtype)
+
     def append(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]``; return the whole history."""
         if self.k is None:
@@ -49,6 +60,10 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def next_positions(self, length: int, device=None) -> Tensor:
+        """See :meth:`LayerKVCache.next_positions` (every layer holds the same positions)."""
+        return self.layers[0].next_positions(length, device)
 
     def __getitem__(self, i: int) -> LayerKVCache:
         return self.layers[i]

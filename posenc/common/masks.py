@@ -98,7 +98,8 @@ class AttentionMask:
         key_valid, q_seg, kv_seg = self.key_valid, self.q_segments, self.kv_segments
         # A batch of one broadcasts: index it with b * 0.
         kv_b = key_valid is not None and key_valid.shape[0] == 1
-        seg_b = q_seg is not None and q_seg.shape[0] == 1
+        q_seg_b = q_seg is not None and q_seg.shape[0] == 1
+        kv_seg_b = kv_seg is not None and kv_seg.shape[0] == 1
 
         def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             ok = torch.ones_like(q_idx, dtype=torch.bool) & torch.ones_like(kv_idx, dtype=torch.bool)
@@ -110,8 +111,7 @@ class AttentionMask:
             if key_valid is not None:
                 ok = ok & key_valid[b * 0 if kv_b else b, kv_idx]
             if q_seg is not None:
-                bb = b * 0 if seg_b else b
-                ok = ok & (q_seg[bb, q_idx] == kv_seg[bb, kv_idx])
+                ok = ok & (q_seg[b * 0 if q_seg_b else b, q_idx] == kv_seg[b * 0 if kv_seg_b else b, kv_idx])
             return ok
 
         return allowed
@@ -131,6 +131,8 @@ class AttentionMask:
 
         key = (batch, q_len, kv_len, str(device))
         if key not in self._block_masks:
+            if len(self._block_masks) >= 4:  # one mask reused across decoding steps: keep the latest few
+                self._block_masks.pop(next(iter(self._block_masks)))
             fn = self.fn(q_len, kv_len)
             # Compiled on CUDA so that no dense [Tq, Tk] mask is ever materialised.
             self._block_masks[key] = create_block_mask(

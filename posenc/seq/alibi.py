@@ -58,21 +58,18 @@ class ALiBi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q.shape[1] != self.num_heads:
-            raise ValueError(f"q has {q.shape[1]} heads; this ALiBi was built for num_heads={self.num_heads}")
         if q_pos.dim() != 2 or kv_pos.dim() != 2:
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         slopes, symmetric = self.slopes, self.symmetric
         if slopes.dtype != torch.float32:  # the module was cast (.half()): keep the slopes exact
             slopes = alibi_slopes(self.num_heads).to(slopes.device)
-        qp, kp = q_pos.to(torch.float32), kv_pos.to(torch.float32)
-        per_batch = qp.shape[0] > 1 or kp.shape[0] > 1
-        qb, kb = qp.shape[0] > 1, kp.shape[0] > 1
+        qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            dist = qp[b if qb else b * 0, q_idx] - kp[b if kb else b * 0, kv_idx]
+            # Subtract in the positions' own dtype (exact for integers), then go to float32.
+            dist = (q_pos[b if qb else b * 0, q_idx] - kv_pos[b if kb else b * 0, kv_idx]).to(torch.float32)
             if symmetric:
                 dist = dist.abs()
             return -slopes[h] * dist
 
-        return PairwiseBias(bias, per_batch=per_batch, name="ALiBi")
+        return PairwiseBias(bias, per_batch=qb or kb, name="ALiBi")

@@ -44,13 +44,14 @@ class ByteWindows(Dataset):
     def __init__(self, text: str, seq_len: int, stride: int | None = None) -> None:
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self.data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+        raw = text.encode("utf-8")
+        if len(raw) < seq_len + 1:
+            raise ValueError(f"the text has {len(raw)} bytes; seq_len={seq_len} needs at least {seq_len + 1}")
+        self.data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
         self.seq_len = seq_len
         self.stride = seq_len if stride is None else stride
         if self.stride <= 0:
             raise ValueError(f"stride must be positive, got {self.stride}")
-        if len(self.data) < seq_len + 1:
-            raise ValueError(f"the text has {len(self.data)} bytes; seq_len={seq_len} needs at least {seq_len + 1}")
 
     def __len__(self) -> int:
         return (len(self.data) - self.seq_len - 1) // self.stride + 1

@@ -1,4 +1,4 @@
-"""Time-series encodings: tAPE and eRPE (ConvTran)."""
+"""Time-series encodings from ConvTran: eRPE (tAPE follows with the time-series issue)."""
 
 from .erpe import ERPE
 

@@ -46,12 +46,15 @@ class ERPE(PositionEncoding):
         for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
             if p.dim() != 2 or p.dtype.is_floating_point:
                 raise ValueError(f"eRPE needs integer positions [batch or 1, tokens]; {name} is {p.dtype} {tuple(p.shape)}")
-        if not torch.compiler.is_compiling():
-            span = int(torch.maximum(q_pos.max(), kv_pos.max()) - torch.minimum(q_pos.min(), kv_pos.min()))
-            if span > self.max_len - 1:
+        if not torch.compiler.is_compiling() and q_pos.numel() and kv_pos.numel():
+            # The largest |i - j| within any one sequence (a host sync: the price of a clear error).
+            farthest = torch.maximum(
+                q_pos.amax(1) - kv_pos.amin(1), kv_pos.amax(1) - q_pos.amin(1)
+            ).max().item()
+            if farthest > self.max_len - 1:
                 raise ValueError(
-                    f"eRPE was built for max_len={self.max_len}; positions span {span + 1} (offsets up to "
-                    f"{self.max_len - 1} are learned)"
+                    f"eRPE was built for max_len={self.max_len} (offsets up to {self.max_len - 1}); "
+                    f"these positions are {farthest} apart"
                 )
         weight, centre = self.weight, self.max_len - 1
         qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
