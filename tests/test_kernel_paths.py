@@ -12,6 +12,7 @@ import torch
 import posenc
 from posenc.common import kernels
 from posenc.common.attention import attend
+from posenc.common.pairwise import take
 from posenc.seq.alibi import ALiBi
 from posenc.seq.rope import RotaryEncoding
 from posenc.timeseries.erpe import ERPE
@@ -202,13 +203,12 @@ class LearnedRelative(posenc.PositionEncoding):
 
     def score_bias(self, q, k, q_pos, kv_pos):
         table = self.table
-        qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 
         def fn(b, h, qi, ki):
-            off = q_pos[b if qb else b * 0, qi] - kv_pos[b if kb else b * 0, ki]
+            off = take(q_pos, b, qi) - take(kv_pos, b, ki)
             return table[h, off.clamp(-11, 11) + 11]
 
-        return posenc.PairwiseBias(fn, per_batch=qb or kb, learned=(table,))
+        return posenc.PairwiseBias(fn, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(table,))
 
 
 @pytest.mark.parametrize("backend", ["dense", "math"])

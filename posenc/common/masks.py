@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .pairwise import take
+
 MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -96,10 +98,6 @@ class AttentionMask:
         offset = kv_len - q_len
         causal, window = self.causal, self.window
         key_valid, q_seg, kv_seg = self.key_valid, self.q_segments, self.kv_segments
-        # A batch of one broadcasts: index it with b * 0.
-        kv_b = key_valid is not None and key_valid.shape[0] == 1
-        q_seg_b = q_seg is not None and q_seg.shape[0] == 1
-        kv_seg_b = kv_seg is not None and kv_seg.shape[0] == 1
 
         def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             ok = torch.ones_like(q_idx, dtype=torch.bool) & torch.ones_like(kv_idx, dtype=torch.bool)
@@ -109,9 +107,9 @@ class AttentionMask:
                 dist = q_idx + offset - kv_idx
                 ok = ok & (dist < window) & (dist > -window)
             if key_valid is not None:
-                ok = ok & key_valid[b * 0 if kv_b else b, kv_idx]
+                ok = ok & take(key_valid, b, kv_idx)
             if q_seg is not None:
-                ok = ok & (q_seg[b * 0 if q_seg_b else b, q_idx] == kv_seg[b * 0 if kv_seg_b else b, kv_idx])
+                ok = ok & (take(q_seg, b, q_idx) == take(kv_seg, b, kv_idx))
             return ok
 
         return allowed

@@ -23,6 +23,12 @@ from torch import Tensor
 PairFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
+    """``table[b, idx]`` for a ``[B or 1, T, ...]`` tensor (positions, segment ids, key validity),
+    where a batch of one serves every ``b``. Works densely and inside FlexAttention."""
+    return table[b if table.shape[0] > 1 else b * 0, idx]
+
+
 @dataclass(frozen=True)
 class PairwiseBias:
     """A bias defined per (batch, head, query index, key index).

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias
+from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
 
 
@@ -63,13 +63,12 @@ class ALiBi(PositionEncoding):
         slopes, symmetric = self.slopes, self.symmetric
         if slopes.dtype != torch.float32:  # the module was cast (.half()): keep the slopes exact
             slopes = alibi_slopes(self.num_heads).to(slopes.device)
-        qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             # Subtract in the positions' own dtype (exact for integers), then go to float32.
-            dist = (q_pos[b if qb else b * 0, q_idx] - kv_pos[b if kb else b * 0, kv_idx]).to(torch.float32)
+            dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(torch.float32)
             if symmetric:
                 dist = dist.abs()
             return -slopes[h] * dist
 
-        return PairwiseBias(bias, per_batch=qb or kb, name="ALiBi")
+        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="ALiBi")

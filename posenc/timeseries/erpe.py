@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias
+from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
 
 
@@ -57,10 +57,9 @@ class ERPE(PositionEncoding):
                     f"these positions are {farthest} apart"
                 )
         weight, centre = self.weight, self.max_len - 1
-        qb, kb = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            offset = q_pos[b if qb else b * 0, q_idx] - kv_pos[b if kb else b * 0, kv_idx]
-            return weight[h, offset + centre]
+            return weight[h, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre]
 
-        return PairwiseBias(bias, per_batch=qb or kb, learned=(weight,), name="eRPE")
+        per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
+        return PairwiseBias(bias, per_batch=per_batch, learned=(weight,), name="eRPE")
