@@ -69,15 +69,16 @@ def _bias_block(
     q_len: int,
     kv_len: int,
     dtype: torch.dtype,
+    block: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Float bias for the given rows with masked entries at -inf, and a ``[B, 1, rows, 1]`` marker
     of the rows that see some key (None without a mask). No data-dependent branch: torch.compile
-    traces it whole."""
+    traces it whole. ``block``: the bias already evaluated at these rows, if the caller has it."""
     # Half-precision inputs still get a float32 bias: a bf16 bias of -500 is off by 2 (fused
     # kernels accept a float32 mask beside bf16/fp16 q, k, v).
     if dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
-    block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype)
+    block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype) if block is None else block.to(dtype)
     allowed = None if mask is None else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
         return block, None
@@ -96,7 +97,6 @@ def _row_chunks(q_len: int, kv_len: int, chunk: int, causal: bool):
 
 
 def _chunk_backward_with_bias_grad(
-    bias: PairwiseBias,
     learned: list[Tensor],
     block: Tensor,
     q: Tensor,
@@ -106,11 +106,12 @@ def _chunk_backward_with_bias_grad(
     lse: Tensor,
     grad_out: Tensor,
     scale: float,
-    rows: tuple[Tensor, Tensor],
+    live: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
     """Attention backward for one chunk of query rows, written out so that the score gradient
     ``dS`` is at hand: it is also the gradient of the bias, passed on to the tensors it was built
-    from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O))``."""
+    from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O))``. ``block`` is the masked
+    bias of the chunk; ``live`` the same bias unmasked, still attached to ``learned``."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale + block.to(work)
@@ -122,10 +123,7 @@ def _chunk_backward_with_bias_grad(
     gk = torch.matmul(d_scores.transpose(-1, -2), q) * scale
     gv = torch.matmul(probs.transpose(-1, -2), grad_out)
     del probs
-    with torch.enable_grad():
-        b, h = q.shape[:2]
-        live = bias.dense(b, h, *rows)
-        grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
+    grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
     return gq, gk, gv, list(grads)
 
 
@@ -175,14 +173,21 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         # without a zero-filled buffer beside them.
         idx = _indices(max(tq, tk), q.device)
         for s, e, kv_end in reversed(list(_row_chunks(tq, tk, chunk, causal))):
-            block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
+            live = None
+            if learned:  # evaluate the bias once, attached to the tensors that need its gradient
+                with torch.enable_grad():
+                    live = bias.dense(b, h, idx[s:e], idx[:kv_end])
+            block, row_any = _bias_block(
+                bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype,
+                block=None if live is None else live.detach(),
+            )
             g = grad_out[:, :, s:e]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
             if learned:
                 gq, gk, gv, grads = _chunk_backward_with_bias_grad(
-                    bias, learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
-                    lse[:, :, s:e], g, scale, (idx[s:e], idx[:kv_end]),
+                    learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
+                    lse[:, :, s:e], g, scale, live,
                 )
                 for i, grad in zip(wanted, grads):
                     if grad is not None:
@@ -192,7 +197,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
                     g.contiguous(), q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
                     out[:, :, s:e], lse[:, :, s:e].contiguous(), 0.0, False, attn_mask=block, scale=scale,
                 )
-            del block
+            del block, live
             dq[:, :, s:e] = gq
             if dk is None:
                 if kv_end == tk:
