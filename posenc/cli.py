@@ -14,8 +14,7 @@ missing or broken module affects that subcommand alone: it then prints why and e
 Adding commands:
 
 * ``posenc bench NAME``: a module in :mod:`posenc.bench` and a line in ``posenc.bench.BENCHMARKS``.
-* ``posenc train MODALITY``: a line in :data:`TRAIN_COMMANDS` (the ``train`` group appears once it
-  has an entry).
+* ``posenc train MODALITY``: a module in :mod:`posenc.train` and a line in :data:`TRAIN_COMMANDS`.
 * a new group of subcommands: an entry in :func:`command_groups`; a single command: :data:`COMMANDS`.
 
 Bad input exits with 2 (argparse's convention) and a message naming the argument.
@@ -33,9 +32,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("posenc.demo", "a short demonstration of the encodings (see posenc.demo)"),
 }
 
-# modality -> (module, one-line help) for ``posenc train MODALITY``, e.g.
-# "seq": ("posenc.seq.train", "train a small causal language model with a sequence encoding").
-TRAIN_COMMANDS: dict[str, tuple[str, str]] = {}
+# modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.train.
+TRAIN_COMMANDS: dict[str, tuple[str, str]] = {
+    "seq": ("posenc.train.seq", "train a causal LM or sequence model on text or a synthetic task"),
+    "vision": ("posenc.train.vision", "train a ViT on digits placed on a canvas or on an image folder"),
+    "graph": ("posenc.train.graph", "train a GPS-style graph transformer on CSL, molecules or a PyG dataset"),
+    "timeseries": ("posenc.train.timeseries", "train a ConvTran-style classifier on a UEA/UCR dataset"),
+}
 
 
 def command_groups() -> dict[str, tuple[str, Mapping[str, tuple[str, str]]]]:

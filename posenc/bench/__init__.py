@@ -16,6 +16,22 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "posenc.bench.attention",
         "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory)",
     ),
+    "extrapolation": (
+        "posenc.bench.extrapolation",
+        "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
+    ),
+    "resolution": (
+        "posenc.bench.resolution",
+        "train a ViT per vision encoding at one canvas size, evaluate at larger ones (table, plot, JSON)",
+    ),
+    "graph-pe": (
+        "posenc.bench.graph_pe",
+        "time Laplacian and random-walk encodings against PyG's transforms (table, JSON)",
+    ),
+    "timeseries": (
+        "posenc.bench.timeseries",
+        "encoding ablation of the ConvTran-style classifier on the bundled UEA datasets (table, plot, JSON)",
+    ),
 }
 
 __all__ = ["BENCHMARKS"]

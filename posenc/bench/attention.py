@@ -8,7 +8,7 @@ on ``x [B, T, C]`` (``C = H * D``), forward and backward with a fixed random out
     baseline every ratio is taken against, measured in the same run.
 ``none`` (impl ``posenc``)
     :class:`posenc.MultiheadAttention` with a causal :class:`posenc.AttentionMask`, no encoding.
-one row per registered encoding (impl ``posenc``)
+one row per registered sequence and time-series encoding (impl ``posenc``)
     built with ``posenc.build(name, dims=ModelDims(C, H, T))``; attention hooks go into the
     attention module, an input hook is applied to ``x`` first (positions ``0 .. T-1``).
 peer rows (impl ``x-transformers`` / ``attention-smithy``)
@@ -105,9 +105,12 @@ class AttentionBenchConfig:
         return tuple(encoding_names()) if self.encodings is None else self.encodings
 
 
+BENCH_MODALITIES = ("seq", "timeseries")  # encodings of 1D positions; 2D and graph ones have their own benches
+
+
 def encoding_names() -> list[str]:
-    """``"none"`` followed by every registered encoding name."""
-    return [NO_ENCODING] + [info.name for info in available()]
+    """``"none"`` followed by every registered sequence and time-series encoding."""
+    return [NO_ENCODING] + [info.name for m in BENCH_MODALITIES for info in available(m)]
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The parts of ``posenc demo``, one module per modality (see :mod:`posenc.demo`)."""

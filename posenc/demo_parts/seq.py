@@ -1,0 +1,93 @@
+"""The sequence part of ``posenc demo``: a byte-level causal LM on CPython's pydoc text, one
+encoding per hook point, evaluated at the training length and at twice it."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..common.registry import get
+from ..common.trainer import TrainConfig, Trainer
+
+TITLE = "Sequence: byte-level causal LM on pydoc text (bits per byte, lower is better)"
+
+Row = dict[str, object]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seq-encodings", default="none,sinusoidal,rope,alibi,erpe",
+                        help="encodings for the sequence part")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What is wrong with this part's arguments, or None."""
+    for name in args.seq_encodings.split(","):
+        if name != "none":
+            try:
+                get(name)
+            except KeyError as exc:
+                return f"--seq-encodings: {exc.args[0]}"
+    return None
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    """Byte-level causal LM on CPython's pydoc text: one hook point per encoding, and a look at
+    twice the training length."""
+    from ..seq.data import ByteWindows, pydoc_corpus, split_text
+    from ..seq.models import CausalLM
+
+    train_len = 64
+    eval_lens = (train_len, 2 * train_len)
+    train_text, valid_text = split_text(pydoc_corpus())
+    train = ByteWindows(train_text, train_len)
+    valid = {n: ByteWindows(valid_text, n) for n in eval_lens}
+    rows = []
+    for name in args.seq_encodings.split(","):
+        encoding = None if name == "none" else name
+        torch.manual_seed(args.seed)
+        model = CausalLM(256, dim=64, depth=2, num_heads=4, encoding=encoding, max_len=max(eval_lens))
+
+        def loss_fn(m, batch):
+            x, y = batch
+            loss = F.cross_entropy(m(x).flatten(0, 1), y.flatten())
+            return loss, {}
+
+        def evaluate(m) -> dict[str, float]:
+            out = {}
+            device = next(m.parameters()).device
+            with torch.no_grad():
+                for n, ds in valid.items():
+                    count = min(len(ds), args.eval_windows)
+                    x = torch.stack([ds[i][0] for i in range(count)]).to(device)
+                    y = torch.stack([ds[i][1] for i in range(count)]).to(device)
+                    out[f"bpb@{n}"] = F.cross_entropy(m(x).flatten(0, 1), y.flatten()).item() / math.log(2)
+            return out
+
+        config = TrainConfig(
+            steps=args.steps, batch_size=32, lr=3e-3, warmup_steps=max(1, args.steps // 10), seed=args.seed,
+            progress=not args.no_progress, log_every=max(1, args.steps // 5), device=args.device,
+            out_dir=None if args.out is None else str(Path(args.out) / "seq" / name),
+        )
+        start = time.perf_counter()
+        metrics = Trainer(model, train, loss_fn, config, eval_fn=evaluate).fit()
+        rows.append(
+            {
+                "encoding": name,
+                "hook": _hook_of(model),
+                "train_s": round(time.perf_counter() - start, 1),
+                **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bpb@")},
+            }
+        )
+    return rows
+
+
+def _hook_of(model) -> str:
+    enc = model.encoder.encoding
+    return "-" if enc is None else ",".join(sorted(h.value for h in enc.hooks))
+
+
