@@ -1,0 +1,86 @@
+"""Learned 2D absolute position embedding with bicubic resampling to new grids.
+
+Paper: Dosovitskiy et al. 2021, An Image is Worth 16x16 Words (ViT), https://arxiv.org/abs/2010.11929;
+resampling as in timm's ``resample_abs_pos_embed`` (and ``VisionTransformer(dynamic_img_size=True)``).
+
+A table ``E [R, C, d]`` at the training grid; the patch at ``(r, c)`` gets ``x + E[r, c]``. A call
+whose grid (``max row + 1, max col + 1`` of its positions) differs from ``(R, C)`` uses the whole
+table resampled to that grid: bicubic, ``align_corners=False``, antialiased, in float32 (timm's
+defaults); so a larger image sees a stretched table, not an extrapolated one. Resampling to the
+training grid is exactly the identity (the table itself). ``new_grid="refuse"`` raises instead.
+Prefix tokens (class, registers) are kept apart: no entry of the table, no encoding (a learned
+class-token embedding is the same as a learned class token). Hook: input. Kernel: plain SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.registry import register
+from .grid import absolute_grid, integer_coords, patch_coords, resample_grid, to_pair
+
+NEW_GRID = ("resample", "refuse")
+
+
+@register(
+    "learned2d",
+    modality="vision",
+    paper="Dosovitskiy et al. 2021, ViT, https://arxiv.org/abs/2010.11929 (timm resample_abs_pos_embed)",
+    summary="learned (rows, cols, dim) table added to the patches; bicubic resampling to new grids",
+)
+class Learned2D(PositionEncoding):
+    """Args:
+        dim: model width ``C``.
+        grid_size: training grid ``(R, C)`` (or one int for a square grid).
+        num_prefix_tokens: leading tokens (class, registers) left without an encoding.
+        new_grid: "resample" (bicubic, as timm) or "refuse" (ValueError) for a grid other than ``grid_size``.
+        init_std: standard deviation of the truncated-normal initialisation (0.02 as ViT/timm).
+
+    Shapes: ``x [B, T, C]``, ``positions [B or 1, T, 2]`` integer (row, col) >= 0 -> ``[B, T, C]``.
+    """
+
+    hooks = frozenset({Hook.INPUT})
+
+    def __init__(
+        self,
+        dim: int,
+        grid_size: int | tuple[int, int],
+        num_prefix_tokens: int = 0,
+        new_grid: Literal["resample", "refuse"] = "resample",
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        if dim <= 0:
+            raise ValueError(f"dim must be positive; got {dim}")
+        if new_grid not in NEW_GRID:
+            raise ValueError(f"new_grid must be one of {NEW_GRID}; got {new_grid!r}")
+        if num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        self.dim, self.grid_size = dim, to_pair(grid_size, "grid_size")
+        self.num_prefix_tokens, self.new_grid = num_prefix_tokens, new_grid
+        self.table = nn.Parameter(torch.empty(*self.grid_size, dim))
+        nn.init.trunc_normal_(self.table, std=init_std, a=-2 * init_std, b=2 * init_std)
+
+    def table_for(self, grid: tuple[int, int]) -> Tensor:
+        """The table at ``grid``: ``[rows, cols, dim]`` (resampled unless it is the training grid)."""
+        grid = tuple(grid)
+        if grid != self.grid_size and self.new_grid == "refuse":
+            raise ValueError(
+                f"learned2d was built for the grid {self.grid_size} with new_grid='refuse'; got the grid {grid}"
+            )
+        return resample_grid(self.table, grid)
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
+        coords = integer_coords(patch_coords(positions, x.shape[1], self.num_prefix_tokens, "learned2d"), "learned2d")
+        p = self.num_prefix_tokens
+        if coords.shape[1] == 0:
+            return x
+        table = self.table_for(absolute_grid(coords, "learned2d"))
+        pe = table[coords[..., 0], coords[..., 1]].to(x.dtype)  # [B or 1, N, C]
+        return torch.cat((x[:, :p], x[:, p:] + pe), dim=1)
