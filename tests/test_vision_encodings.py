@@ -294,22 +294,24 @@ def test_rope2d_scores_depend_only_on_the_2d_offset(kind):
     assert torch.equal(q2[:, :, 0], q[:, :, 0]) and torch.equal(k2[:, :, 0], k[:, :, 0])
 
 
-def test_rope2d_axial_matches_its_formula():
+@pytest.mark.parametrize("pairing", ["interleaved", "half_split"])
+def test_rope2d_axial_matches_its_formula(pairing):
     d, base = 8, 100.0
-    enc = Rope2DAxial(head_dim=d)
+    enc = Rope2DAxial(head_dim=d, pairing=pairing)
     torch.manual_seed(7)
     q = torch.randn(1, 1, 4, d, dtype=torch.float64)
     pos = torch.tensor([[[0, 0], [1, 2], [3, 1], [2, 5]]])
     out, _ = enc.transform_qk(q, q, pos, pos)
     for t in range(4):
         row, col = pos[0, t].tolist()
-        for pair in range(d // 2):  # interleaved pairs (2k, 2k+1); x (column) first, then y (row)
+        for pair in range(d // 2):  # x (column) pairs first, then y (row) pairs
             j = pair % (d // 4)
             angle = (col if pair < d // 4 else row) * base ** (-4.0 * j / d)
-            a, b = q[0, 0, t, 2 * pair].item(), q[0, 0, t, 2 * pair + 1].item()
+            i0, i1 = (2 * pair, 2 * pair + 1) if pairing == "interleaved" else (pair, pair + d // 2)
+            a, b = q[0, 0, t, i0].item(), q[0, 0, t, i1].item()
             expected = (a * math.cos(angle) - b * math.sin(angle), b * math.cos(angle) + a * math.sin(angle))
-            assert out[0, 0, t, 2 * pair].item() == pytest.approx(expected[0], abs=1e-12)
-            assert out[0, 0, t, 2 * pair + 1].item() == pytest.approx(expected[1], abs=1e-12)
+            assert out[0, 0, t, i0].item() == pytest.approx(expected[0], abs=1e-12)
+            assert out[0, 0, t, i1].item() == pytest.approx(expected[1], abs=1e-12)
 
 
 def test_rope2d_mixed_initialisation_and_learned_frequencies():

@@ -97,6 +97,8 @@ def test_bad_construction_and_grids_give_clear_errors():
         ViT(**SMALL, pool="max")
     with pytest.raises(ValueError, match="timeseries"):
         ViT(**SMALL, encoding="erpe")
+    with pytest.raises(ValueError, match="causal attention only"):
+        ViT(**SMALL, encoding="alibi")
     with pytest.raises(KeyError, match="unknown encoding"):
         ViT(**SMALL, encoding="nope")
     with pytest.raises(TypeError, match="unknown argument"):

@@ -144,6 +144,8 @@ class ViT(nn.Module):
             if options:
                 raise ValueError("encoding_options apply to a registry name, not to an encoding instance")
             if _modality_of(encoding) == "seq":
+                if encoding.causal_only:
+                    raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
                 return PatchTokensOnly(encoding, p), None, "1d"
             built_for = getattr(encoding, "num_prefix_tokens", None)
             if built_for is not None and built_for != p:
@@ -158,7 +160,13 @@ class ViT(nn.Module):
         rows, cols = self.train_grid
         if info.modality == "seq":
             dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=rows * cols)
-            return PatchTokensOnly(build(encoding, dims=dims, **options), p), None, "1d"
+            built = build(encoding, dims=dims, **options)
+            if built.causal_only:
+                raise ValueError(
+                    f"encoding {encoding!r} (with options {options}) is defined for causal attention only; "
+                    "a ViT attends in both directions (ALiBi: encoding_options={'symmetric': True})"
+                )
+            return PatchTokensOnly(built, p), None, "1d"
         if info.modality != "vision":
             raise ValueError(
                 f"encoding {encoding!r} belongs to the {info.modality!r} modality; a ViT takes vision or seq encodings"
