@@ -436,3 +436,22 @@ def test_patch_tokens_only_keeps_prefix_out_of_a_seq_encoding():
     assert torch.equal(dense[..., :2, :], torch.zeros_like(dense[..., :2, :]))
     assert torch.equal(dense[..., :, :2], torch.zeros_like(dense[..., :, :2]))
     assert dense[0, 0, 2, 6].item() == pytest.approx(-alibi.inner.slopes[0].item() * 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only (compiled FlexAttention with backward)")
+def test_relbias2d_flex_on_cuda_matches_the_reference_forward_and_backward():
+    torch.manual_seed(12)
+    heads, grid, d = 2, (4, 5), 16
+    enc = RelativePositionBias2D(heads, grid, num_prefix_tokens=1, prefix_bias=True).cuda()
+    with torch.no_grad():
+        enc.table.normal_()
+    pos = grid_positions(*grid, num_prefix_tokens=1, device="cuda")
+    q, k, v = (torch.randn(2, heads, pos.shape[1], d, device="cuda") for _ in range(3))
+    ref_table = enc.table.detach().double().cpu().requires_grad_(True)
+    ref_out = reference.attention(q.cpu(), k.cpu(), v.cpu(), None,
+                                  score_bias=_relbias_reference(ref_table, pos.cpu(), 1, grid, True))
+    ref_out.pow(2).sum().backward()
+    out = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, backend="flex")
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out.double().cpu(), ref_out.detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(enc.table.grad.double().cpu(), ref_table.grad, atol=1e-3, rtol=1e-3)

@@ -60,6 +60,9 @@ def test_encodings_are_built_for_the_model():
     mixed = ViT(**SMALL, encoding="rope2d_mixed")  # RoPE-ViT learns the frequencies per block
     encs = [b.attn.encoding for b in mixed.encoder.blocks]
     assert all(isinstance(e, Rope2DMixed) for e in encs) and encs[0] is not encs[1]
+    rel = ViT(**SMALL, encoding="relbias2d")  # as Swin/BEiT: one table per block
+    tables = [b.attn.encoding.table for b in rel.encoder.blocks]
+    assert tables[0] is not tables[1] and tables[0].shape == (2, 7 * 7)
     seq = ViT(**SMALL, encoding="rope")
     assert isinstance(seq.encoder.encoding, PatchTokensOnly) and seq.positions(2, 3).tolist() == [[0, 0, 1, 2, 3, 4, 5]]
     none = ViT(**SMALL, encoding=None)

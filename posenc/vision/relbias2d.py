@@ -17,6 +17,9 @@ bicubically to ``(2R'-1) x (2C'-1)``, as Swin and BEiT do when fine-tuning at a 
 (``new_grid="resample"``, default); ``new_grid="refuse"`` raises instead. The prefix values are
 kept as they are.
 
+Swin and BEiT (fine-tuning) learn one table per block, so the ViT builds one instance per block
+(``per_layer = True``); a single instance shared by every layer is BEiT's shared variant.
+
 Hook: score bias through a :class:`~posenc.common.pairwise.PairwiseBias` ``fn(b, h, q, kv)`` that
 gathers the table by the 2D offset of the two tokens. Kernel: dense bias into SDPA on CPU,
 FlexAttention (``score_mod``) on CUDA; math also serves it.
@@ -24,7 +27,7 @@ FlexAttention (``score_mod``) on CUDA; math also serves it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +73,7 @@ class RelativePositionBias2D(PositionEncoding):
     """
 
     hooks = frozenset({Hook.SCORE_BIAS})
+    per_layer: ClassVar[bool] = True
 
     def __init__(
         self,

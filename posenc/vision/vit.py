@@ -15,7 +15,9 @@ explicit positions and keeps the prefix out by construction:
 * sequence encodings (modality "seq") are built for ``max_len = N`` patches at the training size
   and wrapped in :class:`~posenc.vision.prefix.PatchTokensOnly`; they receive 1D positions
   ``0 .. N-1`` in raster order;
-* ``"peg"`` puts one PEG after each block in ``peg_blocks`` (CPVT) and nothing else.
+* ``"peg"`` puts one PEG after each block in ``peg_blocks`` (CPVT) and nothing else;
+* an encoding class with ``per_layer = True`` (RoPE-Mixed, 2D relative bias: their papers learn
+  one set per block) gets one instance per block; any other is shared by every block.
 
 Images of any size divisible by the patch run at inference: each encoding follows the new grid
 (sinusoidal, RoPE, PEG), resamples its table (learned 2D, axial, 2D relative bias) or refuses
