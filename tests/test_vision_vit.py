@@ -124,10 +124,11 @@ def test_bad_construction_and_grids_give_clear_errors():
         m.encoder.encoding.encode_input(tokens, m.positions(3, 4))
 
 
-def test_a_tiny_vit_learns():
-    """A few steps on a fixed batch reduce the loss (PEG + average pooling, as CPVT recommends)."""
+@pytest.mark.parametrize("name", VISION + ["rope"])
+def test_a_tiny_vit_learns(name):
+    """A few steps on a fixed batch reduce the loss, with every encoding (average pooling)."""
     torch.manual_seed(3)
-    m = ViT(**SMALL, encoding="peg", pool="avg")
+    m = ViT(**SMALL, encoding=name, pool="avg")
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     losses = []
