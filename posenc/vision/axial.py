@@ -102,6 +102,10 @@ class AxialEncoding(PositionEncoding):
         for t in (self.row_table, self.col_table):
             nn.init.trunc_normal_(t, std=init_std, a=-2 * init_std, b=2 * init_std)
 
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, grid_size={self.grid_size}, mode={self.mode!r}, row_dim={self.row_dim}, "
+                f"num_prefix_tokens={self.num_prefix_tokens}, new_grid={self.new_grid!r}")
+
     def tables_for(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """``(E_row [rows, d_row], E_col [cols, d_col])`` at ``grid`` (resampled per axis if needed)."""
         grid = tuple(grid)

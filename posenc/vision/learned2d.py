@@ -65,6 +65,9 @@ class Learned2D(PositionEncoding):
         self.table = nn.Parameter(torch.empty(*self.grid_size, dim))
         nn.init.trunc_normal_(self.table, std=init_std, a=-2 * init_std, b=2 * init_std)
 
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, new_grid={self.new_grid!r}"
+
     def table_for(self, grid: tuple[int, int]) -> Tensor:
         """The table at ``grid``: ``[rows, cols, dim]`` (resampled unless it is the training grid)."""
         grid = tuple(grid)

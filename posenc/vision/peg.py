@@ -59,6 +59,9 @@ class PEG(PositionEncoding):
         self.dim, self.kernel_size, self.num_prefix_tokens = dim, kernel_size, num_prefix_tokens
         self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=True)
 
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, num_prefix_tokens={self.num_prefix_tokens}"
+
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """The PEG term ``DWConv(X)`` at every token (zeros at prefix tokens): ``[B, T, C]``."""
         if x.dim() != 3 or x.shape[-1] != self.dim:

@@ -55,6 +55,9 @@ class PatchTokensOnly(PositionEncoding):
         self.causal_only = encoding.causal_only
         self.needs_probs = encoding.needs_probs
 
+    def extra_repr(self) -> str:
+        return f"num_prefix_tokens={self.num_prefix_tokens}"
+
     @property
     def num_heads(self) -> int | None:
         return getattr(self.inner, "num_heads", None)

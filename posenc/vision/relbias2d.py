@@ -98,6 +98,10 @@ class RelativePositionBias2D(PositionEncoding):
         self.table = nn.Parameter(torch.empty(num_heads, self.num_offsets + (3 if prefix_bias else 0)))
         nn.init.trunc_normal_(self.table, std=init_std, a=-2 * init_std, b=2 * init_std)
 
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, "
+                f"prefix_bias={self.prefix_bias}, new_grid={self.new_grid!r}")
+
     def table_for(self, grid: tuple[int, int]) -> Tensor:
         """``[H, (2R'-1)(2C'-1) (+3)]``: the offset table at ``grid`` (prefix values unchanged)."""
         grid = tuple(grid)

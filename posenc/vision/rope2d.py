@@ -65,6 +65,11 @@ class _Rope2D(PositionEncoding):
             raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
         self.head_dim, self.num_prefix_tokens, self.pairing = head_dim, num_prefix_tokens, pairing
 
+    def extra_repr(self) -> str:
+        heads = f", num_heads={self.num_heads}" if hasattr(self, "num_heads") else ""
+        return (f"head_dim={self.head_dim}{heads}, base={self.base}, num_prefix_tokens={self.num_prefix_tokens}, "
+                f"pairing={self.pairing!r}")
+
     def _angles(self, coords: Tensor) -> Tensor:
         """``coords [B or 1, N, 2]`` -> angles ``[B or 1, H or 1, N, D/2]`` (float64)."""
         raise NotImplementedError

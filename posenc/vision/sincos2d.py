@@ -86,6 +86,9 @@ class SinCos2D(PositionEncoding):
             raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
         self.dim, self.layout, self.base, self.num_prefix_tokens = dim, layout, base, num_prefix_tokens
 
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, layout={self.layout!r}, base={self.base}, num_prefix_tokens={self.num_prefix_tokens}"
+
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
