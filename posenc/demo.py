@@ -30,7 +30,7 @@ Row = dict[str, object]
 PARTS: dict[str, str] = {
     "seq": "posenc.demo_parts.seq",
 
-    # vision: "posenc.demo_parts.vision",
+    "vision": "posenc.demo_parts.vision",
 
     # graph: "posenc.demo_parts.graph",
 

@@ -1,0 +1,333 @@
+"""``posenc bench resolution``: train a small ViT per vision encoding at one image size, evaluate
+it at larger ones.
+
+::
+
+    posenc bench resolution --out runs/resolution                 # the default comparison
+    posenc bench resolution --encodings peg,rope2d_mixed --seeds 0,1,2 --steps 1500
+
+Task: scikit-learn's digits (16 pixels) at seeded random positions on an ``S = --img-size``
+canvas (see :mod:`posenc.vision.data`), patch ``--patch``; one ViT per encoding and seed, trained
+for ``--steps`` steps with the same data order, initial seed and recipe. Each model is then
+tested on the held-out digits at ``S`` and at each ``--scales`` factor of it (default 1, 1.5, 2):
+
+``scale`` (the headline; CPVT's and RoPE-ViT's protocol)
+    the same test images resized, so the digit grows with the image and the patch grid grows
+    from ``S/p`` to ``2S/p`` per side. Learned 2D resamples its table (bicubic, like timm);
+    sinusoidal, RoPE and PEG follow the larger grid.
+``grow``
+    the digit keeps its size on a larger canvas: the positions outgrow the trained range while
+    the patches look as in training.
+
+Output: a table of mean accuracy per encoding and size (over ``--seeds``, with the spread when
+there are several), the drop from ``S`` to the largest size, CPU seconds of training; the
+direction CPVT and RoPE-ViT report (PEG and mixed RoPE keep accuracy at larger sizes better than
+learned with resampling) checked on the measured numbers; with ``--out``: ``resolution.json``
+(every run) and ``resolution.png`` (accuracy against size, one line per encoding, one panel per
+mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .report import format_table
+
+DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
+MODES = ("scale", "grow")
+# The claim checked: these hold accuracy at larger sizes better than the baseline.
+CLAIM_BASELINE = "learned2d"
+CLAIM_BETTER = ("peg", "rope2d_mixed")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..train.vision import _float_list
+
+    parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS),
+                        help=f"comma-separated vision or seq encodings, or 'none' (default {','.join(DEFAULT_ENCODINGS)})")
+    parser.add_argument("--img-size", type=int, default=32, help="training canvas side S (default 32)")
+    parser.add_argument("--digit-size", type=int, default=16, help="digit side on the training canvas (default 16)")
+    parser.add_argument("--task", default="class", help="'class' (10 classes) or 'where' (class and quadrant, 40)")
+    parser.add_argument("--patch", type=int, default=4, help="patch side (default 4)")
+    parser.add_argument("--scales", type=_float_list, default=[1.0, 1.5, 2.0],
+                        help="evaluation sizes as factors of S (default 1,1.5,2)")
+    parser.add_argument("--modes", default="scale,grow", help="evaluation modes: scale, grow or both (default both)")
+    parser.add_argument("--steps", type=int, default=800, help="training steps per model (default 800)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=10, help="placements per training digit (default 10)")
+    parser.add_argument("--seeds", type=_int_list, default=[0], help="comma-separated seeds; results are averaged (default 0)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--out", default=None, help="directory for resolution.json and resolution.png")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    from ..train.vision import check_encoding
+    from ..vision.data import TASKS
+
+    names = [n for n in args.encodings.split(",") if n]
+    if not names:
+        return "--encodings: give at least one encoding"
+    if len(set(names)) != len(names):
+        return f"--encodings: {args.encodings!r} names an encoding twice"
+    for name in names:
+        error = check_encoding(name, "--encodings")
+        if error is not None:
+            return error
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        return f"--modes: expected scale, grow or both; got {args.modes!r}"
+    if args.task not in TASKS:
+        return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
+    for name in ("img_size", "digit_size", "patch", "steps", "batch_size", "dim", "depth", "heads", "repeats"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
+    if args.threads < 0:
+        return f"--threads must be >= 0, got {args.threads}"
+    if args.lr <= 0:
+        return f"--lr must be positive, got {args.lr}"
+    if args.dim % args.heads:
+        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    if args.digit_size > args.img_size:
+        return f"--digit-size ({args.digit_size}) must not exceed --img-size ({args.img_size})"
+    if args.task == "where" and args.img_size < args.digit_size + 2:
+        return f"--task where needs --img-size >= --digit-size + 2; got {args.img_size} and {args.digit_size}"
+    if args.img_size % args.patch:
+        return f"--img-size {args.img_size} is not divisible by --patch {args.patch}"
+    for scale in args.scales:
+        size = int(round(args.img_size * scale))
+        if size % args.patch:
+            return f"--scales: {scale:g} x --img-size {args.img_size} = {size} is not divisible by --patch {args.patch}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = check(args)
+    if error is not None:
+        print(f"posenc bench resolution: error: {error}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = measure(args)
+    print(render(result))
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resolution.json").write_text(json.dumps(result, indent=2))
+        plotted = plot(result, out / "resolution.png")
+        print(f"\nwritten: {out / 'resolution.json'}" + (f", {out / 'resolution.png'}" if plotted else ""))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Train and evaluate every (encoding, seed); the JSON-ready result."""
+    from tqdm import tqdm
+
+    from ..common.trainer import TrainConfig
+    from ..train.vision import accuracy, eval_sizes, train_vit, vit_config
+    from ..vision.data import DigitsCanvas, digits_at_size
+
+    names = [n for n in args.encodings.split(",") if n]
+    modes = [m for m in args.modes.split(",") if m]
+    sizes = eval_sizes(args.img_size, args.scales)
+    runs = []
+    bar = tqdm(total=len(names) * len(args.seeds), desc="models", disable=args.no_progress, dynamic_ncols=True)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        for seed in args.seeds:
+            data = dict(canvas_size=args.img_size, digit_size=args.digit_size, task=args.task, seed=seed)
+            train = DigitsCanvas("train", repeats=args.repeats, **data)
+            test = DigitsCanvas("test", **data)
+            sets = {
+                mode: {s: test if s == args.img_size else digits_at_size(test, s, mode) for s in sizes} for mode in modes
+            }
+            for name in names:
+                bar.set_postfix(encoding=name, seed=seed)
+                config = vit_config(name, img_size=args.img_size, patch_size=args.patch, in_chans=1,
+                                    num_classes=train.num_classes, dim=args.dim, depth=args.depth,
+                                    num_heads=args.heads, mlp_ratio=2.0)
+                train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                           warmup_steps=max(1, args.steps // 10), seed=seed, device=args.device,
+                                           progress=False, log_every=0)
+                cpu, wall = time.process_time(), time.perf_counter()
+                model, metrics, _ = train_vit(config, train, {}, train_config)
+                train_cpu, train_wall = time.process_time() - cpu, time.perf_counter() - wall
+                model.eval()
+                acc: dict[str, dict[str, float | None]] = {}
+                for mode in modes:
+                    acc[mode] = {}
+                    for size, data_set in sets[mode].items():
+                        try:
+                            acc[mode][str(size)] = accuracy(model, data_set)
+                        except ValueError as exc:  # an encoding that refuses a new grid
+                            print(f"{name} at {size} ({mode}): refused: {exc}", file=sys.stderr)
+                            acc[mode][str(size)] = None
+                runs.append({
+                    "encoding": name, "seed": seed, "train_loss": metrics["train_loss"],
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "train_cpu_s": round(train_cpu, 2), "train_wall_s": round(train_wall, 2), "accuracy": acc,
+                })
+                bar.update(1)
+    finally:
+        bar.close()
+    return {
+        "benchmark": "resolution",
+        "config": {k: v for k, v in vars(args).items() if k not in ("handler", "accepts_extra")},
+        "train_size": args.img_size, "sizes": sizes, "modes": modes, "encodings": names,
+        "runs": runs, "summary": summarize(runs, names, modes, sizes),
+        "wall_s": round(time.perf_counter() - wall0, 1), "cpu_s": round(time.process_time() - cpu0, 1),
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+
+
+def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals or len(vals) != len(values):
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[int]) -> dict:
+    """Per mode and encoding: mean/std accuracy per size, and the change from the first size to the last."""
+    out: dict[str, dict] = {}
+    for mode in modes:
+        out[mode] = {}
+        for name in names:
+            mine = [r for r in runs if r["encoding"] == name]
+            row: dict[str, object] = {}
+            for s in sizes:
+                mean, std = _mean_std([r["accuracy"][mode][str(s)] for r in mine])
+                row[str(s)] = {"mean": mean, "std": std}
+            first, last = row[str(sizes[0])]["mean"], row[str(sizes[-1])]["mean"]
+            row["change"] = None if first is None or last is None else last - first
+            out[mode][name] = row
+    return out
+
+
+def direction(result: dict, mode: str = "scale") -> list[str]:
+    """Lines saying whether PEG and mixed RoPE lose less accuracy from S to the largest size than
+    learned with resampling, as CPVT and RoPE-ViT report."""
+    summary = result["summary"].get(mode, {})
+    base = summary.get(CLAIM_BASELINE)
+    if base is None or base["change"] is None or len(result["sizes"]) < 2:
+        return []
+    largest = result["sizes"][-1]
+    lines = []
+    for name in CLAIM_BETTER:
+        row = summary.get(name)
+        if row is None or row["change"] is None:
+            continue
+        verdict = "agrees" if row["change"] > base["change"] else "disagrees"
+        lines.append(
+            f"{name}: {_signed(row['change'])} from {result['train_size']} to {largest} vs {CLAIM_BASELINE} "
+            f"{_signed(base['change'])}: {verdict} with the published direction"
+        )
+    return lines
+
+
+def _signed(value: float) -> str:
+    return f"{100 * value:+.1f} pts"
+
+
+def _cell(stat: dict) -> str:
+    if stat["mean"] is None:
+        return "refused"
+    text = f"{100 * stat['mean']:.1f}"
+    return text if stat["std"] is None else f"{text} +- {100 * stat['std']:.1f}"
+
+
+def render(result: dict) -> str:
+    sizes, modes = result["sizes"], result["modes"]
+    cpu = {}
+    for r in result["runs"]:
+        cpu.setdefault(r["encoding"], []).append(r["train_cpu_s"])
+    headers = ["encoding"]
+    for mode in modes:
+        headers += [f"{mode}@{s}" for s in sizes] + [f"{mode} change"]
+    headers.append("train cpu s")
+    rows = []
+    for name in result["encodings"]:
+        row = [name]
+        for mode in modes:
+            stats = result["summary"][mode][name]
+            row += [_cell(stats[str(s)]) for s in sizes]
+            change = stats["change"]
+            row.append("-" if change is None else _signed(change))
+        row.append(f"{statistics.fmean(cpu[name]):.0f}")
+        rows.append(row)
+    cfg = result["config"]
+    seeds = cfg["seeds"]
+    lines = [
+        f"Top-1 accuracy (%) on held-out digits, trained at {result['train_size']}px (patch {cfg['patch']}, "
+        f"{cfg['steps']} steps, dim {cfg['dim']}, depth {cfg['depth']}, task {cfg['task']}; "
+        f"{'mean +- std over seeds ' + ','.join(map(str, seeds)) if len(seeds) > 1 else 'seed ' + str(seeds[0])})",
+        "scale: the test image resized (digit grows with it); grow: larger canvas, digit unchanged",
+        "",
+        format_table(headers, rows, align="l" + "r" * (len(headers) - 1)),
+    ]
+    verdicts = direction(result)
+    if verdicts:
+        lines += ["", "Direction check (scale mode; CPVT and RoPE-ViT: PEG and mixed RoPE hold accuracy better "
+                      "than learned with resampling):"] + [f"  {v}" for v in verdicts]
+    lines.append(f"\nwall {result['wall_s']:.0f} s, process CPU {result['cpu_s']:.0f} s "
+                 f"({result['machine']['threads']} torch threads)")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> bool:
+    """Accuracy against image size, one line per encoding, one panel per mode. False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'posenc[plot]')", file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes, sizes = result["modes"], result["sizes"]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for name in result["encodings"]:
+            stats = result["summary"][mode][name]
+            ys = [math.nan if stats[str(s)]["mean"] is None else 100 * stats[str(s)]["mean"] for s in sizes]
+            ax.plot(sizes, ys, marker="o", label=name)
+        ax.axvline(result["train_size"], color="gray", linestyle=":", linewidth=1)
+        ax.set_xticks(sizes)
+        ax.set_xlabel("test image side (pixels)")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.set_title({"scale": "image resized (digit scales)", "grow": "canvas grows (digit fixed)"}[mode])
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"ViT trained at {result['train_size']}px on digits")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

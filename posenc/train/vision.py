@@ -1,0 +1,361 @@
+"""``posenc train vision``: train a ViT with one position encoding on digits placed on a canvas or
+on an image folder, and evaluate it at the training size and at larger ones.
+
+::
+
+    posenc train vision --encoding peg                        # digits on a 32x32 canvas, patch 4
+    posenc train vision --encoding rope2d_mixed --eval-scales 1,1.5,2,3
+    posenc train vision --encoding sincos2d --encoding-option layout=mae --task where
+    posenc train vision --encoding learned2d --data ~/pets --img-size 64 --patch 8 --in-chans 3
+    torchrun --standalone --nproc_per_node 2 -m posenc.cli train vision --encoding axial --out runs/axial
+
+Digits (the default): scikit-learn's 8x8 digits resized to ``--digit-size`` and placed at seeded
+random positions on a ``--img-size`` canvas (see :mod:`posenc.vision.data`); ``--task class``
+labels the digit, ``--task where`` the digit and its quadrant. An image folder (``--data DIR``):
+``DIR/train`` and ``DIR/val`` when present, otherwise a fixed 80/20 split of ``DIR``.
+
+Evaluation: accuracy on the held-out images at each ``--eval-scales`` factor of ``--img-size``
+(default 1, 1.5 and 2). ``--eval-mode scale`` resizes the whole image, so the object grows with it
+(the protocol of CPVT and RoPE-ViT); ``--eval-mode grow`` (digits only) keeps the digit's size
+and enlarges the canvas around it. Training goes through :class:`posenc.common.trainer.Trainer`:
+progress bar, ``metrics.jsonl`` and atomic checkpoints in ``--out``, ``--resume``, DDP under
+``torchrun``.
+
+The helpers :func:`build_vit`, :func:`accuracy` and :func:`train_vit` are shared with
+``posenc bench resolution`` and the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..bench.report import format_table
+from ..common.registry import get
+
+PROG = "posenc train vision"
+# Registered encodings a ViT takes: the 2D ones, and the 1D ones over the flattened patch order.
+MODALITIES = ("vision", "seq")
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare word: a string option such as layout=mae
+    return key, value
+
+
+def check_encoding(name: str, flag: str = "--encoding") -> str | None:
+    """What is wrong with an encoding name for a ViT, or None ("none" means no encoding)."""
+    if name == "none":
+        return None
+    try:
+        info = get(name)
+    except KeyError as exc:
+        return f"{flag}: {exc.args[0]}"
+    if info.modality not in MODALITIES:
+        return f"{flag}: {name!r} is a {info.modality} encoding; a ViT takes vision or seq encodings (posenc list --modality vision)"
+    return None
+
+
+def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
+    """The image sides ``round(img_size * s)`` for each scale, in order, without repeats."""
+    return list(dict.fromkeys(int(round(img_size * s)) for s in scales))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--encoding", required=True,
+                        help="a registered vision or seq encoding (posenc list --modality vision) or 'none'")
+    parser.add_argument("--encoding-option", action="append", default=[], type=_option, metavar="KEY=VALUE",
+                        help="constructor argument of the encoding (JSON value), e.g. layout=mae; repeatable")
+    parser.add_argument("--peg-blocks", type=_int_list, default=[0],
+                        help="peg: blocks (0-based) after which the PEG is applied (default 0)")
+    parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
+    parser.add_argument("--img-size", type=int, default=32, help="training image side: the canvas for digits (default 32)")
+    parser.add_argument("--digit-size", type=int, default=16, help="digits: side of the digit on the canvas (default 16)")
+    parser.add_argument("--task", default="class", help="digits: 'class' (10 classes) or 'where' (class and quadrant, 40)")
+    parser.add_argument("--repeats", type=int, default=10, help="digits: placements per training digit (default 10)")
+    parser.add_argument("--in-chans", type=int, default=None,
+                        help="image channels (digits: 1; image folder: 3 for RGB, or 1 for grayscale; default 3)")
+    parser.add_argument("--patch", type=int, default=4, help="patch side in pixels (default 4)")
+    parser.add_argument("--eval-scales", type=_float_list, default=[1.0, 1.5, 2.0],
+                        help="evaluation sizes as factors of --img-size (default 1,1.5,2)")
+    parser.add_argument("--eval-mode", choices=("scale", "grow"), default="scale",
+                        help="scale: resize the whole image; grow: digits keep their size on a larger canvas")
+    parser.add_argument("--dim", type=int, default=96)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--mlp-ratio", type=float, default=2.0)
+    parser.add_argument("--pool", choices=("cls", "avg"), default="cls", help="class token or global average pooling")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: a tenth of --steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
+    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments (before any data is read or model built), or None."""
+    error = check_encoding(args.encoding)
+    if error is not None:
+        return error
+    for name in ("img_size", "digit_size", "repeats", "patch", "dim", "depth", "heads", "steps", "batch_size"):
+        value = getattr(args, name)
+        if value < 1:
+            return f"--{name.replace('_', '-')} must be positive, got {value}"
+    for name in ("checkpoint_every", "eval_every"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+    if args.dim % args.heads:
+        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    if args.lr <= 0:
+        return f"--lr must be positive, got {args.lr}"
+    if args.weight_decay < 0:
+        return f"--weight-decay must be >= 0, got {args.weight_decay}"
+    if args.mlp_ratio <= 0:
+        return f"--mlp-ratio must be positive, got {args.mlp_ratio}"
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        return f"--warmup-steps must be >= 0, got {args.warmup_steps}"
+    if args.img_size % args.patch:
+        return f"--img-size {args.img_size} is not divisible by --patch {args.patch}"
+    for scale in args.eval_scales:
+        size = int(round(args.img_size * scale))
+        if size % args.patch:
+            return (f"--eval-scales: {scale:g} x --img-size {args.img_size} = {size} pixels is not divisible by "
+                    f"--patch {args.patch}")
+    if args.data is None:
+        from ..vision.data import TASKS
+
+        if args.in_chans is not None and args.in_chans != 1:
+            return f"--in-chans {args.in_chans}: the digits are grayscale (1 channel); leave --in-chans out or pass 1"
+        if args.task not in TASKS:
+            return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
+        if args.digit_size > args.img_size:
+            return f"--digit-size ({args.digit_size}) must not exceed --img-size ({args.img_size})"
+        if args.task == "where" and args.img_size < args.digit_size + 2:
+            return f"--task where needs --img-size >= --digit-size + 2; got {args.img_size} and {args.digit_size}"
+    else:
+        if not Path(args.data).is_dir():
+            return f"--data: image folder {args.data!r} does not exist"
+        if args.in_chans is not None and args.in_chans not in (1, 3):
+            return f"--in-chans {args.in_chans}: an image folder is read as RGB (3) or grayscale (1)"
+        if args.eval_mode == "grow":
+            return "--eval-mode grow is for the digits (it enlarges the canvas around the digit); use scale with --data"
+    if args.encoding != "peg" and args.peg_blocks != [0]:
+        return f"--peg-blocks is for --encoding peg (got --encoding {args.encoding})"
+    if any(b >= args.depth for b in args.peg_blocks):
+        return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
+    if args.resume and args.out is None:
+        return "--resume needs --out (the checkpoint lives there)"
+    if args.encoding == "none" and args.encoding_option:
+        return "--encoding-option needs an encoding (got --encoding none)"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = check(args)
+    if error is None:
+        try:
+            return _train(args)
+        except (ValueError, TypeError) as exc:  # bad encoding options, an unreadable folder, ...
+            error = str(exc)
+    print(f"{PROG}: error: {error}", file=sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers (the resolution benchmark and the demo use them too)
+
+
+def build_vit(config: Mapping[str, object]) -> nn.Module:
+    """A :class:`posenc.vision.ViT` from a plain config dict (the ``model_config`` of a checkpoint):
+    the ViT's constructor arguments, with ``encoding`` ``None`` for no encoding."""
+    from ..vision import ViT
+
+    return ViT(**dict(config))
+
+
+def vit_config(
+    encoding: str | None,
+    *,
+    img_size: int,
+    patch_size: int,
+    in_chans: int,
+    num_classes: int,
+    dim: int,
+    depth: int,
+    num_heads: int,
+    mlp_ratio: float = 2.0,
+    pool: str = "cls",
+    encoding_options: Mapping[str, object] | None = None,
+    peg_blocks: Sequence[int] = (0,),
+) -> dict[str, object]:
+    """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG."""
+    config: dict[str, object] = {
+        "img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes,
+        "dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio, "pool": pool,
+        "encoding": None if encoding in (None, "none") else encoding,
+        "encoding_options": dict(encoding_options or {}),
+    }
+    if encoding == "peg":
+        config["peg_blocks"] = list(peg_blocks)
+    return config
+
+
+def accuracy(model: nn.Module, data: Dataset, *, batch_size: int = 256) -> float:
+    """Top-1 accuracy of ``model`` (in its current mode) on ``(image, label)`` items."""
+    device = next(model.parameters()).device
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in DataLoader(data, batch_size=batch_size, shuffle=False):
+            logits = model(images.to(device))
+            correct += int((logits.argmax(-1).cpu() == labels).sum())
+            total += len(labels)
+    return correct / max(1, total)
+
+
+def classification_loss(model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy of ``model(images)`` against the labels; the batch accuracy as an extra."""
+    images, labels = batch
+    logits = model(images)
+    return F.cross_entropy(logits, labels), {"acc": (logits.argmax(-1) == labels).float().mean().item()}
+
+
+def evaluate_sizes(model: nn.Module, sets: Mapping[int, Dataset], *, batch_size: int = 256) -> dict[str, float]:
+    """``{"acc@<size>": accuracy}`` per evaluation set. A size the model refuses (an encoding that
+    cannot follow the new grid) gives NaN, and the reason is printed once."""
+    out: dict[str, float] = {}
+    for size, data in sets.items():
+        try:
+            out[f"acc@{size}"] = accuracy(model, data, batch_size=batch_size)
+        except ValueError as exc:
+            print(f"size {size}: refused: {exc}", file=sys.stderr)
+            out[f"acc@{size}"] = math.nan
+    return out
+
+
+def train_vit(
+    model_config: Mapping[str, object],
+    train_set: Dataset,
+    eval_sets: Mapping[int, Dataset],
+    train_config,
+) -> tuple[nn.Module, dict[str, float], object]:
+    """Build the ViT of ``model_config``, train it on ``train_set`` with ``train_config`` (a
+    :class:`~posenc.common.trainer.TrainConfig`) and evaluate it on ``eval_sets`` ({size: set}).
+    Returns ``(model, metrics, trainer)``; metrics hold ``train_loss``, ``train_acc`` and ``acc@<size>``."""
+    from ..common.trainer import Trainer
+
+    torch.manual_seed(train_config.seed)
+    model = build_vit(model_config)
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        return evaluate_sizes(m, eval_sets)
+
+    trainer = Trainer(model, train_set, classification_loss, train_config, eval_fn=evaluate,
+                      model_config=dict(model_config))
+    metrics = trainer.fit()
+    return model, metrics, trainer
+
+
+def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
+    """(train set, {size: test set}, a description, in_chans, num_classes)."""
+    from ..vision.data import DigitsCanvas, digits_at_size, image_folder
+
+    sizes = eval_sizes(args.img_size, args.eval_scales)
+    if args.data is None:
+        train = DigitsCanvas("train", canvas_size=args.img_size, digit_size=args.digit_size, task=args.task,
+                             repeats=args.repeats, seed=args.seed)
+        test = DigitsCanvas("test", canvas_size=args.img_size, digit_size=args.digit_size, task=args.task,
+                            seed=args.seed)
+        sets = {s: test if s == args.img_size else digits_at_size(test, s, args.eval_mode) for s in sizes}
+        source = f"digits ({args.task}) on a {args.img_size}px canvas, digit {args.digit_size}px"
+        return train, sets, source, 1, train.num_classes
+    in_chans = 3 if args.in_chans is None else args.in_chans
+    train = image_folder(args.data, args.img_size, split="train", in_chans=in_chans)
+    sets = {s: image_folder(args.data, s, split="test", in_chans=in_chans) for s in sizes}
+    return train, sets, f"image folder {args.data}", in_chans, train.num_classes
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ..common.trainer import TrainConfig
+
+    train, sets, source, in_chans, num_classes = _datasets(args)
+    model_config = vit_config(
+        args.encoding, img_size=args.img_size, patch_size=args.patch, in_chans=in_chans, num_classes=num_classes,
+        dim=args.dim, depth=args.depth, num_heads=args.heads, mlp_ratio=args.mlp_ratio, pool=args.pool,
+        encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks,
+    )
+    config = TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+        warmup_steps=args.steps // 10 if args.warmup_steps is None else args.warmup_steps,
+        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
+        progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+    )
+    model, metrics, trainer = train_vit(model_config, train, sets, config)
+    if not trainer.is_main:
+        return 0
+    params = sum(p.numel() for p in model.parameters())
+    print(f"\n{args.encoding} on {source}: {params / 1e6:.2f}M parameters, {trainer.step} steps, "
+          f"final train loss {metrics['train_loss']:.4f}")
+    print(f"test accuracy by image size (eval mode {args.eval_mode}; trained at {args.img_size}):")
+    rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
+    print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
+    result = {
+        "encoding": args.encoding, "source": source, "steps": trainer.step, "eval_mode": args.eval_mode,
+        "train_size": args.img_size, "train_loss": metrics["train_loss"], "model_config": model_config,
+        "accuracy": {str(s): _json_number(metrics[f"acc@{s}"]) for s in sets},
+    }
+    if args.out is not None:
+        path = Path(args.out) / "results.json"
+        path.write_text(json.dumps(result, indent=2))
+        print(f"results written to {path}")
+    return 0
+
+
+def _json_number(value: float) -> float | None:
+    return None if math.isnan(value) else value  # JSON has no NaN: a refused size is null
+
+
+def _fmt(value: float) -> str:
+    return "refused" if math.isnan(value) else f"{value:.4f}"
