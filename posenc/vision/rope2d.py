@@ -49,6 +49,8 @@ def rope2d_frequencies(head_dim: int, base: float) -> Tensor:
 
 def _rotate_patches(x: Tensor, cos: Tensor, sin: Tensor, num_prefix: int, interleaved: bool) -> Tensor:
     """Rotate the tokens of ``x [B, H, T, D]`` after the first ``num_prefix``."""
+    if num_prefix == 0:
+        return apply_rotary(x, cos, sin, interleaved=interleaved)
     patches = apply_rotary(x[:, :, num_prefix:], cos, sin, interleaved=interleaved)
     return torch.cat((x[:, :, :num_prefix], patches), dim=2)
 
