@@ -56,13 +56,14 @@ def test_pretrained_is_refused_and_importing_registers_without_clashes():
         timm.create_model("posenc_vit_tiny_sincos2d", pretrained=True)
     assert tm.posenc_vit_tiny_peg is timm.models.model_entrypoint("posenc_vit_tiny_peg")
     # In a fresh interpreter (a reload here would replace the classes the other tests use):
-    # importing posenc registers the models; importing again or reloading the module neither
-    # warns (timm warns "Overwriting ..." on a duplicate name) nor replaces the entry points.
+    # importing the module registers the models; importing again or reloading it neither warns
+    # (timm warns "Overwriting ..." on a duplicate name) nor replaces the entry points.
     code = (
         "import warnings; warnings.simplefilter('error')\n"
-        "import importlib, posenc, timm\n"
-        "print(timm.is_model('posenc_vit_tiny_peg'), timm.is_model('posenc_vit_small_axial'))\n"
+        "import importlib, timm\n"
         "import posenc.vision.timm_models as tm\n"
+        "print(timm.is_model('posenc_vit_tiny_peg'), timm.is_model('posenc_vit_small_axial'))\n"
+        "import posenc.vision.timm_models\n"
         "entry = timm.models.model_entrypoint('posenc_vit_tiny_peg')\n"
         "importlib.reload(tm)\n"
         "print(tm.register_timm_models(), timm.models.model_entrypoint('posenc_vit_tiny_peg') is entry)\n"
