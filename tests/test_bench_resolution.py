@@ -38,15 +38,19 @@ def test_summary_and_direction_follow_the_measured_numbers():
 
     runs = [run("learned2d", 0, 0.9, 0.5), run("learned2d", 1, 0.8, 0.5), run("peg", 0, 0.9, 0.8),
             run("peg", 1, 0.9, 0.6), run("rope2d_mixed", 0, 0.9, 0.2), run("rope2d_mixed", 1, 0.9, None)]
-    summary = summarize(runs, ["learned2d", "peg", "rope2d_mixed"], ["scale"], [32, 64])
+    summary = summarize(runs, ["learned2d", "peg", "rope2d_mixed"], ["scale"], [32, 64], chance=0.1)
     learned = summary["scale"]["learned2d"]
     assert learned["32"]["mean"] == pytest.approx(0.85) and learned["32"]["std"] == pytest.approx(0.0707, abs=1e-4)
     assert learned["change"] == pytest.approx(-0.35)
+    assert learned["kept"] == pytest.approx((0.5 - 0.1) / (0.85 - 0.1))
     assert summary["scale"]["peg"]["change"] == pytest.approx(-0.2)
+    assert summary["scale"]["peg"]["kept"] == pytest.approx((0.7 - 0.1) / (0.9 - 0.1))
     assert summary["scale"]["rope2d_mixed"]["64"]["mean"] is None  # a refused size is not averaged away
     lines = direction({"summary": summary, "sizes": [32, 64], "train_size": 32})
-    assert len(lines) == 1 and lines[0].startswith("peg: -20.0 pts") and lines[0].endswith("agrees with the published direction")
-    summary["scale"]["peg"]["change"] = -0.5
+    assert len(lines) == 1
+    assert lines[0] == ("peg: keeps 75% of its accuracy above chance from 32 to 64 (-20.0 pts); learned2d keeps 53% "
+                        "(-35.0 pts): agrees with the published direction")
+    summary["scale"]["peg"]["kept"] = 0.5
     assert direction({"summary": summary, "sizes": [32, 64], "train_size": 32})[0].endswith("disagrees with the published direction")
 
 

@@ -202,7 +202,8 @@ def measure(args: argparse.Namespace) -> dict:
         "benchmark": "resolution",
         "config": {k: v for k, v in vars(args).items() if k not in ("handler", "accepts_extra")},
         "train_size": args.img_size, "sizes": sizes, "modes": modes, "encodings": names,
-        "runs": runs, "summary": summarize(runs, names, modes, sizes),
+        "chance": 1 / train.num_classes,
+        "runs": runs, "summary": summarize(runs, names, modes, sizes, 1 / train.num_classes),
         "wall_s": round(time.perf_counter() - wall0, 1), "cpu_s": round(time.process_time() - cpu0, 1),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
@@ -215,8 +216,11 @@ def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
-def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[int]) -> dict:
-    """Per mode and encoding: mean/std accuracy per size, and the change from the first size to the last."""
+def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[int], chance: float) -> dict:
+    """Per mode and encoding: mean/std accuracy per size; ``change``, the accuracy at the last size
+    minus the first; ``kept``, the share of the first size's accuracy above ``chance`` that is left
+    at the last size (``(last - chance) / (first - chance)``), which compares models that start
+    from different accuracies."""
     out: dict[str, dict] = {}
     for mode in modes:
         out[mode] = {}
@@ -228,27 +232,29 @@ def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[
                 row[str(s)] = {"mean": mean, "std": std}
             first, last = row[str(sizes[0])]["mean"], row[str(sizes[-1])]["mean"]
             row["change"] = None if first is None or last is None else last - first
+            row["kept"] = None if first is None or last is None or first <= chance else (last - chance) / (first - chance)
             out[mode][name] = row
     return out
 
 
 def direction(result: dict, mode: str = "scale") -> list[str]:
-    """Lines saying whether PEG and mixed RoPE lose less accuracy from S to the largest size than
-    learned with resampling, as CPVT and RoPE-ViT report."""
+    """Lines saying whether PEG and mixed RoPE keep more of their accuracy (above chance) from S to
+    the largest size than learned with resampling, as CPVT and RoPE-ViT report."""
     summary = result["summary"].get(mode, {})
     base = summary.get(CLAIM_BASELINE)
-    if base is None or base["change"] is None or len(result["sizes"]) < 2:
+    if base is None or base["kept"] is None or len(result["sizes"]) < 2:
         return []
     largest = result["sizes"][-1]
     lines = []
     for name in CLAIM_BETTER:
         row = summary.get(name)
-        if row is None or row["change"] is None:
+        if row is None or row["kept"] is None:
             continue
-        verdict = "agrees" if row["change"] > base["change"] else "disagrees"
+        verdict = "agrees" if row["kept"] > base["kept"] else "disagrees"
         lines.append(
-            f"{name}: {_signed(row['change'])} from {result['train_size']} to {largest} vs {CLAIM_BASELINE} "
-            f"{_signed(base['change'])}: {verdict} with the published direction"
+            f"{name}: keeps {100 * row['kept']:.0f}% of its accuracy above chance from {result['train_size']} to "
+            f"{largest} ({_signed(row['change'])}); {CLAIM_BASELINE} keeps {100 * base['kept']:.0f}% "
+            f"({_signed(base['change'])}): {verdict} with the published direction"
         )
     return lines
 
@@ -271,7 +277,7 @@ def render(result: dict) -> str:
         cpu.setdefault(r["encoding"], []).append(r["train_cpu_s"])
     headers = ["encoding"]
     for mode in modes:
-        headers += [f"{mode}@{s}" for s in sizes] + [f"{mode} change"]
+        headers += [f"{mode}@{s}" for s in sizes] + [f"{mode} change", "kept"]
     headers.append("train cpu s")
     rows = []
     for name in result["encodings"]:
@@ -281,6 +287,7 @@ def render(result: dict) -> str:
             row += [_cell(stats[str(s)]) for s in sizes]
             change = stats["change"]
             row.append("-" if change is None else _signed(change))
+            row.append("-" if stats["kept"] is None else f"{100 * stats['kept']:.0f}%")
         row.append(f"{statistics.fmean(cpu[name]):.0f}")
         rows.append(row)
     cfg = result["config"]
@@ -296,7 +303,8 @@ def render(result: dict) -> str:
     verdicts = direction(result)
     if verdicts:
         lines += ["", "Direction check (scale mode; CPVT and RoPE-ViT: PEG and mixed RoPE hold accuracy better "
-                      "than learned with resampling):"] + [f"  {v}" for v in verdicts]
+                      f"than learned with resampling; kept = (acc@largest - chance) / (acc@S - chance), "
+                      f"chance {100 * result['chance']:.1f}%):"] + [f"  {v}" for v in verdicts]
     lines.append(f"\nwall {result['wall_s']:.0f} s, process CPU {result['cpu_s']:.0f} s "
                  f"({result['machine']['threads']} torch threads)")
     return "\n".join(lines)
