@@ -7,8 +7,10 @@ it at larger ones.
     posenc bench resolution --encodings peg,rope2d_mixed --seeds 0,1,2 --steps 1500
 
 Task: scikit-learn's digits (16 pixels) at seeded random positions on an ``S = --img-size``
-canvas (see :mod:`posenc.vision.data`), patch ``--patch``; one ViT per encoding and seed, trained
-for ``--steps`` steps with the same data order, initial seed and recipe. Each model is then
+canvas (see :mod:`posenc.vision.data`), patch ``--patch``; one ViT (width 64, 4 blocks, 4 heads)
+per encoding and seed, trained for ``--steps`` steps (800) with the same data order, initial seed
+and recipe, seeds 0 and 1 by default. The default run costs about 1,000 CPU-seconds of training
+(0.1 s per step on one core), about 9 minutes on a quiet 2-core machine. Each model is then
 tested on the held-out digits at ``S`` and at each ``--scales`` factor of it (default 1, 1.5, 2):
 
 ``scale`` (the headline; CPVT's and RoPE-ViT's protocol)
@@ -78,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10, help="placements per training digit (default 10)")
-    parser.add_argument("--seeds", type=_int_list, default=[0], help="comma-separated seeds; results are averaged (default 0)")
+    parser.add_argument("--seeds", type=_int_list, default=[0, 1],
+                        help="comma-separated seeds; results are averaged (default 0,1)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--out", default=None, help="directory for resolution.json and resolution.png")
