@@ -46,12 +46,11 @@ def test_summary_and_direction_follow_the_measured_numbers():
     assert summary["scale"]["peg"]["change"] == pytest.approx(-0.2)
     assert summary["scale"]["peg"]["kept"] == pytest.approx((0.7 - 0.1) / (0.9 - 0.1))
     assert summary["scale"]["rope2d_mixed"]["64"]["mean"] is None  # a refused size is not averaged away
-    lines = direction({"summary": summary, "sizes": [32, 64], "train_size": 32})
-    assert len(lines) == 1
-    assert lines[0] == ("peg: keeps 75% of its accuracy above chance from 32 to 64 (-20.0 pts); learned2d keeps 53% "
-                        "(-35.0 pts): agrees with the published direction")
-    summary["scale"]["peg"]["kept"] = 0.5
-    assert direction({"summary": summary, "sizes": [32, 64], "train_size": 32})[0].endswith("disagrees with the published direction")
+    result = {"summary": summary, "sizes": [32, 64], "train_size": 32, "chance": 0.1}
+    lines = direction(result)
+    assert lines == ["peg vs learned2d: at 64: 75% vs 53%, agrees"]  # rope2d_mixed refused 64: no verdict
+    summary["scale"]["peg"]["64"]["mean"] = 0.4
+    assert direction(result) == ["peg vs learned2d: at 64: 38% vs 53%, disagrees"]
 
 
 @pytest.mark.parametrize(
