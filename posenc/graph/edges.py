@@ -164,3 +164,37 @@ def local_index(batch: Tensor, sizes: Tensor) -> Tensor:
     """Index of each node within its own graph ``[N]`` (batch sorted)."""
     ptr = torch.cumsum(sizes, 0) - sizes
     return torch.arange(batch.numel(), device=batch.device) - ptr[batch]
+
+
+def dense_adjacency_stack(
+    edge_index: Tensor,
+    edge_weight: Tensor,
+    batch: Tensor,
+    local: Tensor,
+    graphs: Tensor,
+    size: int,
+    num_graphs: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """Dense adjacency ``[len(graphs), size, size]`` of the listed graphs of a batch (duplicate
+    edges summed; nodes past a graph's own size are isolated padding), and ``slot [num_graphs]``:
+    the position of each listed graph in the stack (-1 for the others).
+
+    Args:
+        edge_index, edge_weight: edges of the whole batch (``[2, E]``, ``[E]``).
+        batch, local: graph id and local index of every node ``[N]``.
+        graphs: ids of the graphs to stack, each with at most ``size`` nodes.
+    """
+    device = edge_index.device
+    slot = torch.full((num_graphs,), -1, dtype=torch.long, device=device)
+    slot[graphs] = torch.arange(len(graphs), device=device)
+    edge_slot = slot[batch[edge_index[0]]]
+    keep = edge_slot >= 0
+    adj = torch.zeros(len(graphs), size, size, dtype=dtype, device=device)
+    adj.index_put_(
+        (edge_slot[keep], local[edge_index[0, keep]], local[edge_index[1, keep]]),
+        edge_weight[keep].to(dtype),
+        accumulate=True,
+    )
+    return adj, slot
