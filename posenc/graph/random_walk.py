@@ -3,10 +3,11 @@
 Dwivedi et al. 2022, Graph Neural Networks with Learnable Structural and Positional
 Representations, https://arxiv.org/abs/2110.07875; GraphGPS uses ``K = 20``.
 
-``RWSE(u) = [(P^1)_uu, ..., (P^K)_uu]`` with ``P = D^-1 A`` (``D`` the out-degree, self-loops kept,
-edge weights summed): the probability that a random walk from ``u`` is back at ``u`` after
-``k`` steps. As in PyG's ``AddRandomWalkPE`` the degree is clamped at 1, so an isolated node has a
-row of zeros and encoding ``0``.
+``RWSE(u) = [(P^1)_uu, ..., (P^K)_uu]`` with ``P = D^-1 A`` (``D`` the weighted out-degree,
+self-loops kept, duplicate edges summed): the probability that a random walk from ``u`` is back at
+``u`` after ``k`` steps. As in PyG's ``AddRandomWalkPE`` the degree is clamped at 1, so an isolated
+node has a row of zeros and encoding ``0``. With edge weights ``P_uv = w_uv / D_u`` (PyG puts
+``1 / D_u`` in every entry, ignoring the weight itself; unweighted graphs agree).
 
 Computation, on the device of ``edge_index``:
 
@@ -22,6 +23,7 @@ For an undirected graph ``P = D^-1/2 S D^1/2`` with the symmetric ``S = D^-1/2 A
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -99,7 +101,9 @@ def _csr(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
     rows, cols, vals = rows[order], cols[order], vals[order]
     crow = torch.zeros(n + 1, dtype=torch.long, device=rows.device)
     crow[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-    return torch.sparse_csr_tensor(crow, cols, vals, (n, n))
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore")
+        return torch.sparse_csr_tensor(crow, cols, vals, (n, n), check_invariants=False)
 
 
 def _sparse_rwse(

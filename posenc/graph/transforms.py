@@ -11,7 +11,8 @@ up to sign, and up to a rotation inside a repeated eigenvalue). Differences, on 
 * a directed graph raises for LapPE unless ``symmetrize=True`` (PyG's ``is_undirected=False``
   runs a non-symmetric eigensolver and keeps the real part, which is not a Laplacian PE);
 * duplicate edges are summed for RWSE on every graph size (PyG's dense path, used up to 2,000
-  nodes, keeps one copy; its sparse path sums).
+  nodes, keeps one copy; its sparse path sums);
+* with ``edge_weight``, RWSE uses ``P_uv = w_uv / D_u`` (PyG puts ``1 / D_u`` in every entry).
 """
 
 from __future__ import annotations
