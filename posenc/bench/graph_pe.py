@@ -213,7 +213,9 @@ def _child(conn, fn_name: str, args: tuple, threads: int) -> None:  # pragma: no
     try:
         torch.set_num_threads(threads)
         wall, cpu, out = _timed(lambda: globals()[fn_name](*args))
-        conn.send(("ok", wall, cpu, out))
+        # As a numpy array: a tensor would travel through torch's shared-memory sharing, whose
+        # socket is gone once this process exits.
+        conn.send(("ok", wall, cpu, out.numpy()))
     except BaseException as exc:
         conn.send(("error", error_text(exc)))
 
@@ -259,7 +261,7 @@ def run_guarded(fn_name: str, args: tuple, *, timeout: float, memory_gb: float) 
         proc.join()
         recv.close()
     if status == "ok":
-        return "ok", result[1], result[2], result[3]
+        return "ok", result[1], result[2], torch.from_numpy(result[3])
     if status == "error":
         return "error", None, None, result[1]
     return status, time.perf_counter() - start, None, None
