@@ -202,6 +202,9 @@ def test_lap_pe_sparse_equals_dense_mid_size():
     sparse_vecs, sparse_vals = laplacian_pe(e, n, k, method="sparse")
     torch.testing.assert_close(sparse_vals, dense_vals, atol=1e-5, rtol=0)
     assert_equal_up_to_sign(sparse_vecs, dense_vecs, atol=1e-4)
+    lob_vecs, lob_vals = laplacian_pe(e, n, k, method="lobpcg")  # the accelerator solver, here on CPU
+    torch.testing.assert_close(lob_vals, dense_vals, atol=1e-5, rtol=0)
+    assert_equal_up_to_sign(lob_vecs, dense_vecs, atol=1e-3)
     # The batched function routes large graphs to the sparse solver.
     bvecs, _ = laplacian_pe_batch(e, torch.zeros(n, dtype=torch.long), k, method="sparse")
     assert_equal_up_to_sign(bvecs, dense_vecs, atol=1e-4)

@@ -34,14 +34,14 @@ from .edges import check_batch, check_edge_index, check_edge_weight, check_same_
 from .edges import dense_adjacency_stack, require_undirected
 
 Normalization = Literal["sym", "rw"] | None
-Method = Literal["auto", "dense", "sparse"]
+Method = Literal["auto", "dense", "sparse", "lobpcg"]
 
 #: Graphs with at least this many nodes use the sparse eigensolver under ``method="auto"``.
 SPARSE_MIN_NODES = 400
 
 
 _NORMALIZATIONS = ("sym", "rw", None)
-_METHODS = ("auto", "dense", "sparse")
+_METHODS = ("auto", "dense", "sparse", "lobpcg")
 
 
 def _check_options(k: int, normalization, method: str) -> None:
@@ -142,13 +142,14 @@ def _dense_eigen(adj: Tensor, k: int, normalization: Normalization) -> tuple[Ten
 
 
 def _sparse_eigen(
-    edge_index: Tensor, edge_weight: Tensor, num_nodes: int, k: int, normalization: Normalization
+    edge_index: Tensor, edge_weight: Tensor, num_nodes: int, k: int, normalization: Normalization,
+    solver: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """LapPE of one large graph with a sparse eigensolver: ``(vals [k], vecs [N, k])`` float64.
 
     CPU: ``scipy.sparse.linalg.eigsh`` (ARPACK, smallest algebraic eigenvalues, the solver PyG
-    uses). Other devices: ``torch.lobpcg`` on the device, for the largest eigenvalues of
-    ``c I - L`` (``c`` bounds the spectrum), which are the smallest of ``L``."""
+    uses). Other devices (or ``solver="lobpcg"``): ``torch.lobpcg`` on the device, for the largest
+    eigenvalues of ``c I - L`` (``c`` bounds the spectrum), which are the smallest of ``L``."""
     device = edge_index.device
     row, col = edge_index
     w = edge_weight.to(torch.float64)
@@ -167,7 +168,7 @@ def _sparse_eigen(
     idx = torch.cat([edge_index, torch.stack([nodes, nodes])], 1)
     val = torch.cat([off, diag])
     want = min(k + 1, num_nodes)
-    if device.type == "cpu":
+    if device.type == "cpu" and solver != "lobpcg":
         import scipy.sparse as sp
         from scipy.sparse.linalg import eigsh
 
@@ -178,10 +179,8 @@ def _sparse_eigen(
         vals = torch.from_numpy(vals_np[order].copy())
         vecs = torch.from_numpy(vecs_np[:, order].copy())
     else:
-        shifted = torch.sparse_coo_tensor(idx, -val, (num_nodes, num_nodes)).coalesce()
-        shifted = (shifted + bound * torch.sparse_coo_tensor(
-            torch.stack([nodes, nodes]), torch.ones(num_nodes, dtype=torch.float64, device=device),
-            (num_nodes, num_nodes))).coalesce()
+        shifted_val = torch.cat([-off, bound - diag])  # c I - L
+        shifted = torch.sparse_coo_tensor(idx, shifted_val, (num_nodes, num_nodes), check_invariants=False).coalesce()
         gen = torch.Generator(device=device).manual_seed(0)
         x0 = torch.rand(num_nodes, want, dtype=torch.float64, device=device, generator=gen)
         top, vecs = torch.lobpcg(shifted, k=want, X=x0, largest=True, tol=1e-7, niter=1000)
@@ -214,8 +213,9 @@ def laplacian_pe(
         normalization: "sym" (default), "rw" or None (combinatorial ``D - A``).
         edge_weight: optional ``[E]`` non-negative weights.
         symmetrize: add missing reverse edges instead of raising for a directed graph.
-        method: "dense" (``torch.linalg.eigh``), "sparse" (eigsh on CPU, LOBPCG elsewhere; graphs
-            with ``N <= k + 1`` go dense) or "auto" (sparse from :data:`SPARSE_MIN_NODES` nodes).
+        method: "dense" (``torch.linalg.eigh``), "sparse" (eigsh on CPU, LOBPCG elsewhere),
+            "lobpcg" (``torch.lobpcg`` on any device) or "auto" (sparse from
+            :data:`SPARSE_MIN_NODES` nodes). Graphs with ``N <= 3 (k + 1)`` always go dense.
 
     Returns:
         ``(vecs [N, k], vals [k])``, float32 on the device of ``edge_index``; columns past
@@ -224,9 +224,9 @@ def laplacian_pe(
     """
     _check_options(k, normalization, method)
     edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
-    sparse = method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
-    if sparse and num_nodes > k + 2:
-        vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization)
+    sparse = method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
+    if sparse and num_nodes > 3 * (k + 1):
+        vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
     else:
         adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
         adj.index_put_(
@@ -273,12 +273,14 @@ def laplacian_pe_batch(
         if n == 0:
             continue
         graphs = (sizes == n).nonzero().squeeze(1)
-        if method == "sparse" or (method == "auto" and n >= SPARSE_MIN_NODES):
-            if n > k + 2:
+        if method in ("sparse", "lobpcg") or (method == "auto" and n >= SPARSE_MIN_NODES):
+            if n > 3 * (k + 1):
                 for g in graphs.tolist():
                     nodes = (batch == g).nonzero().squeeze(1)
                     sel = edge_graph == g
-                    vals, vecs = _sparse_eigen(local[edge_index[:, sel]], edge_weight[sel], n, k, normalization)
+                    vals, vecs = _sparse_eigen(
+                        local[edge_index[:, sel]], edge_weight[sel], n, k, normalization, method
+                    )
                     vecs_out[nodes] = vecs.to(torch.float32)
                     vals_out[g] = vals.to(torch.float32)
                 continue
