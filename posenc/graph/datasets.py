@@ -364,13 +364,19 @@ def load_user_dataset(spec: str) -> list[Data]:
 def _load_file(path: str) -> Sequence[Data]:
     import pickle
 
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import EdgeStorage, GlobalStorage, NodeStorage
 
+    # PyG's own containers (Data, its storages and attribute descriptors) are allowed; nothing else.
+    pyg_classes = [DataEdgeAttr, DataTensorAttr, GlobalStorage, NodeStorage, EdgeStorage]
     try:
-        obj = torch.load(path, weights_only=True)
+        with torch.serialization.safe_globals(pyg_classes):
+            obj = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln] or [str(exc).splitlines()[0]]
         raise ValueError(
-            f"dataset file {path!r} cannot be loaded with weights_only=True ({str(exc).splitlines()[0]}); "
-            "save a list of Data with torch.save or use InMemoryDataset.save"
+            f"dataset file {path!r} cannot be loaded with weights_only=True ({lines[0]}); "
+            "save a list of PyG Data objects with torch.save, or use InMemoryDataset.save"
         ) from None
     if isinstance(obj, tuple) and len(obj) in (2, 3) and isinstance(obj[0], dict):  # InMemoryDataset.save
         from torch_geometric.data import InMemoryDataset
