@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--molecules-limit", type=int, default=None,
                         help="molecules: use only the first N molecules (default all ~5,000)")
     parser.add_argument("--cache-dir", default=None, help="molecules: cache directory (default $POSENC_CACHE or ~/.cache/posenc)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: csl 60, else 30); or give --steps")
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: csl 60, else 10); or give --steps")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=int, default=None, help="graphs per batch and process (default: csl 10, else 64)")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -297,7 +297,7 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
         raise ValueError(f"--batch-size {batch_size} exceeds the {num_train} training graphs")
     if args.steps is not None:
         return args.steps, batch_size
-    epochs = args.epochs or (60 if task.name == "csl" else 30)
+    epochs = args.epochs or (60 if task.name == "csl" else 10)
     return epochs * (num_train // batch_size), batch_size
 
 
