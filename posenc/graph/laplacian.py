@@ -172,12 +172,15 @@ def _sparse_eigen(
         import scipy.sparse as sp
         from scipy.sparse.linalg import eigsh
 
-        lap = sp.coo_matrix((val.numpy(), (idx[0].numpy(), idx[1].numpy())), shape=(num_nodes, num_nodes)).tocsr()
-        v0 = np.random.default_rng(0).uniform(0.5, 1.5, num_nodes)  # fixed start: reproducible output
-        vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=1e-8, ncv=min(num_nodes, max(2 * want + 1, 20)))
+        # float32 ARPACK to float32 precision (as PyG's float32 Laplacian): the output is float32.
+        lap = sp.coo_matrix(
+            (val.numpy().astype(np.float32), (idx[0].numpy(), idx[1].numpy())), shape=(num_nodes, num_nodes)
+        ).tocsr()
+        v0 = np.random.default_rng(0).uniform(0.5, 1.5, num_nodes).astype(np.float32)  # reproducible output
+        vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=0, ncv=min(num_nodes, max(2 * want + 1, 20)))
         order = np.argsort(vals_np)
-        vals = torch.from_numpy(vals_np[order].copy())
-        vecs = torch.from_numpy(vecs_np[:, order].copy())
+        vals = torch.from_numpy(vals_np[order].astype(np.float64))
+        vecs = torch.from_numpy(vecs_np[:, order].astype(np.float64))
     else:
         shifted_val = torch.cat([-off, bound - diag])  # c I - L
         shifted = torch.sparse_coo_tensor(idx, shifted_val, (num_nodes, num_nodes), check_invariants=False).coalesce()
