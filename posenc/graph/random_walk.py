@@ -9,16 +9,17 @@ self-loops kept, duplicate edges summed): the probability that a random walk fro
 node has a row of zeros and encoding ``0``. With edge weights ``P_uv = w_uv / D_u`` (PyG puts
 ``1 / D_u`` in every entry, ignoring the weight itself; unweighted graphs agree).
 
-Computation, on the device of ``edge_index``:
+Computation, on the device of ``edge_index``, from ``(P^k)_uu = sum_j (P^a)_uj (P^b)_ju`` with
+``a = floor(k/2)``, ``b = ceil(k/2)``: only the powers up to ``ceil(K/2)`` are needed.
 
-* small graphs (dense): one chain of batched matrix products over a stack ``[G, n, n]`` of the
-  graphs of equal size;
-* large graphs (sparse): blocks of columns of the identity pushed through sparse products.
-
-For an undirected graph ``P = D^-1/2 S D^1/2`` with the symmetric ``S = D^-1/2 A D^-1/2``, so
-``diag(P^k) = diag(S^k)``, and with ``X_m = S^m e_u``: ``(S^2m)_uu = ||X_m||^2`` and
-``(S^(2m+1))_uu = <X_m, X_(m+1)>``: ``K/2`` products instead of ``K``. A directed graph uses
-``(P^(a+b))_uu = <(P^T)^a e_u, P^b e_u>`` (``K`` products).
+* Small graphs (dense): ``P^1 .. P^ceil(K/2)`` by batched products over a stack ``[G, n, n]`` of
+  the graphs of one size bucket (padded with isolated nodes, which add no walk); each diagonal is
+  a row-wise product of two of them.
+* Large graphs (sparse): blocks ``B`` of nodes, ``X_m = M^m E_B`` (``E_B`` the identity columns of
+  ``B``) by sparse x dense products. For an undirected graph ``M = S = D^-1/2 A D^-1/2`` is
+  symmetric and similar to ``P`` (same diagonal powers), so ``(S^2m)_uu = ||X_m e_u||^2`` and
+  ``(S^(2m+1))_uu = <X_m e_u, X_(m+1) e_u>``: ``K/2`` products per block instead of ``K``. A
+  directed graph runs a second chain with ``P^T`` for the rows of ``P^a`` (``K`` products).
 """
 
 from __future__ import annotations
@@ -81,22 +82,14 @@ def _diag_of_products(powers: list[Tensor], walk_length: int, symmetric: bool) -
     return torch.stack(out, dim=-1)
 
 
-def _dense_rwse(adj: Tensor, walk_length: int, symmetric: bool) -> Tensor:
-    """RWSE of a stack ``adj [g, n, n]`` (float32, padding nodes isolated) -> ``[g, n, K]``.
-
-    Symmetric graphs use ``S = D'^-1/2 A D'^-1/2`` (same diagonal powers as ``P``, and ``S^m`` is
-    its own transpose); others ``P = D'^-1 A``."""
-    deg = adj.sum(-1).clamp(min=1.0)
-    if symmetric:
-        inv = deg.rsqrt()
-        mat = inv.unsqueeze(-1) * adj * inv.unsqueeze(-2)
-    else:
-        mat = adj / deg.unsqueeze(-1)
-    top = (walk_length + 1) // 2
+def _dense_rwse(adj: Tensor, walk_length: int) -> Tensor:
+    """RWSE of a stack ``adj [g, n, n]`` (float32, padding nodes isolated) -> ``[g, n, K]``:
+    the powers ``P^1 .. P^ceil(K/2)`` by batched products, then each diagonal from two of them."""
+    mat = adj / adj.sum(-1).clamp(min=1.0).unsqueeze(-1)
     powers = [mat]
-    for _ in range(top - 1):
-        powers.append(torch.bmm(powers[-1], mat) if mat.dim() == 3 else powers[-1] @ mat)
-    return _diag_of_products(powers, walk_length, symmetric)
+    for _ in range((walk_length + 1) // 2 - 1):
+        powers.append(powers[-1] @ mat)
+    return _diag_of_products(powers, walk_length, symmetric=False)
 
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
@@ -190,12 +183,12 @@ def random_walk_se(
     check_edge_index(edge_index, num_nodes)
     check_edge_weight(edge_weight, edge_index.shape[1])
     w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
-    symmetric = is_undirected(edge_index, num_nodes, edge_weight)
     if method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES):
+        symmetric = is_undirected(edge_index, num_nodes, edge_weight)
         return _sparse_rwse(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
     adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
     adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
-    return _dense_rwse(adj, walk_length, symmetric)
+    return _dense_rwse(adj, walk_length)
 
 
 def random_walk_se_batch(
@@ -224,13 +217,14 @@ def random_walk_se_batch(
     check_same_graph(edge_index, batch)
     device = edge_index.device
     w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
-    symmetric = is_undirected(edge_index, num_nodes, edge_weight)
     sizes = graph_sizes(batch, num_graphs)
     local = local_index(batch, sizes)
     out = torch.zeros(num_nodes, walk_length, device=device)
     large = sizes >= SPARSE_MIN_NODES if method == "auto" else torch.full_like(sizes, method == "sparse", dtype=torch.bool)
     edge_graph = batch[edge_index[0]]
-    for g in large.nonzero().squeeze(1).tolist():
+    large_ids = large.nonzero().squeeze(1).tolist()
+    symmetric = bool(large_ids) and is_undirected(edge_index, num_nodes, edge_weight)
+    for g in large_ids:
         nodes = (batch == g).nonzero().squeeze(1)
         sel = edge_graph == g
         n = int(sizes[g])
@@ -243,7 +237,7 @@ def random_walk_se_batch(
             continue
         graphs = (bucket == size).nonzero().squeeze(1)
         adj, slot = dense_adjacency_stack(edge_index, w, batch, local, graphs, size, num_graphs)
-        pe = _dense_rwse(adj, walk_length, symmetric)
+        pe = _dense_rwse(adj, walk_length)
         nodes = (node_bucket == size).nonzero().squeeze(1)
         out[nodes] = pe[slot[batch[nodes]], local[nodes]]
     return out
