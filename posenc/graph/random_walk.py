@@ -12,9 +12,9 @@ node has a row of zeros and encoding ``0``. With edge weights ``P_uv = w_uv / D_
 Computation, on the device of ``edge_index``, from ``(P^k)_uu = sum_j (P^a)_uj (P^b)_ju`` with
 ``a = floor(k/2)``, ``b = ceil(k/2)``: only the powers up to ``ceil(K/2)`` are needed.
 
-* Small graphs (dense): ``P^1 .. P^ceil(K/2)`` by batched products over a stack ``[G, n, n]`` of
+* Small graphs (dense): ``M^1 .. M^ceil(K/2)`` by batched products over a stack ``[G, n, n]`` of
   the graphs of one size bucket (padded with isolated nodes, which add no walk); each diagonal is
-  a row-wise product of two of them.
+  a row-wise product of two of them (``M`` below).
 * Large graphs (sparse): blocks ``B`` of nodes, ``X_m = M^m E_B`` (``E_B`` the identity columns of
   ``B``) by sparse x dense products. For an undirected graph ``M = S = D^-1/2 A D^-1/2`` is
   symmetric and similar to ``P`` (same diagonal powers), so ``(S^2m)_uu = ||X_m e_u||^2`` and
@@ -82,14 +82,21 @@ def _diag_of_products(powers: list[Tensor], walk_length: int, symmetric: bool) -
     return torch.stack(out, dim=-1)
 
 
-def _dense_rwse(adj: Tensor, walk_length: int) -> Tensor:
+def _dense_rwse(adj: Tensor, walk_length: int, symmetric: bool) -> Tensor:
     """RWSE of a stack ``adj [g, n, n]`` (float32, padding nodes isolated) -> ``[g, n, K]``:
-    the powers ``P^1 .. P^ceil(K/2)`` by batched products, then each diagonal from two of them."""
-    mat = adj / adj.sum(-1).clamp(min=1.0).unsqueeze(-1)
+    the powers ``M^1 .. M^ceil(K/2)`` by batched products, then each diagonal from two of them.
+    ``M = D'^-1/2 A D'^-1/2`` for an undirected graph (symmetric, no transposes needed), else
+    ``M = P``."""
+    deg = adj.sum(-1).clamp(min=1.0)
+    if symmetric:
+        inv = deg.rsqrt()
+        mat = inv.unsqueeze(-1) * adj * inv.unsqueeze(-2)
+    else:
+        mat = adj / deg.unsqueeze(-1)
     powers = [mat]
     for _ in range((walk_length + 1) // 2 - 1):
         powers.append(powers[-1] @ mat)
-    return _diag_of_products(powers, walk_length, symmetric=False)
+    return _diag_of_products(powers, walk_length, symmetric)
 
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
@@ -188,7 +195,7 @@ def random_walk_se(
         return _sparse_rwse(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
     adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
     adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
-    return _dense_rwse(adj, walk_length)
+    return _dense_rwse(adj, walk_length, symmetric=False)  # one graph: the symmetry check would cost more
 
 
 def random_walk_se_batch(
@@ -223,7 +230,7 @@ def random_walk_se_batch(
     large = sizes >= SPARSE_MIN_NODES if method == "auto" else torch.full_like(sizes, method == "sparse", dtype=torch.bool)
     edge_graph = batch[edge_index[0]]
     large_ids = large.nonzero().squeeze(1).tolist()
-    symmetric = bool(large_ids) and is_undirected(edge_index, num_nodes, edge_weight)
+    symmetric = is_undirected(edge_index, num_nodes, edge_weight)  # once for the whole batch
     for g in large_ids:
         nodes = (batch == g).nonzero().squeeze(1)
         sel = edge_graph == g
@@ -237,7 +244,7 @@ def random_walk_se_batch(
             continue
         graphs = (bucket == size).nonzero().squeeze(1)
         adj, slot = dense_adjacency_stack(edge_index, w, batch, local, graphs, size, num_graphs)
-        pe = _dense_rwse(adj, walk_length)
+        pe = _dense_rwse(adj, walk_length, symmetric)
         nodes = (node_bucket == size).nonzero().squeeze(1)
         out[nodes] = pe[slot[batch[nodes]], local[nodes]]
     return out
