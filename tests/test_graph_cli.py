@@ -90,3 +90,16 @@ def test_user_dataset_node_task_with_spd(tmp_path, capsys):
     # a graph-level task on per-node targets is refused clearly
     assert main(["train", "graph", "--dataset", str(path), "--encoding", "none", "--steps", "1", *TINY]) == 2
     assert "the graph task needs one y per graph (use --task node" in capsys.readouterr().err
+
+
+def test_demo_part_checks_its_arguments():
+    import argparse
+
+    from posenc.demo_parts import graph as part
+
+    ok = argparse.Namespace(graph_encodings="none,lap,rwse,spd", graph_per_class=15)
+    assert part.check(ok) is None
+    bad = argparse.Namespace(graph_encodings="none,rope", graph_per_class=15)
+    assert part.check(bad) == "--graph-encodings: 'rope' is a seq encoding, not a graph one"
+    assert "unknown encoding 'lapx'" in part.check(argparse.Namespace(graph_encodings="lapx", graph_per_class=15))
+    assert part.check(argparse.Namespace(graph_encodings="lap", graph_per_class=2)) == "--graph-per-class must be at least 3, got 2"
