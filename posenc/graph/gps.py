@@ -190,6 +190,7 @@ class GPS(nn.Module):
         if local == "gine" and edge_dim is None:
             raise ValueError("local='gine' needs edge features: give edge_dim, or use local='gin'")
         if isinstance(encoding, str):
+            # graph encodings have no length-dependent tables: max_len is unused
             encoding = build(encoding, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=1), **(encoding_options or {}))
         elif encoding_options:
             raise ValueError("encoding_options are for a named encoding; got an instance (or None) as encoding")
