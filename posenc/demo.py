@@ -34,7 +34,7 @@ PARTS: dict[str, str] = {
 
     # graph: "posenc.demo_parts.graph",
 
-    # timeseries: "posenc.demo_parts.timeseries",
+    "timeseries": "posenc.demo_parts.timeseries",
 }
 
 

@@ -184,7 +184,10 @@ class ConvTranClassifier(nn.Module):
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.in_channels, self.num_classes, self.max_len = in_channels, num_classes, max_len
         self.encoding_spec = encoding
-        self.temporal = nn.Conv2d(1, 4 * dim, (1, kernel_size), padding="same")
+        # 'same' padding (k - 1) // 2 before and the rest after, as torch's padding="same" (done
+        # explicitly: torch warns about copying for even kernels)
+        self.time_padding = ((kernel_size - 1) // 2, kernel_size - 1 - (kernel_size - 1) // 2)
+        self.temporal = nn.Conv2d(1, 4 * dim, (1, kernel_size))
         self.temporal_norm = nn.BatchNorm2d(4 * dim)
         self.spatial = nn.Conv2d(4 * dim, dim, (in_channels, 1))
         self.spatial_norm = nn.BatchNorm2d(dim)
@@ -226,7 +229,7 @@ class ConvTranClassifier(nn.Module):
         valid = self._valid(x, lengths)
         if valid is not None:
             x = x.masked_fill(~valid[:, None, :], 0.0)
-        h = F.gelu(masked_batch_norm(self.temporal_norm, self.temporal(x.unsqueeze(1)), valid))  # [B, 4d, C, T]
+        h = F.gelu(masked_batch_norm(self.temporal_norm, self.temporal(F.pad(x, self.time_padding).unsqueeze(1)), valid))  # [B, 4d, C, T]
         h = F.gelu(masked_batch_norm(self.spatial_norm, self.spatial(h), valid))  # [B, d, 1, T]
         h = h.squeeze(2).transpose(1, 2)  # [B, T, d]
         positions = torch.arange(h.shape[1], device=h.device)[None]
