@@ -39,19 +39,28 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """Train one classifier per encoding for ``min(--steps, 200)`` steps and test it."""
-    from ..timeseries.classify import ClassifierSettings, train_classifier
+    import torch
+
     from ..timeseries.datasets import load_dataset
 
     train, test = load_dataset(args.ts_dataset)
     steps = min(args.steps, MAX_STEPS)
-    rows = []
-    for spec in args.ts_encodings.split(","):
-        settings = ClassifierSettings(encoding=spec, seed=args.seed)
-        start = time.perf_counter()
-        _, metrics = train_classifier(
-            train, test, settings, steps=steps, device=args.device, progress=not args.no_progress,
-            out_dir=None if args.out is None else str(Path(args.out) / "timeseries" / spec.replace("+", "_")),
-        )
-        rows.append({"encoding": spec, "steps": steps, "train_s": round(time.perf_counter() - start, 1),
-                     "test_acc": round(metrics["test_accuracy"], 3)})
-    return rows
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second OpenMP thread only adds waiting
+    try:
+        return [_train_one(spec, train, test, steps, args) for spec in args.ts_encodings.split(",")]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> Row:
+    from ..timeseries.classify import ClassifierSettings, train_classifier
+
+    start = time.perf_counter()
+    _, metrics = train_classifier(
+        train, test, ClassifierSettings(encoding=spec, seed=args.seed), steps=steps, device=args.device,
+        progress=not args.no_progress,
+        out_dir=None if args.out is None else str(Path(args.out) / "timeseries" / spec.replace("+", "_")),
+    )
+    return {"encoding": spec, "steps": steps, "train_s": round(time.perf_counter() - start, 1),
+            "test_acc": round(metrics["test_accuracy"], 3)}
