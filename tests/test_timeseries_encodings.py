@@ -17,13 +17,14 @@ from posenc.timeseries.convtran import build_encodings
 
 
 def _tape_by_loops(positions: list[int], d: int, length: int) -> torch.Tensor:
-    out = torch.zeros(len(positions), d, dtype=torch.float64)
-    for row, p in enumerate(positions):
+    rows = []
+    for p in positions:
+        row = []
         for k in range(d // 2):
-            omega = 10000.0 ** (-2.0 * k / d)
-            out[row, 2 * k] = math.sin(p * omega * d / length)
-            out[row, 2 * k + 1] = math.cos(p * omega * d / length)
-    return out
+            angle = p * 10000.0 ** (-2.0 * k / d) * d / length
+            row += [math.sin(angle), math.cos(angle)]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("d,length", [(16, 100), (8, 29), (64, 7)])
@@ -74,10 +75,9 @@ def test_erpe_bias_lands_at_i_j_through_attention(heads, length):
     for backend in ("auto", "math"):
         got = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, backend=backend)
         got = got - attend(q, k, v, q_pos=pos, kv_pos=pos, backend=backend)
-        for h in range(heads):
-            for i in range(length):
-                for j in range(length):
-                    assert got[1, h, i, j].item() == pytest.approx(100.0 * h + (i - j + max_len - 1), abs=1e-9)
+        want = torch.tensor([[[100.0 * h + (i - j + max_len - 1) for j in range(length)] for i in range(length)]
+                             for h in range(heads)], dtype=torch.float64)
+        torch.testing.assert_close(got, want.expand(2, -1, -1, -1), rtol=0, atol=1e-9)
 
 
 def test_erpe_bias_is_dropped_on_padded_keys():
