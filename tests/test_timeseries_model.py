@@ -141,6 +141,13 @@ def test_cli_train_and_bench_run_and_write_results(tmp_path, capsys):
                      "--out", str(out)]) == 0
     assert "test accuracy" in capsys.readouterr().out
     assert json.loads((out / "result.json").read_text())["encoding"] == "tape+erpe"
+    # resume with more epochs continues from the checkpoint; a checkpoint of another model is refused
+    assert cli.main(["train", "timeseries", "--epochs", "2", "--no-progress", "--out", str(out), "--resume"]) == 0
+    assert json.loads((out / "result.json").read_text())["steps"] == 4
+    capsys.readouterr()
+    assert cli.main(["train", "timeseries", "--epochs", "2", "--dim", "32", "--no-progress", "--out", str(out),
+                     "--resume"]) == 2
+    assert "--resume: checkpoint" in capsys.readouterr().err
     bench = tmp_path / "bench"
     assert cli.main(["bench", "timeseries", "--datasets", "BasicMotions", "--encodings", "tape+erpe,none",
                      "--seeds", "0,1", "--epochs", "1", "--no-progress", "--out", str(bench)]) == 0

@@ -113,9 +113,11 @@ def train_classifier(
         grad_clip=None, seed=settings.seed, device=device, out_dir=out_dir, resume=resume, progress=progress,
         log_every=per_epoch, checkpoint_every=per_epoch * checkpoint_every_epochs if out_dir else 0,
     )
+    # What the model is (checked on resume); training settings such as epochs may change between runs.
+    model_fields = ("encoding", "dim", "num_heads", "ff_dim", "dropout", "attn_scale")
     model_config = {
-        **asdict(settings), "in_channels": train.num_channels, "num_classes": len(train.classes),
-        "max_len": max_len, "classes": list(train.classes),
+        **{k: v for k, v in asdict(settings).items() if k in model_fields}, "in_channels": train.num_channels,
+        "num_classes": len(train.classes), "max_len": max_len, "classes": list(train.classes),
     }
     start = time.perf_counter()
     trainer = Trainer(model, train, loss_fn, config, eval_fn=eval_fn, collate_fn=collate_series, model_config=model_config)

@@ -142,9 +142,16 @@ def run(args: argparse.Namespace) -> int:
         f"{len(train.classes)} classes; encoding {args.encoding}",
         flush=True,
     )
-    _, metrics = train_classifier(
-        train, test, settings, device=args.device, out_dir=args.out, resume=args.resume, progress=not args.no_progress
-    )
+    try:
+        _, metrics = train_classifier(
+            train, test, settings, device=args.device, out_dir=args.out, resume=args.resume,
+            progress=not args.no_progress,
+        )
+    except ValueError as exc:
+        if not args.resume:
+            raise
+        print(f"posenc train timeseries: --resume: {exc}", file=sys.stderr)  # a checkpoint of another model
+        return 2
     print(f"test accuracy {metrics['test_accuracy']:.4f} (loss {metrics['test_loss']:.4f}) after "
           f"{int(metrics['steps'])} steps, {metrics['train_seconds']:.1f} s")
     if args.out is not None:
