@@ -17,6 +17,7 @@ does that after any input encoding (``dropout``).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..common.encoding import Hook, PositionEncoding
@@ -50,10 +51,9 @@ class TAPE(PositionEncoding):
             raise ValueError(f"max_len must be positive, got {max_len}")
         self.dim, self.max_len, self.base = dim, max_len, base
 
-    def table(self, positions: Tensor, dtype=None) -> Tensor:
-        """``PE [..., d]`` at ``positions [...]``."""
-        kw = {} if dtype is None else {"dtype": dtype}
-        return sinusoid_table(positions, self.dim, self.base, scale=self.dim / self.max_len, **kw)
+    def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``PE [..., d]`` at ``positions [...]`` (angles computed in float64)."""
+        return sinusoid_table(positions, self.dim, self.base, scale=self.dim / self.max_len, dtype=dtype)
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
