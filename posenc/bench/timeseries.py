@@ -145,7 +145,7 @@ def plot(rows: list[dict], runs: list[dict], path: str) -> None:
             accs = [run["test_accuracy"] for run in runs if run["dataset"] == dataset and run["encoding"] == r["encoding"]]
             ax.plot([x] * len(accs), accs, "k.", ms=5)
         if PUBLISHED.get(dataset) is not None:
-            ax.axhline(PUBLISHED[dataset], color="#c44", ls="--", lw=1, label="ConvTran paper")
+            ax.axhline(PUBLISHED[dataset], color="#c44", ls="--", lw=1, label="ConvTran paper (tAPE+eRPE)")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(list(xs), [r["encoding"] for r in these], rotation=20)
         low = min(r["min"] for r in these)
