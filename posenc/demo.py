@@ -32,9 +32,9 @@ PARTS: dict[str, str] = {
 
     "vision": "posenc.demo_parts.vision",
 
-    # graph: "posenc.demo_parts.graph",
+    "graph": "posenc.demo_parts.graph",
 
-    # timeseries: "posenc.demo_parts.timeseries",
+    "timeseries": "posenc.demo_parts.timeseries",
 }
 
 

@@ -147,7 +147,7 @@ def test_registry_lists_and_builds():
     assert infos["alibi"].hooks == ("score_bias",) and infos["alibi"].modality == "seq"
     assert infos["erpe"].hooks == ("post_softmax",) and infos["erpe"].modality == "timeseries"
     assert "arxiv.org" in infos["rope"].paper
-    assert [i.name for i in posenc.available("timeseries")] == ["erpe"]
+    assert [i.name for i in posenc.available("timeseries")] == ["erpe", "erpe_vector", "tape"]
     dims = posenc.ModelDims(dim=64, num_heads=8, max_len=128)
     assert posenc.build("rope", dims=dims).head_dim == 8
     assert posenc.build("rope", dims=dims, pairing="interleaved").pairing == "interleaved"

@@ -1,0 +1,128 @@
+"""The input-hook graph encodings ``lap`` and ``rwse``: learned projections of precomputed
+structural features to the model width, added to the node features.
+
+The features are computed once per graph (:func:`~posenc.graph.laplacian_pe`,
+:func:`~posenc.graph.random_walk_se`, or the PyG transforms of :mod:`posenc.graph.transforms`)
+and reach the encoding as the ``positions`` of ``encode_input`` with a trailing feature axis:
+``positions [B or 1, T, F]`` for node features ``x [B, T, C]`` (``T`` nodes; a batch of graphs
+packed into one sequence is ``B = 1``, ``T = N``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.registry import register
+from .laplacian import random_sign_flip
+from .signnet import SignNet
+
+
+def _check_features(name: str, x: Tensor, positions: Tensor, features: int, what: str) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"{name}: x must be [batch, nodes, dim], got {tuple(x.shape)}")
+    if positions.dim() != 3 or positions.shape[0] not in (1, x.shape[0]) or positions.shape[1] != x.shape[1] \
+            or positions.shape[2] != features:
+        raise ValueError(
+            f"{name}: positions must be [batch={x.shape[0]} or 1, nodes={x.shape[1]}, {what}={features}] "
+            f"(precomputed per node), got {tuple(positions.shape)}"
+        )
+    if not positions.dtype.is_floating_point:
+        raise ValueError(f"{name}: positions must be floating-point features, got {positions.dtype}")
+
+
+@register(
+    "lap",
+    modality="graph",
+    paper="Dwivedi et al. 2020, Benchmarking Graph Neural Networks, https://arxiv.org/abs/2003.00982 "
+    "(eigenvalues as in SAN/GraphGPS; SignNet: Lim et al. 2022, https://arxiv.org/abs/2202.13013)",
+    summary="Laplacian eigenvectors (+eigenvalues) projected to the model width; random sign flips or SignNet",
+)
+class LapPE(PositionEncoding):
+    """Laplacian eigenvector PE: ``x + W [v_2(u) .. v_(k+1)(u), lambda_2 .. lambda_(k+1)]``.
+
+    Args:
+        dim: model width ``C``.
+        k: eigenvectors per node.
+        use_eigenvalues: the positions carry the ``k`` eigenvalues after the ``k`` eigenvector
+            entries (``F = 2k``); otherwise ``F = k``.
+        sign: "flip" -- during training each eigenvector column gets a random sign per batch row
+            (torch's global RNG, like dropout; GraphGPS flips per batch likewise), a linear
+            projection; "signnet" -- :class:`~posenc.graph.signnet.SignNet` (sign-invariant, no
+            flips needed).
+        signnet_hidden: SignNet width.
+
+    Positions ``[B or 1, T, F]`` float: per node ``laplacian_pe``'s ``vecs`` (then ``vals[batch]``).
+    Hook: input. Kernel: none (attention is untouched: SDPA).
+    """
+
+    hooks = frozenset({Hook.INPUT})
+
+    def __init__(
+        self,
+        dim: int,
+        k: int = 8,
+        use_eigenvalues: bool = True,
+        sign: Literal["flip", "signnet"] = "flip",
+        signnet_hidden: int = 32,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or k <= 0:
+            raise ValueError(f"dim and k must be positive; got dim={dim}, k={k}")
+        if sign not in ("flip", "signnet"):
+            raise ValueError(f"sign must be 'flip' or 'signnet'; got {sign!r}")
+        self.dim, self.k, self.use_eigenvalues, self.sign = dim, k, use_eigenvalues, sign
+        self.features = 2 * k if use_eigenvalues else k
+        if sign == "signnet":
+            self.signnet = SignNet(k, dim, hidden=signnet_hidden, use_eigenvalues=use_eigenvalues)
+        else:
+            self.proj = nn.Linear(self.features, dim)
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [B, T, C]``, ``positions [B or 1, T, F]`` -> ``[B, T, C]``."""
+        _check_features("lap", x, positions, self.features, "2k (eigenvectors, eigenvalues)" if self.use_eigenvalues else "k")
+        feats = positions.to(x.dtype)
+        if self.sign == "signnet":
+            vecs = feats[..., : self.k]
+            vals = feats[..., self.k:] if self.use_eigenvalues else None
+            return x + self.signnet(vecs, vals)
+        if self.training:
+            feats = random_sign_flip(feats, num_vecs=self.k)
+        return x + self.proj(feats)
+
+
+@register(
+    "rwse",
+    modality="graph",
+    paper="Dwivedi et al. 2022, Graph Neural Networks with Learnable Structural and Positional "
+    "Representations, https://arxiv.org/abs/2110.07875",
+    summary="random-walk return probabilities diag(P^k), k = 1..K, projected to the model width",
+)
+class RWSE(PositionEncoding):
+    """Random-walk SE: ``x + W [(P^1)_uu, ..., (P^K)_uu]``, ``P = D^-1 A``.
+
+    Args:
+        dim: model width ``C``.
+        walk_length: ``K`` (GraphGPS: 20).
+
+    Positions ``[B or 1, T, K]`` float: ``random_walk_se`` per node. Hook: input. Kernel: none.
+    """
+
+    hooks = frozenset({Hook.INPUT})
+
+    def __init__(self, dim: int, walk_length: int = 20) -> None:
+        super().__init__()
+        if dim <= 0 or walk_length <= 0:
+            raise ValueError(f"dim and walk_length must be positive; got dim={dim}, walk_length={walk_length}")
+        self.dim, self.walk_length = dim, walk_length
+        self.proj = nn.Linear(walk_length, dim)
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [B, T, C]``, ``positions [B or 1, T, K]`` -> ``[B, T, C]``."""
+        _check_features("rwse", x, positions, self.walk_length, "walk_length")
+        return x + self.proj(positions.to(x.dtype))
+
+
+__all__ = ["LapPE", "RWSE"]

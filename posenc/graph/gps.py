@@ -1,0 +1,321 @@
+"""A GPS-style graph transformer (Rampasek et al. 2022, "Recipe for a General, Powerful, Scalable
+Graph Transformer", https://arxiv.org/abs/2205.12454).
+
+Each :class:`GPSLayer` runs a local message-passing layer (PyG's ``GINEConv`` with edge features,
+``GINConv`` without) beside global multi-head attention over all nodes of the same graph; the two
+residual branches are normalised, summed, and followed by an MLP::
+
+    h_local = Norm(x + Dropout(MPNN(x, edges)))
+    h_attn  = Norm(x + Dropout(Attn(x)))
+    x'      = Norm(h + Dropout(MLP(h))),   h = h_local + h_attn
+
+The global attention is posenc's :class:`~posenc.common.attention.MultiheadAttention` over the whole
+mini-batch as ONE packed sequence ``[1, N_total, C]`` with a block-diagonal mask
+(``AttentionMask.packed(graph_ids)``): nodes attend only within their own graph, and no graph is
+padded to the size of the largest one.
+
+Encodings. Any registered graph encoding: one with an input hook (``lap``, ``rwse``) turns the
+node features plus precomputed per-node encodings into the first layer's input; one with attention
+hooks (``spd``) acts in every layer's attention. In both cases the per-node structure is the
+explicit ``positions`` argument of :meth:`GPS.forward` (``[N, F]``); :meth:`GPS.forward_data` reads
+it from a PyG batch (see :func:`node_positions`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
+
+from ..common.attention import Backend, MultiheadAttention
+from ..common.encoding import Hook, PositionEncoding, attention_part
+from ..common.masks import AttentionMask
+from ..common.registry import ModelDims, build
+
+LocalKind = Literal["gine", "gin", "none"]
+NormKind = Literal["batch", "layer"]
+Task = Literal["graph", "node"]
+Pool = Literal["mean", "add", "max"]
+
+_POOLS = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm1d(dim)
+    if kind == "layer":
+        return nn.LayerNorm(dim)
+    raise ValueError(f"norm must be 'batch' or 'layer'; got {kind!r}")
+
+
+class GPSLayer(nn.Module):
+    """One GPS layer: local MPNN and global attention in parallel, summed, then an MLP.
+
+    Args:
+        dim: node feature width ``C``.
+        num_heads: attention heads.
+        local: "gine" (``GINEConv``, needs ``edge_attr [E, C]``), "gin" (``GINConv``, ignores edge
+            features) or "none" (attention only, as in a plain graph transformer).
+        encoding: the attention part of an encoding (score bias such as ``spd``) or None; shared
+            between layers when the same instance is given to each.
+        dropout: dropout on both residual branches and inside the MLP.
+        norm: "batch" (BatchNorm over nodes, as GPS) or "layer".
+        mlp_ratio: hidden width of the MLP over ``C``.
+        backend: the attention kernel path (see :func:`posenc.attend`).
+
+    Shapes: ``x [N, C]``, ``edge_index [2, E]``, ``edge_attr [E, C]`` -> ``[N, C]``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        local: LocalKind = "gine",
+        encoding: PositionEncoding | None = None,
+        dropout: float = 0.0,
+        norm: NormKind = "batch",
+        mlp_ratio: float = 2.0,
+        backend: Backend = "auto",
+    ) -> None:
+        super().__init__()
+        if local not in ("gine", "gin", "none"):
+            raise ValueError(f"local must be 'gine', 'gin' or 'none'; got {local!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
+        self.local_kind = local
+        if local == "none":
+            self.local = None
+        else:
+            mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+            self.local = GINEConv(mlp, train_eps=True) if local == "gine" else GINConv(mlp, train_eps=True)
+            self.norm_local = _norm(norm, dim)
+        self.attn = MultiheadAttention(dim, num_heads, encoding=encoding, backend=backend)
+        self.norm_attn = _norm(norm, dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+        self.norm_out = _norm(norm, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        *,
+        mask: AttentionMask,
+        edge_attr: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """``mask``: the packed block-diagonal mask of the batch (``[1, N]`` segments);
+        ``positions``: ``[1, N, F]`` per-node structure for an attention-hook encoding, or None."""
+        h = self.drop(self.attn(x.unsqueeze(0), q_pos=positions, mask=mask).squeeze(0))
+        h = self.norm_attn(x + h)
+        if self.local is not None:
+            if self.local_kind == "gine":
+                if edge_attr is None:
+                    raise ValueError("local='gine' needs edge_attr; use local='gin' for graphs without edge features")
+                m = self.local(x, edge_index, edge_attr)
+            else:
+                m = self.local(x, edge_index)
+            h = h + self.norm_local(x + self.drop(m))
+        return self.norm_out(h + self.drop(self.mlp(h)))
+
+
+# The batch attributes holding the precomputed per-node features of the input-hook encodings, as
+# written by posenc.graph.AddLaplacianPE(k, eigenvalues_attr=LAP_EIGENVALUES_ATTR) and
+# AddRandomWalkSE (the first two names are PyG's, shared by AddLaplacianEigenvectorPE / AddRandomWalkPE).
+LAP_ATTR = "laplacian_eigenvector_pe"
+LAP_EIGENVALUES_ATTR = "laplacian_eigenvalues"
+RWSE_ATTR = "random_walk_pe"
+
+
+class GPS(nn.Module):
+    """GPS graph transformer with node- or graph-level output.
+
+    Args:
+        in_dim: node feature width (``x [N, in_dim]``, float).
+        out_dim: outputs per graph (``task="graph"``) or per node (``task="node"``).
+        dim, depth, num_heads: width, number of :class:`GPSLayer`, attention heads.
+        edge_dim: edge feature width (``edge_attr [E, edge_dim]``); None for graphs without edge
+            features (the local layer is then GIN).
+        encoding: a registered graph encoding name (built with ``encoding_options`` for this
+            width and head count), an instance, or None. Input-hook encodings transform the
+            embedded node features once, before the first layer; attention hooks act in every layer
+            (one shared instance).
+        encoding_options: constructor arguments of a named encoding.
+        local: the message-passing layer: "auto" (GINE with edge features, GIN without), "gine",
+            "gin" or "none".
+        task: "graph" (pool, then an MLP head) or "node" (an MLP head per node).
+        pool: "mean", "add" or "max" graph pooling (PyG's global pools).
+        dropout, norm, mlp_ratio, backend: as for :class:`GPSLayer`.
+
+    Shapes: :meth:`forward` takes ``x [N, in_dim]``, ``edge_index [2, E]``, ``batch [N]``,
+    ``edge_attr [E, edge_dim]``, ``positions [N, F]`` and returns ``[G, out_dim]`` (graph task,
+    ``G`` graphs) or ``[N, out_dim]`` (node task).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        dim: int = 64,
+        depth: int = 4,
+        num_heads: int = 4,
+        edge_dim: int | None = None,
+        encoding: str | PositionEncoding | None = None,
+        encoding_options: dict | None = None,
+        local: Literal["auto", "gine", "gin", "none"] = "auto",
+        task: Task = "graph",
+        pool: Pool = "mean",
+        dropout: float = 0.0,
+        norm: NormKind = "batch",
+        mlp_ratio: float = 2.0,
+        backend: Backend = "auto",
+    ) -> None:
+        super().__init__()
+        for name, v in (("in_dim", in_dim), ("out_dim", out_dim), ("dim", dim), ("depth", depth), ("num_heads", num_heads)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        if edge_dim is not None and (not isinstance(edge_dim, int) or edge_dim < 1):
+            raise ValueError(f"edge_dim must be a positive int or None; got {edge_dim!r}")
+        if task not in ("graph", "node"):
+            raise ValueError(f"task must be 'graph' or 'node'; got {task!r}")
+        if pool not in _POOLS:
+            raise ValueError(f"pool must be one of {', '.join(_POOLS)}; got {pool!r}")
+        if local == "auto":
+            local = "gine" if edge_dim is not None else "gin"
+        if local == "gine" and edge_dim is None:
+            raise ValueError("local='gine' needs edge features: give edge_dim, or use local='gin'")
+        if isinstance(encoding, str):
+            # graph encodings have no length-dependent tables: max_len is unused
+            encoding = build(encoding, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=1), **(encoding_options or {}))
+        elif encoding_options:
+            raise ValueError("encoding_options are for a named encoding; got an instance (or None) as encoding")
+        if encoding is not None and not isinstance(encoding, PositionEncoding):
+            raise TypeError(f"encoding must be a registered name, a PositionEncoding or None; got {type(encoding).__name__}")
+        self.in_dim, self.out_dim, self.edge_dim, self.task = in_dim, out_dim, edge_dim, task
+        self.encoding = encoding
+        self.node_embed = nn.Linear(in_dim, dim)
+        self.edge_embed = nn.Linear(edge_dim, dim) if edge_dim is not None and local == "gine" else None
+        shared = attention_part(encoding)
+        self.layers = nn.ModuleList(
+            GPSLayer(dim, num_heads, local=local, encoding=shared, dropout=dropout, norm=norm,
+                     mlp_ratio=mlp_ratio, backend=backend)
+            for _ in range(depth)
+        )
+        self.pool = _POOLS[pool]
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, out_dim))
+
+    @property
+    def uses_input_hook(self) -> bool:
+        return self.encoding is not None and Hook.INPUT in self.encoding.hooks
+
+    @property
+    def uses_attention_hooks(self) -> bool:
+        return attention_part(self.encoding) is not None
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        *,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Run the model on a batch of graphs given as one disjoint union (PyG's convention).
+
+        Args:
+            x: ``[N, in_dim]`` node features.
+            edge_index: ``[2, E]`` edges (long), inside graphs.
+            batch: ``[N]`` sorted graph id of each node; None for a single graph.
+            edge_attr: ``[E, edge_dim]`` edge features (needed when the model has ``edge_dim``).
+            positions: ``[N, F]`` per-node structure for the encoding (precomputed LapPE / RWSE
+                features for an input hook, the encoding's node description for attention hooks);
+                required when the model has an encoding, ignored otherwise.
+        """
+        if x.dim() != 2 or x.shape[1] != self.in_dim:
+            raise ValueError(f"x must be [num_nodes, in_dim={self.in_dim}]; got {tuple(x.shape)}")
+        n = x.shape[0]
+        if batch is None:
+            batch = torch.zeros(n, dtype=torch.long, device=x.device)
+        if batch.shape != (n,) or batch.dtype != torch.long:
+            raise ValueError(f"batch must be a long tensor [num_nodes={n}]; got {tuple(batch.shape)} {batch.dtype}")
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2 or edge_index.dtype != torch.long:
+            raise ValueError(f"edge_index must be a long tensor [2, num_edges]; got {tuple(edge_index.shape)} {edge_index.dtype}")
+        if self.edge_dim is not None:
+            if edge_attr is None:
+                raise ValueError(f"this model was built with edge_dim={self.edge_dim}: pass edge_attr [num_edges, {self.edge_dim}]")
+            if edge_attr.shape != (edge_index.shape[1], self.edge_dim):
+                raise ValueError(f"edge_attr must be [num_edges={edge_index.shape[1]}, edge_dim={self.edge_dim}]; got {tuple(edge_attr.shape)}")
+        if self.encoding is not None:
+            if positions is None:
+                raise ValueError(f"the model has encoding {type(self.encoding).__name__}: pass positions [num_nodes, features]")
+            if positions.shape[0] != n:
+                raise ValueError(f"positions must have one row per node ({n}); got {tuple(positions.shape)}")
+            positions = positions.unsqueeze(0)
+        else:
+            positions = None
+        h = self.node_embed(x)
+        if self.uses_input_hook:
+            h = self.encoding.encode_input(h.unsqueeze(0), positions).squeeze(0)
+        e = self.edge_embed(edge_attr) if self.edge_embed is not None else None
+        mask = AttentionMask.packed(batch.unsqueeze(0))
+        attn_pos = positions if self.uses_attention_hooks else None
+        for layer in self.layers:
+            h = layer(h, edge_index, mask=mask, edge_attr=e, positions=attn_pos)
+        if self.task == "graph":
+            num_graphs = int(batch.max()) + 1 if n else 0
+            h = self.pool(h, batch, num_graphs)
+        return self.head(h)
+
+    def forward_data(self, data) -> Tensor:
+        """:meth:`forward` on a PyG ``Data``/``Batch``: ``x``, ``edge_index``, ``batch``,
+        ``edge_attr`` (when the model uses edge features) and the encoding's
+        :func:`node_positions`."""
+        return self(
+            data.x, data.edge_index, batch=getattr(data, "batch", None),
+            edge_attr=data.edge_attr if self.edge_dim is not None else None,
+            positions=node_positions(data, self.encoding) if self.encoding is not None else None,
+        )
+
+
+def node_positions(data, encoding: PositionEncoding) -> Tensor:
+    """The per-node input ``[N, F]`` of ``encoding`` for a PyG ``Data``/``Batch``.
+
+    * ``lap`` (:class:`~posenc.graph.LapPE`): ``data.laplacian_eigenvector_pe [N, k]``, followed by
+      ``data.laplacian_eigenvalues [N, k]`` when the encoding uses eigenvalues (write both with
+      ``AddLaplacianPE(k, eigenvalues_attr="laplacian_eigenvalues")``).
+    * ``rwse`` (:class:`~posenc.graph.RWSE`): ``data.random_walk_pe [N, K]``
+      (``AddRandomWalkSE(K)`` or PyG's ``AddRandomWalkPE(K)``).
+    * ``spd`` (:class:`~posenc.graph.ShortestPathBias`): computed here from the batch's edges,
+      ``spd_positions(batch, shortest_path_distances_batch(edge_index, batch))[0]``, rows
+      ``[graph id, local index, distances to the graph's nodes...]``.
+    """
+    from .encodings import RWSE, LapPE
+    from .shortest_path import ShortestPathBias, shortest_path_distances_batch, spd_positions
+
+    def need(attr: str, how: str) -> Tensor:
+        value = getattr(data, attr, None)
+        if value is None:
+            raise ValueError(f"encoding {type(encoding).__name__} needs data.{attr}: precompute it with {how}")
+        return value
+
+    if isinstance(encoding, LapPE):
+        vecs = need(LAP_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues_attr={LAP_EIGENVALUES_ATTR!r})")
+        if not encoding.use_eigenvalues:
+            return vecs
+        vals = need(LAP_EIGENVALUES_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues_attr={LAP_EIGENVALUES_ATTR!r})")
+        return torch.cat([vecs, vals], dim=-1)
+    if isinstance(encoding, RWSE):
+        return need(RWSE_ATTR, f"posenc.graph.AddRandomWalkSE({encoding.walk_length})")
+    if isinstance(encoding, ShortestPathBias):
+        batch = getattr(data, "batch", None)
+        if batch is None:
+            batch = torch.zeros(data.num_nodes, dtype=torch.long, device=data.edge_index.device)
+        distances = shortest_path_distances_batch(data.edge_index, batch)
+        return spd_positions(batch, distances)[0]
+    raise ValueError(f"no known per-node input for {type(encoding).__name__}; call GPS.forward with positions yourself")

@@ -1,0 +1,164 @@
+"""PyG transforms: drop-in replacements for ``AddLaplacianEigenvectorPE`` and ``AddRandomWalkPE``,
+and the same encodings for a whole ``Batch`` at once.
+
+Same constructor arguments and attribute conventions as PyG: the result is stored as
+``data[attr_name]`` (defaults ``"laplacian_eigenvector_pe"`` and ``"random_walk_pe"``), or
+concatenated to ``data.x`` (cast to its dtype) when ``attr_name=None``. Values equal PyG's (LapPE
+up to sign, and up to a rotation inside a repeated eigenvalue). Differences, on purpose:
+
+* a graph with ``n <= k`` nodes gets ``k`` columns, the missing ones zero (PyG returns ``n - 1``
+  columns, which cannot be batched);
+* a directed graph raises for LapPE unless ``symmetrize=True`` (PyG's ``is_undirected=False``
+  runs a non-symmetric eigensolver and keeps the real part, which is not a Laplacian PE);
+* duplicate edges are summed for RWSE on every graph size (PyG's dense path, used up to 2,000
+  nodes, keeps one copy; its sparse path sums);
+* with ``edge_weight``, RWSE uses ``P_uv = w_uv / D_u`` (PyG puts ``1 / D_u`` in every entry).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.transforms import BaseTransform
+
+from .laplacian import laplacian_pe, laplacian_pe_batch
+from .random_walk import random_walk_se, random_walk_se_batch
+
+
+def _store(data: Any, value: Tensor, attr_name: str | None) -> Any:
+    """PyG's attribute convention: ``data[attr_name] = value``, or concatenate to ``data.x``."""
+    if attr_name is None:
+        x = getattr(data, "x", None)
+        if x is not None:
+            x = x.view(-1, 1) if x.dim() == 1 else x
+            data.x = torch.cat([x, value.to(x.device, x.dtype)], dim=-1)
+        else:
+            data.x = value
+    else:
+        data[attr_name] = value
+    return data
+
+
+def _random_signs(rows: int, k: int, device: torch.device) -> Tensor:
+    return (torch.randint(0, 2, (rows, k)) * 2 - 1).to(device, torch.float32)
+
+
+def _check_k(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class AddLaplacianPE(BaseTransform):
+    """Laplacian eigenvector PE (:func:`posenc.graph.laplacian_pe`), drop-in for PyG's
+    ``AddLaplacianEigenvectorPE(k, attr_name, is_undirected)``: stores ``[N, k]`` float32.
+
+    Args:
+        k: number of non-trivial eigenvectors.
+        attr_name: where to store ``[N, k]`` (None: concatenate to ``data.x``).
+        is_undirected: accepted for compatibility; the graph is checked either way and a directed
+            one raises unless ``symmetrize``.
+        random_sign: flip each eigenvector's sign at random (torch's global RNG, as PyG does);
+            False keeps the deterministic signs of :func:`~posenc.graph.laplacian_pe`.
+        eigenvalues_attr: also store the eigenvalues per node, ``[N, k]``, under this name.
+        normalization, symmetrize, method: as in :func:`~posenc.graph.laplacian_pe`.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        attr_name: str | None = "laplacian_eigenvector_pe",
+        is_undirected: bool = False,
+        *,
+        random_sign: bool = True,
+        eigenvalues_attr: str | None = None,
+        normalization: str | None = "sym",
+        symmetrize: bool = False,
+        method: str = "auto",
+    ) -> None:
+        _check_k("k", k)
+        self.k, self.attr_name, self.is_undirected = k, attr_name, is_undirected
+        self.random_sign, self.eigenvalues_attr = random_sign, eigenvalues_attr
+        self.normalization, self.symmetrize, self.method = normalization, symmetrize, method
+
+    def forward(self, data: Data) -> Data:
+        num_nodes = data.num_nodes
+        vecs, vals = laplacian_pe(
+            data.edge_index, num_nodes, self.k, normalization=self.normalization,
+            edge_weight=getattr(data, "edge_weight", None), symmetrize=self.symmetrize, method=self.method,
+        )
+        if self.random_sign:
+            vecs = vecs * _random_signs(1, self.k, vecs.device)
+        if self.eigenvalues_attr is not None:
+            data[self.eigenvalues_attr] = vals.expand(num_nodes, self.k).clone()
+        return _store(data, vecs, self.attr_name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(k={self.k}, attr_name={self.attr_name!r})"
+
+
+class AddRandomWalkSE(BaseTransform):
+    """Random-walk SE (:func:`posenc.graph.random_walk_se`), drop-in for PyG's
+    ``AddRandomWalkPE(walk_length, attr_name)``: stores ``[N, walk_length]`` float32."""
+
+    def __init__(self, walk_length: int, attr_name: str | None = "random_walk_pe", *, method: str = "auto") -> None:
+        _check_k("walk_length", walk_length)
+        self.walk_length, self.attr_name, self.method = walk_length, attr_name, method
+
+    def forward(self, data: Data) -> Data:
+        pe = random_walk_se(
+            data.edge_index, data.num_nodes, self.walk_length,
+            edge_weight=getattr(data, "edge_weight", None), method=self.method,
+        )
+        return _store(data, pe, self.attr_name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(walk_length={self.walk_length}, attr_name={self.attr_name!r})"
+
+
+def _batch_vector(data: Any) -> tuple[Tensor, int]:
+    batch = getattr(data, "batch", None)
+    if batch is None:  # a single graph
+        return torch.zeros(data.num_nodes, dtype=torch.long, device=data.edge_index.device), 1
+    return batch, int(data.num_graphs)
+
+
+def add_laplacian_pe_batch(
+    data: Any,
+    k: int,
+    attr_name: str | None = "laplacian_eigenvector_pe",
+    *,
+    random_sign: bool = True,
+    eigenvalues_attr: str | None = None,
+    normalization: str | None = "sym",
+    symmetrize: bool = False,
+    method: str = "auto",
+) -> Any:
+    """:class:`AddLaplacianPE` for a whole PyG ``Batch`` at once (one batched eigensolve per graph
+    size); random signs are drawn per graph and eigenvector. Returns ``data`` with the attribute set."""
+    _check_k("k", k)
+    batch, num_graphs = _batch_vector(data)
+    vecs, vals = laplacian_pe_batch(
+        data.edge_index, batch, k, num_graphs=num_graphs, normalization=normalization,
+        edge_weight=getattr(data, "edge_weight", None), symmetrize=symmetrize, method=method,
+    )
+    if random_sign:
+        vecs = vecs * _random_signs(num_graphs, k, vecs.device)[batch]
+    if eigenvalues_attr is not None:
+        data[eigenvalues_attr] = vals[batch]
+    return _store(data, vecs, attr_name)
+
+
+def add_random_walk_se_batch(
+    data: Any, walk_length: int, attr_name: str | None = "random_walk_pe", *, method: str = "auto"
+) -> Any:
+    """:class:`AddRandomWalkSE` for a whole PyG ``Batch`` at once."""
+    _check_k("walk_length", walk_length)
+    batch, num_graphs = _batch_vector(data)
+    pe = random_walk_se_batch(
+        data.edge_index, batch, walk_length, num_graphs=num_graphs,
+        edge_weight=getattr(data, "edge_weight", None), method=method,
+    )
+    return _store(data, pe, attr_name)
