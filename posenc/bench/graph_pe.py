@@ -235,7 +235,8 @@ def run_guarded(fn_name: str, args: tuple, *, timeout: float, memory_gb: float) 
     """Run ``globals()[fn_name](*args)`` in a child process; stop it after ``timeout`` seconds or
     when its resident memory passes ``memory_gb``. Returns ``(status, wall, cpu, out_or_error)``
     with status "ok", "timeout", "memory" or "error"."""
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    # spawn, not fork: a child forked from a process whose OpenMP pool has run can hang.
+    ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, fn_name, args, torch.get_num_threads()), daemon=True)
     start = time.perf_counter()

@@ -15,9 +15,10 @@ from .relbias2d import RelativePositionBias2D, resample_offset_table
 from .rope2d import Rope2DAxial, Rope2DMixed, rope2d_frequencies
 from .sincos2d import SinCos2D, sincos2d_table
 from .vit import ViT
+from .timm_models import replace_position_encoding  # importing it registers posenc_vit_* with timm
 
 __all__ = [
     "AxialEncoding", "resample_axis", "grid_positions", "raster_positions", "resample_grid", "Learned2D", "PEG",
     "PatchTokensOnly", "RelativePositionBias2D", "resample_offset_table", "Rope2DAxial", "Rope2DMixed",
-    "rope2d_frequencies", "SinCos2D", "sincos2d_table", "ViT",
+    "rope2d_frequencies", "SinCos2D", "sincos2d_table", "ViT", "replace_position_encoding",
 ]
