@@ -9,7 +9,7 @@
 ``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
            (compiled on CUDA; eager elsewhere, forward only on CPU).
 ``math``   explicit ``softmax(QK^T * scale + bias) V``: the only path that exposes the
-           probabilities, for encodings with a value term.
+           scores and probabilities, for encodings with a score transform or a value term.
 
 Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
 """
@@ -276,8 +276,11 @@ def math_path(
     scale: float,
     prob_bias: PairwiseBias | None = None,
     value_term=None,
+    score_transform=None,
 ) -> Tensor:
-    """Explicit ``P = softmax(QK^T * scale + bias)``, ``out = (P + prob_bias) V + value_term(P)``."""
+    """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
+    ``out = (P + prob_bias) V + value_term(P)``. ``score_transform(scores, q, k, allowed)`` sees
+    finite scores at every pair; the mask is applied to its result."""
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
@@ -288,6 +291,8 @@ def math_path(
     if bias is not None:
         scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
     allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)
+    if score_transform is not None:
+        scores = score_transform(scores, q.to(work), k.to(work), allowed)
     if allowed is not None:
         row_any = allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
