@@ -25,6 +25,10 @@ from .rope_scaling import (
     YaRNScaling,
 )
 from .xpos import XPos, xpos_zeta
+from .learned import LearnedEncoding
+from .nope import NoPE
+from .tupe import TUPE
+from .deberta import DeBERTa, deberta_index, log_bucket_position
 
 # --- end seq-rotary ---
 
@@ -45,6 +49,7 @@ __all__ = [
     "RotaryEncoding", "rope_inv_freq", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
     "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
     "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "XPos", "xpos_zeta",
+    "LearnedEncoding", "NoPE", "TUPE", "DeBERTa", "deberta_index", "log_bucket_position",
     # end seq-rotary
     # seq-bias
     "T5Bias", "t5_bucket", "ShawRelative", "TransformerXLRelative", "KERPLE", "KERPLE_VARIANTS", "kerple_bias",
