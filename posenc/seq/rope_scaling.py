@@ -407,11 +407,6 @@ class LongRoPEScaling(RopeScaling):
             raise ValueError(f"select must be 'by_length', 'short' or 'long', got {self.select!r}")
         object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
         object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
-        if len(self.short_factor) != len(self.long_factor):
-            raise ValueError(
-                f"short_factor and long_factor must have the same length (rotary_dim/2); "
-                f"got {len(self.short_factor)} and {len(self.long_factor)}"
-            )
         self.compute(2 * len(self.short_factor), 10000.0)
 
     @property
