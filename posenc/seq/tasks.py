@@ -158,8 +158,7 @@ class Addition(Task):
     def example(self, length, generator):
         a = torch.randint(0, 10, (length,), generator=generator).tolist()  # most significant first
         b = torch.randint(0, 10, (length,), generator=generator).tolist()
-        total = int("".join(map(str, a))) + int("".join(map(str, b)))
-        s = [int(c) for c in str(total).zfill(length + 1)]
+        s = self.sum_digits(a, b)
         if self.reverse_digits:
             a, b, s = a[::-1], b[::-1], s[::-1]
         d = NUM_SPECIAL
@@ -167,6 +166,12 @@ class Addition(Task):
 
     def max_total_length(self, length):
         return 3 * length + 5
+
+    @staticmethod
+    def sum_digits(a: list[int], b: list[int]) -> list[int]:
+        """Digits (most significant first) of the sum of two equal-length digit lists, one digit longer."""
+        total = int("".join(map(str, a))) + int("".join(map(str, b)))
+        return [int(c) for c in str(total).zfill(len(a) + 1)]
 
 
 class AssociativeRecall(Task):
