@@ -4,20 +4,21 @@ Pre-training, https://arxiv.org/abs/2006.15595).
 ``a_ij = (x_i Wq).(x_j Wk) / sqrt(2d) + (p_i Uq).(p_j Uk) / sqrt(2d)`` with ``p`` a learned
 absolute table ``(max_len, C)`` and ``Uq, Uk: C -> H*d`` per-head projections: word and position
 correlations are computed apart, with no cross terms. One instance shared by every layer (the
-default in a stack) computes the same position term for each layer, as in the paper; one
-instance per layer unties it. The paper's optional T5-style relative term is not included.
-``untie_cls=True`` resets the [CLS] token (position 0): its row
-of the position term becomes a learned scalar ``theta_1`` per head and its column (other
-queries) ``theta_2``, so [CLS] is not tied to the first position.
+default in a stack) gives every layer the same position term, as in the paper (it is recomputed
+per layer: modules keep no per-call state); one instance per layer unties it. The paper's
+optional T5-style relative term is not included. ``untie_cls=True`` resets the [CLS] token
+(position 0): its row of the position term becomes a learned scalar per head
+(``cls_to_others``, the paper's ``theta_1``) and its column, for the other queries,
+``others_to_cls`` (``theta_2``), so [CLS] is not tied to the first position.
 
 Hooks: q/k transform (``q / sqrt(2)``: with the core's ``1/sqrt(d)`` the content term gets
 ``1/sqrt(2d)``) and a score bias (the position term with its own ``1/sqrt(2d)``). Kernel path:
-the position term does not depend on the batch's content, so it is materialised once per call
-as ``[B or 1, H, Tq, Tk]`` (``[1, H, T, T]`` for shared positions: 32 MB at H=8, T=1024) and the
-bias function gathers from it; the dense path hands it to SDPA's fused kernel chunk by chunk and
-returns its gradient through the chunked backward (it is listed in ``learned``); FlexAttention
-reads it as a captured tensor. Computing the ``d``-long dot product inside the element-wise bias
-function instead would cost ``d`` times the memory per chunk.
+per call the positions are projected once, ``p Uq / sqrt(2d)`` ``[B or 1, H, Tq, d]`` and ``p Uk``
+``[B or 1, H, Tk, d]`` (listed in ``learned``). On the dense path (SDPA's fused kernel, chunk by
+chunk of query rows) the bias function computes each chunk's term by one matmul, so no
+``[H, T, T]`` tensor is kept and the chunked backward returns gradients of the small projected
+tables only; FlexAttention's ``score_mod`` evaluates the same function per element as a
+``d``-long dot product.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias
+from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
 from .learned import lerp_rows
 
@@ -94,18 +95,19 @@ class TUPE(PositionEncoding):
     def _project(self, rows: Tensor, proj: nn.Linear) -> Tensor:
         return proj(rows).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, d]
 
+    def projected_positions(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``p_i Uq / sqrt(2d)`` ``[B or 1, H, Tq, d]`` and ``p_j Uk`` ``[B or 1, H, Tk, d]``."""
+        pq = self._project(self._positions(q_pos), self.pos_q) * (1 / math.sqrt(2 * self.head_dim))
+        pk = self._project(self._positions(kv_pos), self.pos_k)
+        return pq, pk
+
     def position_term(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """``(p_i Uq).(p_j Uk) / sqrt(2d)`` as ``[B or 1, H, Tq, Tk]`` (with the [CLS] reset)."""
-        pq = self._project(self._positions(q_pos), self.pos_q)
-        pk = self._project(self._positions(kv_pos), self.pos_k)
-        term = torch.matmul(pq, pk.transpose(-1, -2)) / math.sqrt(2 * self.head_dim)
-        if self.untie_cls:
-            q_cls = (q_pos == 0)[:, None, :, None]
-            kv_cls = (kv_pos == 0)[:, None, None, :]
-            h = self.num_heads
-            term = torch.where(q_cls, self.cls_to_others.view(1, h, 1, 1).to(term.dtype), term)
-            term = torch.where(kv_cls & ~q_cls, self.others_to_cls.view(1, h, 1, 1).to(term.dtype), term)
-        return term
+        bias = self.score_bias(None, None, q_pos, kv_pos)
+        device = self.table.device
+        batch = max(q_pos.shape[0], kv_pos.shape[0])
+        q_idx, kv_idx = torch.arange(q_pos.shape[1], device=device), torch.arange(kv_pos.shape[1], device=device)
+        return bias.dense(batch, self.num_heads, q_idx, kv_idx)
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
@@ -113,10 +115,39 @@ class TUPE(PositionEncoding):
         return q * (1 / math.sqrt(2)), k
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        term = self.position_term(q_pos, kv_pos)
-        per_batch = term.shape[0] > 1
+        pq, pk = self.projected_positions(q_pos, kv_pos)
+        per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
+        untie = self.untie_cls
+        if untie:
+            h = self.num_heads
+            cls_row, cls_col = self.cls_to_others.view(h), self.others_to_cls.view(h)
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return term[b if per_batch else b * 0, h, q_idx, kv_idx]
+            bq, bk = (b if pq.shape[0] > 1 else b * 0), (b if pk.shape[0] > 1 else b * 0)
+            if _outer_block(b, h, q_idx, kv_idx):
+                # A dense block of rows x keys: one matmul instead of a d-long product per element.
+                rows = pq[bq[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
+                term = torch.matmul(rows, cols.transpose(-1, -2))
+            else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
+                term = (pq[bq, h, q_idx] * pk[bk, h, kv_idx]).sum(-1)
+            if untie:
+                is_cls_q = take(q_pos, b, q_idx) == 0
+                is_cls_k = take(kv_pos, b, kv_idx) == 0
+                term = torch.where(is_cls_q, cls_row[h].to(term.dtype), term)
+                term = torch.where(is_cls_k & ~is_cls_q, cls_col[h].to(term.dtype), term)
+            return term
 
-        return PairwiseBias(bias, per_batch=per_batch, learned=(term,), name="TUPE")
+        learned = (pq, pk) + ((self.cls_to_others, self.others_to_cls) if untie else ())
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE")
+
+
+def _outer_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> bool:
+    """Indices laid out as a dense block: ``q_idx`` varies along dim 2 only, ``kv_idx`` along dim 3,
+    ``b`` and ``h`` along neither (the layout :meth:`PairwiseBias.dense` uses)."""
+    if not all(t.dim() == 4 for t in (b, h, q_idx, kv_idx)):
+        return False
+    return (
+        b.shape[2] == b.shape[3] == h.shape[2] == h.shape[3] == 1
+        and q_idx.shape[3] == 1 and kv_idx.shape[2] == 1
+    )
