@@ -11,11 +11,15 @@ maximum relative distance); ``delta(i, j) = clip(i - j + k, 0, 2k - 1)``. With
 ``k`` buckets on each side (v2 uses ``k = 256``, ``M = 512``).
 
 Hooks: q/k transform (``q / sqrt(3)``, so the core's ``1/sqrt(d)`` gives the content term
-``1/sqrt(3d)``) and a content-dependent score bias. Kernel path: per call, the bias builds two
-per-batch tables, ``c2p = q Kr^T / sqrt(3d)`` ``[B, H, Tq, 2k]`` and ``p2c = k Qr^T / sqrt(3d)``
-``[B, H, Tk, 2k]``, and its function gathers ``c2p[b, h, i, delta(i,j)] + p2c[b, h, j, delta(j,i)]``;
-no ``[B, H, T, T]`` tensor is kept. Both tables are listed in ``learned``: the dense path's
-chunked backward returns their gradients, which flow on into q, k, ``P`` and the projections.
+``1/sqrt(3d)``) and a content-dependent score bias. Kernel path: per call the bias builds
+``Kr / sqrt(d)`` ``[H, 2k, d]`` and the per-batch table ``p2c = k Qr^T / sqrt(3d)``
+``[B, H, Tk, 2k]``; its function gathers ``p2c[b, h, j, delta(j,i)]`` and, for a dense block of
+query rows (the dense path feeds SDPA's fused kernel chunk by chunk), computes the block's c2p
+rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gathers them at ``delta(i,j)`` (under
+FlexAttention, per element, as a ``d``-long dot product). No ``[B, H, T, T]`` tensor is kept.
+``q``, ``Kr`` and ``p2c`` are listed in ``learned``: the dense path's chunked backward returns
+their gradients, which flow on into q, k, ``P`` and the projections. (The p2c table's gradient
+is full-size for every chunk of rows, which dominates the backward on CPU.)
 Positions must be integers.
 """
 
@@ -29,6 +33,7 @@ from torch import Tensor, nn
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
+from .blocks import is_dense_block
 
 
 def log_bucket_position(rel: Tensor, bucket_size: int, max_position: int) -> Tensor:
@@ -106,12 +111,17 @@ class DeBERTa(PositionEncoding):
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``c2p [B, H, Tq, 2k]`` from the transformed ``q`` (``q/sqrt(3)``) and ``p2c [B, H, Tk, 2k]``,
         both already scaled by ``1/sqrt(3d)``."""
+        kr, p2c = self._parts(q, k)
+        return torch.matmul(q, kr.unsqueeze(0).transpose(-1, -2)), p2c
+
+    def _parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``Kr / sqrt(d)`` ``[H, 2k, d]`` (c2p is ``q_t . Kr / sqrt(d)`` with ``q_t = q/sqrt(3)``) and
+        the p2c table ``k Qr^T / sqrt(3d)`` ``[B, H, Tk, 2k]``."""
         d = self.head_dim
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        kr, qr = self._relative(self.pos_k).to(q.dtype), self._relative(self.pos_q).to(k.dtype)
-        c2p = torch.matmul(q, kr.transpose(-1, -2)) * (1 / math.sqrt(d))  # q is already / sqrt(3)
-        p2c = torch.matmul(k, qr.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
-        return c2p, p2c
+        kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
+        qr = self._relative(self.pos_q).to(k.dtype)
+        return kr, torch.matmul(k, qr.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
@@ -123,13 +133,20 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
-        c2p, p2c = self.tables(q, k)
+        kr, p2c = self._parts(q, k)
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
             c = deberta_index(rel, span, log_buckets, max_position)
             p = deberta_index(-rel, span, log_buckets, max_position)
-            return c2p[b, h, q_idx, c] + p2c[b, h, kv_idx, p]
+            if is_dense_block(b, h, q_idx, kv_idx):
+                # A dense block of rows x keys: the c2p rows by one matmul, then gathered by bucket.
+                rows = q[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                c2p_rows = torch.matmul(rows, kr[h[..., 0, 0]].transpose(-1, -2))  # [B, H, rows, 2k]
+                c2p = torch.gather(c2p_rows, -1, c.expand(*c2p_rows.shape[:2], *c.shape[2:]))
+            else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
+                c2p = (q[b, h, q_idx] * kr[h, c]).sum(-1)
+            return c2p + p2c[b, h, kv_idx, p]
 
-        return PairwiseBias(bias, per_batch=True, learned=(c2p, p2c), name="DeBERTa")
+        return PairwiseBias(bias, per_batch=True, learned=(q, kr, p2c), name="DeBERTa")

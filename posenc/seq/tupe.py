@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
+from .blocks import is_dense_block
 from .learned import lerp_rows
 
 
@@ -124,7 +125,7 @@ class TUPE(PositionEncoding):
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             bq, bk = (b if pq.shape[0] > 1 else b * 0), (b if pk.shape[0] > 1 else b * 0)
-            if _outer_block(b, h, q_idx, kv_idx):
+            if is_dense_block(b, h, q_idx, kv_idx):
                 # A dense block of rows x keys: one matmul instead of a d-long product per element.
                 rows = pq[bq[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
                 cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
@@ -141,13 +142,3 @@ class TUPE(PositionEncoding):
         learned = (pq, pk) + ((self.cls_to_others, self.others_to_cls) if untie else ())
         return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE")
 
-
-def _outer_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> bool:
-    """Indices laid out as a dense block: ``q_idx`` varies along dim 2 only, ``kv_idx`` along dim 3,
-    ``b`` and ``h`` along neither (the layout :meth:`PairwiseBias.dense` uses)."""
-    if not all(t.dim() == 4 for t in (b, h, q_idx, kv_idx)):
-        return False
-    return (
-        b.shape[2] == b.shape[3] == h.shape[2] == h.shape[3] == 1
-        and q_idx.shape[3] == 1 and kv_idx.shape[2] == 1
-    )
