@@ -74,13 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training length: bytes per window (default 128), or the largest task size (default 8)")
     parser.add_argument("--eval-lens", type=_int_list, default=None,
                         help="evaluation lengths (default 128,256,512,1024; with --task 8,16,32)")
-    parser.add_argument("--steps", type=_positive, default=None, help="training steps per model (default 400; task 1500)")
+    parser.add_argument("--steps", type=_positive, default=None, help="training steps per model (default 500; task 1500)")
     parser.add_argument("--batch-size", type=_positive, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--dim", type=_positive, default=128)
     parser.add_argument("--depth", type=_positive, default=2)
     parser.add_argument("--heads", type=_positive, default=4)
-    parser.add_argument("--eval-tokens", type=_positive, default=8192, help="text: tokens scored per evaluation length")
+    parser.add_argument("--eval-tokens", type=_positive, default=16384, help="text: tokens scored per evaluation length")
     parser.add_argument("--eval-examples", type=_positive, default=256, help="task: examples per evaluation size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -111,7 +111,7 @@ def _resolve(args: argparse.Namespace) -> str | None:
     task = args.task is not None
     args.train_len = args.train_len or (8 if task else 128)
     args.eval_lens = args.eval_lens or ([8, 16, 32] if task else [128, 256, 512, 1024])
-    args.steps = args.steps or (1500 if task else 400)
+    args.steps = args.steps or (1500 if task else 500)
     if not args.lr > 0:
         return f"--lr must be positive, got {args.lr}"
     if args.dim % args.heads:
