@@ -14,7 +14,9 @@ rotates only the first ``r`` features (partial rotary).
 
 Static scalings compute their frequencies once, at construction (a float64 buffer). Length-
 dependent ones (dynamic NTK; LongRoPE switching short/long) take the current length of each batch
-row from the positions passed in, ``T = max(q_pos, kv_pos) + 1``, never from module state. With a
+row from the positions passed in, ``T = max(q_pos, kv_pos) + 1``, never from module state
+(Hugging Face's dynamic update keeps the frequencies of the longest length seen so far between
+calls, so its result depends on call history; here each call depends on its positions only). With a
 KV cache such an encoding would rotate each cached key with the frequencies of the length at the
 time it was cached, while a full forward uses those of the final length (Hugging Face does this
 silently); these encodings set ``supports_kv_cache = False`` instead, so a model refuses a cache
