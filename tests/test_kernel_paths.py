@@ -137,6 +137,7 @@ def small_chunks(monkeypatch):
     # Force several query chunks (4 rows each) through the chunked dense path.
     monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 4 * B * H * 12)
     monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(kernels, "_OFFSET_CHUNK_ROWS", 5)
 
 
 @pytest.mark.parametrize("kind,backend,case", PARAMS, ids=[f"{k}-{b}-{c.name}" for k, b, c in PARAMS])
@@ -398,7 +399,8 @@ def _relative_reference(kind, enc, case, q, k, v):
 
 RELATIVE_BACKENDS = {
     "t5": ["auto", "dense", "flex", "math"],
-    "shaw": ["auto", "math"],  # the value term needs the probabilities
+    # the value term: fused (dense) for causal attention over consecutive positions, else math
+    "shaw": ["auto", "dense", "math"],
     "shaw_keys": ["auto", "dense", "flex", "math"],
     "transformer_xl": ["auto", "dense", "flex", "math"],  # QK + SCORE_BIAS hooks together
     "kerple_log": ["auto", "dense", "flex", "math"],
@@ -431,6 +433,12 @@ def test_relative_encoding_path_matches_float64_reference(kind, backend, case):
     expected = _relative_reference(kind, enc, case, q, k, v)
     grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
     forward_only = backend == "flex"
+    if kind == "shaw" and backend == "dense" and not kernels.contiguous_causal(
+        case.mask(), q_pos, kv_pos, case.q_len, case.kv_len
+    ):
+        with pytest.raises(ValueError, match="needs the attention probabilities"):
+            attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
+        return
     with torch.set_grad_enabled(not forward_only):
         out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
     assert not out.isnan().any()

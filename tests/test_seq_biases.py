@@ -340,3 +340,30 @@ def test_bad_input_is_named():
         attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ShawRelative(8), mask=causal, backend="flex")
     with pytest.raises(ValueError, match="built for head_dim=16"):
         attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ShawRelative(16), mask=causal)
+
+
+def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(monkeypatch):
+    """Causal self-attention: no probability matrix (the math path is never called); padding or
+    packed positions fall back to the math path, with the same result as the reference."""
+    torch.manual_seed(0)
+    enc = ShawRelative(8, max_relative=3)
+    calls = []
+    original = kernels.math_path
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "math_path", recording)
+    q = torch.randn(2, 4, 20, 8, requires_grad=True)
+    pos = torch.arange(20)[None]
+    out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
+    out.sum().backward()
+    assert calls == [] and enc.value_table.grad.abs().sum() > 0
+    want = ref.shaw_attention(q, q, q, ref.allowed_matrix(2, 20, 20, causal=True), enc.key_table, enc.value_table,
+                              3, pos, pos)
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-4, atol=1e-5)
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    valid[1, 15:] = False
+    attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True, key_valid=valid))
+    assert calls == [1]

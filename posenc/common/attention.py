@@ -154,18 +154,30 @@ def attend(
             def value_term(probs: Tensor) -> Tensor:
                 return encoding.value_term(probs, q_pos, kv_pos)
 
+    # A value term over clipped offsets has a fused form on CPU (causal, consecutive positions).
+    offset_table = None
+    if value_term is not None and bias is not None and q.device.type == "cpu" and backend in ("auto", "dense"):
+        offset_table = encoding.offset_values()
+        if offset_table is not None and not kernels.contiguous_causal(mask, q_pos, kv_pos, tq, tk):
+            offset_table = None
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     path = choose_backend(
         backend,
         device=q.device,
         has_score_bias=bias is not None,
-        needs_probs=value_term is not None,
+        needs_probs=value_term is not None and offset_table is None,
         needs_grad=needs_grad or (bias is not None and bias.requires_grad),
         what=type(encoding).__name__ if encoding is not None else "this call",
         needs_scores=score_transform is not None,
     )
     if path == "math":
         return kernels.math_path(q, k, v, mask, bias, scale, prob_bias, value_term, score_transform)
+    if offset_table is not None:  # path == "dense", on CPU
+        out, lse = kernels.dense_path(q, k, v, mask, bias, scale, return_lse=True)
+        out = out + kernels.offset_value_term(q, k, bias, lse, offset_table, scale)
+        if prob_bias is not None:
+            out = out + kernels.prob_bias_term(v, hq, mask, prob_bias, tq)
+        return out
     if path == "sdpa" and backend == "auto" and _needs_square_mask(mask, tq, tk) and q.is_cuda and flex_available():
         # On CUDA a mask that SDPA could only take as a dense [Tq, Tk] tensor goes to FlexAttention's
         # block-sparse kernel instead (packed sequences, sliding windows, causal + padding).

@@ -23,7 +23,11 @@ in ``hooks``:
     after the softmax or on the values: an additive bias on the probabilities
     (eRPE: :meth:`PositionEncoding.prob_bias`), which stays outside the fused kernel because
     ``(A + B) V = A V + B V``; or a term that needs the probabilities themselves
-    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path.
+    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path --
+    unless the term is a table over clipped relative offsets
+    (:meth:`PositionEncoding.offset_values`): then, on CPU, for causal attention over
+    consecutive positions, the core computes it exactly from the fused kernel's log-sum-exp and
+    the scores on the few diagonals it needs (:func:`posenc.common.kernels.offset_value_term`).
 
 Positions are always explicit arguments: ``q_pos`` ``[B or 1, Tq]`` and ``kv_pos`` ``[B or 1, Tk]``
 (integer or float; a trailing coordinate axis for 2D encodings). Modules hold parameters and
@@ -97,6 +101,12 @@ class PositionEncoding(nn.Module):
     def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]``."""
         raise TypeError(f"{type(self).__name__} has no value term")
+
+    def offset_values(self) -> Tensor | None:
+        """Optional fast form of :meth:`value_term`: a table ``W [2K + 1, Dv]`` such that the
+        value term is ``sum_j P_ij W[clip(pos_j - pos_i, -K, K) + K]`` (Shaw). None (the
+        default) when the value term has no such form."""
+        return None
 
     @property
     def has_score_bias(self) -> bool:

@@ -98,11 +98,24 @@ class KERPLE(PositionEncoding):
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         r1, r2, variant = self.r1, self.r2, self.variant
         work = torch.float64 if r1.dtype == torch.float64 else torch.float32
+        per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
+        if not (q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point):
+            # Integer positions: the kernel of every distance that occurs, [R, H], once per call;
+            # the pairwise function is a gather and the gradient flows back through this table.
+            lo = int(q_pos.min()) - int(kv_pos.max())
+            hi = int(q_pos.max()) - int(kv_pos.min())
+            dist = torch.arange(lo, hi + 1, device=r1.device).to(work).abs()[:, None]
+            rel = kerple_bias(dist, r1[None], r2[None], variant)
+
+            def gathered(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return rel[take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo, h]
+
+            return PairwiseBias(gathered, per_batch=per_batch, learned=(rel,), name="KERPLE")
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(work).abs()
             return kerple_bias(dist, r1[h], r2[h], variant)
 
         # learned: the constrained values (the chunked backward stops there; autograd carries on to raw_*)
-        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(r1, r2), name="KERPLE")
+        return PairwiseBias(bias, per_batch=per_batch, learned=(r1, r2), name="KERPLE")
 

@@ -10,10 +10,19 @@ is built once and gathered by the clipped offset inside the pairwise function (n
 gives its gradient (and through it those of ``q`` and ``aK``).
 
 Value term (``values=True``): ``sum_j a_ij aV[c(i, j)] = sum_r M_ir aV[r]``, where ``M_ir`` is the
-probability mass of query ``i`` on keys at clipped offset ``r``. It needs the probabilities, so
-the encoding takes the math path (an explicit softmax); ``M`` is a scatter-add of the
-probabilities into ``2k + 1`` slots. With ``values=False`` only the key term remains and the
-chunked dense path (FlexAttention on CUDA) serves it.
+probability mass of query ``i`` on keys at clipped offset ``r``.
+
+* On CPU, for causal attention over consecutive positions (self-attention, KV-cache decoding),
+  the fused path serves it exactly (:meth:`offset_values`): the chunked dense path returns each
+  row's log-sum-exp, the masses of the ``k`` unclipped offsets are probabilities on ``k``
+  diagonals, ``exp(S_(i, i+r) - lse_i)``, and the clipped tail gets the rest (rows sum to one).
+  No ``T x T`` tensor; gradients flow through ``lse`` too
+  (:func:`posenc.common.kernels.offset_value_term`).
+* Otherwise (padding, packed sequences, windows, bidirectional attention, CUDA) it takes the
+  math path: an explicit softmax and a scatter-add of the probabilities into ``2k + 1`` slots.
+
+With ``values=False`` only the key term remains and the chunked dense path (FlexAttention on
+CUDA) serves it.
 
 Shapes: ``q [B, H, Tq, d]``, integer positions ``[B or 1, T]``. ``sqrt(d)`` is the head dim's, the
 default score scale of :class:`posenc.MultiheadAttention`.
@@ -83,6 +92,10 @@ class ShawRelative(PositionEncoding):
             return table[b, h, q_idx, slot]
 
         return PairwiseBias(bias, per_batch=True, learned=(table,), name="ShawRelative keys")
+
+    def offset_values(self) -> Tensor | None:
+        """``aV``: the value term is ``sum_j a_ij aV[clip(j - i, -k, k) + k]``."""
+        return self.value_table
 
     def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """``probs [B, H, Tq, Tk]`` -> ``sum_r M_ir aV[r]`` ``[B, H, Tq, d]``."""

@@ -107,9 +107,14 @@ class T5Bias(PositionEncoding):
                 f"T5Bias needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
                 f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
             )
-        table, buckets = self.table, self.buckets
+        # One row per relative position that occurs, [R, H], built once per call: the pairwise
+        # function is then a gather (no logarithm per pair), and its gradient flows back to the
+        # table through this small tensor.
+        lo = int(kv_pos.min()) - int(q_pos.max())
+        hi = int(kv_pos.max()) - int(q_pos.min())
+        rel = self.table[self.buckets(torch.arange(lo, hi + 1, device=self.table.device))]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return table[buckets(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx)), h]
+            return rel[take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo, h]
 
-        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(table,), name="T5Bias")
+        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias")
