@@ -367,3 +367,21 @@ def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(m
     valid[1, 15:] = False
     attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True, key_valid=valid))
     assert calls == [1]
+
+
+def test_fire_inference_lookup_equals_the_mlp():
+    """The piecewise-linear form used at inference is the same function as the MLP."""
+    torch.manual_seed(0)
+    enc = FIRE(4, init_threshold=20.0).double()
+    with torch.no_grad():
+        enc.mlp[0].weight[3] = 0.0  # a unit with no breakpoint (constant relu(b))
+    q = torch.zeros(1, 4, 40, 8)
+    pos = torch.arange(40)[None] * 3
+    idx = torch.arange(40)
+    training = enc.score_bias(q, q, pos, pos)
+    assert training.requires_grad
+    with torch.no_grad():
+        lookup = enc.score_bias(q, q, pos, pos)
+        assert not lookup.requires_grad
+        torch.testing.assert_close(lookup.dense(1, 4, idx, idx), training.dense(1, 4, idx, idx).detach(),
+                                   rtol=1e-12, atol=1e-12)

@@ -10,10 +10,12 @@ the normaliser, and the threshold is learned as a multiplier of its initial valu
 ``L_thr = |l_mult| * 512`` (``l_mult`` init 1; the same function, with gradients on a useful scale).
 Causal only.
 
-Hook: score bias. Kernel: the chunked dense path on CPU, evaluating the MLP on each chunk of
+Hook: score bias. Kernel: the chunked dense path on CPU, evaluating the bias on each chunk of
 query rows (no ``T x T`` tensor kept); FlexAttention ``score_mod`` on CUDA. At inference
-(``torch.no_grad()`` or frozen parameters) the bias is a constant handed to SDPA's fused kernel;
-in training the chunked backward yields the gradients of ``c``, ``l_mult`` and the MLP.
+(``torch.no_grad()`` or frozen parameters) the bias is a constant handed to SDPA's fused kernel,
+and the MLP is evaluated in its exact piecewise-linear form (:meth:`FIRE.piecewise_linear`: a
+breakpoint search and one multiply-add per pair instead of a 32-wide hidden layer); in training
+the chunked backward yields the gradients of ``c``, ``l_mult`` and the MLP.
 Shapes: positions ``[B or 1, T]``, integer or float.
 """
 
@@ -79,6 +81,18 @@ class FIRE(PositionEncoding):
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         first, last = self.mlp[0], self.mlp[2]
         normalized = self.normalized_distance
+        per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
+        learned = (self.c, self.l_mult, *self.mlp.parameters())
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in learned)):
+            # Inference: the same MLP in its exact piecewise-linear form, a lookup per pair.
+            breaks, slope, offset = self.piecewise_linear()
+
+            def lookup(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx)).to(slope.dtype)
+                seg = torch.searchsorted(breaks, x.reshape(-1), right=True).reshape(x.shape)
+                return slope[seg, h] * x + offset[seg, h]
+
+            return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
@@ -86,5 +100,20 @@ class FIRE(PositionEncoding):
             out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
             return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
 
-        learned = (self.c, self.l_mult, *self.mlp.parameters())
-        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=learned, name="FIRE")
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE")
+
+    def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
+        segments between the sorted ReLU breakpoints ``-b1/w1``: ``breaks [M]``, ``slope`` and
+        ``offset [M + 1, H]``; segment ``s`` = number of breakpoints ``<= x``. ReLU is
+        continuous, so a breakpoint belongs to either side (exact, up to rounding)."""
+        with torch.no_grad():
+            w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
+            w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+            breaks = torch.sort(-b[w != 0] / w[w != 0]).values
+            if breaks.numel() == 0:
+                points = torch.zeros(1, dtype=w.dtype, device=w.device)
+            else:  # one point inside each segment
+                points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
+            active = (points[:, None] * w + b > 0).to(w.dtype)  # [M + 1, width]
+            return breaks.contiguous(), (active * w) @ w2.t(), (active * b) @ w2.t() + b2
