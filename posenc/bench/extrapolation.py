@@ -242,7 +242,11 @@ def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -
     ax.set_xscale("log", base=2)
     ax.set_xticks(args.eval_lens, [str(n) for n in args.eval_lens])
     if metric == "bits_per_byte":
+        from matplotlib.ticker import FormatStrFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
         ax.set_ylabel("bits per byte (log scale)")
     else:
         ax.set_ylabel("exact match")
