@@ -129,3 +129,146 @@ def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
             out[tuple(idx) + (2 * k,)] = math.sin(p / base ** (2 * k / dim))
             out[tuple(idx) + (2 * k + 1,)] = math.cos(p / base ** (2 * k / dim))
     return out
+
+
+# ---- relative biases (seq-bias) -------------------------------------------------------------------
+
+def attention_from_scores(scores: Tensor, v: Tensor, allowed: Tensor | None, value_extra=None) -> Tensor:
+    """Softmax of full float64 ``scores [B, H, Tq, Tk]`` (masked entries dropped, fully masked rows
+    give zeros) times ``v [B, Hkv, Tk, D]``; ``value_extra(probs)`` is added to the output."""
+    v = v.double().repeat_interleave(scores.shape[1] // v.shape[1], dim=1)
+    s = scores.double()
+    if allowed is not None:
+        a = allowed[:, None]
+        s = torch.where(a, s, torch.full_like(s, -math.inf))
+        s = torch.where(a.any(-1, keepdim=True), s, torch.zeros_like(s))
+        p = torch.softmax(s, dim=-1) * a
+    else:
+        p = torch.softmax(s, dim=-1)
+    out = torch.einsum("bhij,bhjd->bhid", p, v)
+    return out if value_extra is None else out + value_extra(p)
+
+
+def content_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
+    """``q.k * scale`` in float64 with key heads repeated, ``[B, H, Tq, Tk]``."""
+    k = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return torch.einsum("bhid,bhjd->bhij", q.double(), k) * scale
+
+
+def _pairs(q_pos: Tensor, kv_pos: Tensor):
+    """Yield ``(b, i, j, pos_i, pos_j)`` over the batch the positions span."""
+    bsz = max(q_pos.shape[0], kv_pos.shape[0])
+    for b in range(bsz):
+        qp = q_pos[b if q_pos.shape[0] > 1 else 0]
+        kp = kv_pos[b if kv_pos.shape[0] > 1 else 0]
+        for i in range(len(qp)):
+            for j in range(len(kp)):
+                yield b, i, j, qp[i].item(), kp[j].item()
+
+
+def t5_bucket(r: int, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """T5's bucket of one relative position ``r = j - i``, written from the paper's description."""
+    if bidirectional:
+        half = num_buckets // 2
+        offset = half if r > 0 else 0
+        n = abs(r)
+    else:
+        half, offset, n = num_buckets, 0, max(-r, 0)
+    exact = half // 2
+    if n < exact:
+        return offset + n
+    log_part = int(math.log(n / exact) / math.log(max_distance / exact) * (half - exact))
+    return offset + min(half - 1, exact + log_part)
+
+
+def t5_bias(table: Tensor, q_pos: Tensor, kv_pos: Tensor, *, bidirectional: bool, num_buckets: int = 32,
+            max_distance: int = 128) -> Tensor:
+    """``table[bucket(j - i), h]`` as ``[B|1, H, Tq, Tk]`` (differentiable in ``table [buckets, H]``)."""
+    bsz = max(q_pos.shape[0], kv_pos.shape[0])
+    idx = torch.zeros(bsz, q_pos.shape[1], kv_pos.shape[1], dtype=torch.long)
+    for b, i, j, pi, pj in _pairs(q_pos, kv_pos):
+        idx[b, i, j] = t5_bucket(int(pj - pi), bidirectional=bidirectional, num_buckets=num_buckets,
+                                 max_distance=max_distance)
+    return table.double()[idx].permute(0, 3, 1, 2)
+
+
+def kerple_bias(r1: Tensor, r2: Tensor, variant: str, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+    """``-r1 ln(1 + r2 |i-j|)`` or ``-r1 |i-j|^r2`` as ``[B|1, H, Tq, Tk]``."""
+    dist = (q_pos.double()[:, None, :, None] - kv_pos.double()[:, None, None, :]).abs()
+    r1, r2 = r1.double()[None, :, None, None], r2.double()[None, :, None, None]
+    if variant == "log":
+        return -r1 * torch.log(1 + r2 * dist)
+    return -r1 * dist ** r2
+
+
+def fire_bias(c: Tensor, threshold: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
+              q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+    """FIRE: ``f(psi(|i-j|) / (psi(max(L, i)) + 1e-6))``, ``psi(x) = ln(|c| x + 1)``,
+    ``f(x) = W2 relu(W1 x + b1) + b2``; ``[B|1, H, Tq, Tk]``."""
+    c = c.double().abs()
+    qi = q_pos.double()[:, :, None]
+    dist = (qi - kv_pos.double()[:, None, :]).abs()
+    norm = torch.log(c * torch.maximum(qi, threshold.double()) + 1) + 1e-6
+    x = torch.log(c * dist + 1) / norm  # [B|1, Tq, Tk]
+    hidden = torch.relu(x[..., None] * w1.double()[:, 0] + b1.double())
+    out = hidden @ w2.double().t() + b2.double()  # [B|1, Tq, Tk, H]
+    return out.permute(0, 3, 1, 2)
+
+
+def shaw_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, key_table: Tensor,
+                   value_table: Tensor | None, max_relative: int, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+    """Shaw et al. by the paper's two equations, with explicit per-pair embeddings ``[B, Tq, Tk, D]``."""
+    bsz = q.shape[0]
+    d = q.shape[-1]
+    slot = torch.zeros(max(q_pos.shape[0], kv_pos.shape[0]), q.shape[2], k.shape[2], dtype=torch.long)
+    for b, i, j, pi, pj in _pairs(q_pos, kv_pos):
+        slot[b, i, j] = max(-max_relative, min(max_relative, int(pj - pi))) + max_relative
+    slot = slot.expand(bsz, -1, -1) if slot.shape[0] == 1 else slot
+    ak = key_table.double()[slot]  # [B, Tq, Tk, D]
+    scores = content_scores(q, k) + torch.einsum("bhid,bijd->bhij", q.double(), ak) * d ** -0.5
+    if value_table is None:
+        return attention_from_scores(scores, v, allowed)
+    av = value_table.double()[slot]
+    return attention_from_scores(scores, v, allowed, lambda p: torch.einsum("bhij,bijd->bhid", p, av))
+
+
+def transformer_xl_scores(q: Tensor, k: Tensor, u: Tensor, v: Tensor, w_r: Tensor, dim: int,
+                          q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+    """``(q_i.k_j + q_i.W_R R_(i-j) + u.k_j + v.W_R R_(i-j)) / sqrt(d)``, term by term, ``[B, H, Tq, Tk]``."""
+    bsz, h, tq, d = q.shape
+    kk = k.double().repeat_interleave(h // k.shape[1], dim=1)
+    dist = q_pos[:, :, None] - kv_pos[:, None, :]  # [B|1, Tq, Tk]
+    r = sinusoid(dist, dim)  # [B|1, Tq, Tk, dim]
+    wr = (r @ w_r.double().t()).unflatten(-1, (h, d))  # [B|1, Tq, Tk, H, d]
+    qd = q.double()
+    a = torch.einsum("bhid,bhjd->bhij", qd, kk)
+    b_term = torch.einsum("bhid,bijhd->bhij", qd, wr.expand(bsz, -1, -1, -1, -1))
+    c_term = torch.einsum("hd,bhjd->bhj", u.double(), kk)[:, :, None, :]
+    d_term = torch.einsum("hd,bijhd->bhij", v.double(), wr.expand(bsz, -1, -1, -1, -1))
+    return (a + b_term + c_term + d_term) * d ** -0.5
+
+
+def cape_scores(scores: Tensor, static: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    """``S + B + W2 leaky_relu(W1 [S; B] + b1) + b2`` over the head axis, ``[B, H, Tq, Tk]``."""
+    static = static.double().expand(scores.shape[0], -1, -1, -1)
+    x = torch.cat((scores, static), dim=1).permute(0, 2, 3, 1)
+    hidden = torch.nn.functional.leaky_relu(x @ w1.double().t() + b1.double())
+    return scores + static + (hidden @ w2.double().t() + b2.double()).permute(0, 3, 1, 2)
+
+
+def cope_scores(scores: Tensor, q: Tensor, pos_emb: Tensor, allowed: Tensor, npos_max: int) -> Tensor:
+    """CoPE: gates ``sigmoid(s_ij)`` on visible keys, ``p_ij = sum_{t >= j} g_it`` (visible keys only, so
+    ``t <= i`` under a causal mask), clamped to ``npos_max - 1``, ``+ q_i.e(p_ij) / sqrt(d)`` with ``e``
+    linearly interpolated between the rows of ``pos_emb``."""
+    d = q.shape[-1]
+    gates = torch.sigmoid(scores) * allowed[:, None]
+    tk = scores.shape[-1]
+    pos = torch.stack([gates[..., j:].sum(-1) for j in range(tk)], dim=-1).clamp(max=npos_max - 1)
+    lo = pos.detach().floor()
+    w = pos - lo
+    e = pos_emb.double()
+    e_lo = e[lo.long()]  # [B, H, Tq, Tk, d]
+    e_hi = e[pos.detach().ceil().long()]
+    emb = w[..., None] * e_hi + (1 - w[..., None]) * e_lo
+    return scores + torch.einsum("bhid,bhijd->bhij", q.double(), emb) * d ** -0.5

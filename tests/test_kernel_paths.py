@@ -137,6 +137,7 @@ def small_chunks(monkeypatch):
     # Force several query chunks (4 rows each) through the chunked dense path.
     monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 4 * B * H * 12)
     monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(kernels, "_OFFSET_CHUNK_ROWS", 5)
 
 
 @pytest.mark.parametrize("kind,backend,case", PARAMS, ids=[f"{k}-{b}-{c.name}" for k, b, c in PARAMS])
@@ -324,3 +325,132 @@ def test_bf16_inputs_keep_a_float32_bias():
     out = attend(qb, kvb, kvb, q_pos=q_pos, kv_pos=kv_pos, encoding=ALiBi(4, symmetric=True), backend="dense")
     input_error = (kvb.double() - kv.double()).abs().max().item()
     assert (out.double() - expected).abs().max().item() < 3 * input_error
+
+
+# ---- relative biases of the sequence issue: every applicable path vs the float64 reference ----------
+
+from posenc.seq.cape import CAPE  # noqa: E402
+from posenc.seq.cope import CoPE  # noqa: E402
+from posenc.seq.fire import FIRE  # noqa: E402
+from posenc.seq.kerple import KERPLE  # noqa: E402
+from posenc.seq.shaw import ShawRelative  # noqa: E402
+from posenc.seq.t5 import T5Bias  # noqa: E402
+from posenc.seq.transformer_xl import TransformerXLRelative  # noqa: E402
+
+TXL_DIM = 16
+
+
+def _relative_encoding(kind: str, case: Case):
+    torch.manual_seed(1)
+    if kind == "t5":
+        enc = T5Bias(H, num_buckets=8, max_distance=6, bidirectional=not case.causal)
+        with torch.no_grad():
+            enc.table.normal_(0, 0.5)
+    elif kind.startswith("shaw"):
+        enc = ShawRelative(D, max_relative=3, values=kind == "shaw")
+    elif kind == "transformer_xl":
+        enc = TransformerXLRelative(TXL_DIM, H, D)
+        with torch.no_grad():
+            enc.u.normal_(0, 0.5)
+            enc.v.normal_(0, 0.5)
+    elif kind.startswith("kerple"):
+        enc = KERPLE(H, variant=kind.split("_")[1], symmetric=not case.causal)
+    elif kind == "fire":
+        enc = FIRE(H, mlp_width=6, init_threshold=4.0)  # a threshold inside the test lengths
+    elif kind == "cape":
+        enc = CAPE(16, H, 16, base="alibi", hidden=5, base_options={"symmetric": not case.causal})
+    elif kind == "cope":
+        enc = CoPE(D, max_len=12, npos_max=5)  # small table: the clamp is exercised
+        with torch.no_grad():
+            enc.pos_emb.normal_(0, 1.0)
+    else:
+        raise AssertionError(kind)
+    return enc.double()
+
+
+def _relative_reference(kind, enc, case, q, k, v):
+    q_pos, kv_pos = case.positions()
+    allowed = case.allowed()
+    if kind == "t5":
+        bias = ref.t5_bias(enc.table, q_pos, kv_pos, bidirectional=enc.bidirectional, num_buckets=8, max_distance=6)
+        return ref.attention(q, k, v, allowed, score_bias=bias)
+    if kind.startswith("shaw"):
+        return ref.shaw_attention(q, k, v, allowed, enc.key_table, enc.value_table, 3, q_pos, kv_pos)
+    if kind == "transformer_xl":
+        scores = ref.transformer_xl_scores(q, k, enc.u, enc.v, enc.r_proj.weight, TXL_DIM, q_pos, kv_pos)
+        return ref.attention_from_scores(scores, v, allowed)
+    if kind.startswith("kerple"):
+        bias = ref.kerple_bias(enc.r1, enc.r2, enc.variant, q_pos, kv_pos)
+        return ref.attention(q, k, v, allowed, score_bias=bias)
+    if kind == "fire":
+        m = enc.mlp
+        bias = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, q_pos, kv_pos)
+        return ref.attention(q, k, v, allowed, score_bias=bias)
+    if kind == "cape":
+        static = ref.alibi_bias(ALIBI_SLOPES_4, q_pos, kv_pos, symmetric=not case.causal)
+        m = enc.mlp
+        scores = ref.cape_scores(ref.content_scores(q, k), static, m[0].weight, m[0].bias, m[2].weight, m[2].bias)
+        return ref.attention_from_scores(scores, v, allowed)
+    if kind == "cope":
+        scores = ref.cope_scores(ref.content_scores(q, k), q, enc.pos_emb, allowed, 5)
+        return ref.attention_from_scores(scores, v, allowed)
+    raise AssertionError(kind)
+
+
+RELATIVE_BACKENDS = {
+    "t5": ["auto", "dense", "flex", "math"],
+    # the value term: fused (dense) for causal attention over consecutive positions, else math
+    "shaw": ["auto", "dense", "math"],
+    "shaw_keys": ["auto", "dense", "flex", "math"],
+    "transformer_xl": ["auto", "dense", "flex", "math"],  # QK + SCORE_BIAS hooks together
+    "kerple_log": ["auto", "dense", "flex", "math"],
+    "kerple_power": ["auto", "dense", "flex", "math"],
+    "fire": ["auto", "dense", "flex", "math"],
+    "cape": ["auto", "math"],  # needs the score matrix
+    "cope": ["auto", "math"],
+}
+CAUSAL_ONLY_KINDS = {"fire", "cope"}
+RELATIVE_PARAMS = [
+    (kind, backend, case)
+    for kind, bs in RELATIVE_BACKENDS.items()
+    for backend in bs
+    for case in CASES
+    if case.causal or kind not in CAUSAL_ONLY_KINDS
+]
+
+
+@pytest.mark.parametrize(
+    "kind,backend,case", RELATIVE_PARAMS, ids=[f"{k}-{b}-{c.name}" for k, b, c in RELATIVE_PARAMS]
+)
+def test_relative_encoding_path_matches_float64_reference(kind, backend, case):
+    """Forward, and backward to q, k, v and every learned parameter of the encoding (flex: forward)."""
+    enc = _relative_encoding(kind, case)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    q_pos, kv_pos = case.positions()
+    expected = _relative_reference(kind, enc, case, q, k, v)
+    grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
+    forward_only = backend == "flex"
+    if kind == "shaw" and backend == "dense" and not kernels.contiguous_causal(
+        case.mask(), q_pos, kv_pos, case.q_len, case.kv_len
+    ):
+        with pytest.raises(ValueError, match="needs the attention probabilities"):
+            attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
+        return
+    with torch.set_grad_enabled(not forward_only):
+        out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected.detach(), rtol=1e-7, atol=1e-9)
+    if forward_only:
+        return
+    names = ["q", "k", "v"] + [n for n, _ in enc.named_parameters()]
+    params = [q, k, v] + list(enc.parameters())
+    got = torch.autograd.grad(out, params, grad, allow_unused=True)
+    want = torch.autograd.grad(expected, params, grad, allow_unused=True)
+    for name, g, w in zip(names, got, want):
+        assert w is not None, f"the reference does not reach {name}"
+        assert g is not None, f"no gradient reaches {name}"
+        assert not g.isnan().any(), name
+        torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9, msg=lambda m: f"grad {name}: {m}")

@@ -11,6 +11,10 @@ on ``x [B, T, C]`` (``C = H * D``), forward and backward with a fixed random out
 one row per registered sequence and time-series encoding (impl ``posenc``)
     built with ``posenc.build(name, dims=ModelDims(C, H, T))``; attention hooks go into the
     attention module, an input hook is applied to ``x`` first (positions ``0 .. T-1``).
+``NAME (frozen)`` (impl ``posenc``, with ``--frozen``)
+    the same encoding with its parameters frozen (``requires_grad_(False)``), as at inference or
+    fine-tuning with a fixed encoding: a learned bias is then a constant for the fused kernel.
+    Added after the posenc rows for every selected encoding that has parameters.
 peer rows (impl ``x-transformers`` / ``attention-smithy``)
     the same unit from those libraries with RoPE and with ALiBi, when they are installed
     (``pip install 'posenc[bench]'``); ``--no-peers`` leaves them out.
@@ -78,6 +82,7 @@ class AttentionBenchConfig:
     encodings: tuple[str, ...] | None = None  # None: "none" and every registered encoding
     peers: bool = True
     seed: int = 0
+    frozen: bool = False  # also time every encoding with parameters frozen ("NAME (frozen)" rows)
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in DEVICES:
@@ -246,11 +251,24 @@ class Candidate:
     factory: Callable[[], nn.Module]
 
 
-def _posenc_unit(config: AttentionBenchConfig, name: str) -> nn.Module:
+FROZEN_SUFFIX = " (frozen)"
+
+
+def _build_encoding(config: AttentionBenchConfig, name: str) -> PositionEncoding:
+    return build(name, dims=ModelDims(dim=config.dim, num_heads=config.heads, max_len=config.seq_len))
+
+
+def _posenc_unit(config: AttentionBenchConfig, name: str, frozen: bool = False) -> nn.Module:
     encoding = None
     if name != NO_ENCODING:
-        encoding = build(name, dims=ModelDims(dim=config.dim, num_heads=config.heads, max_len=config.seq_len))
+        encoding = _build_encoding(config, name)
+        if frozen:
+            encoding.requires_grad_(False)
     return PosencAttention(config.dim, config.heads, config.seq_len, encoding)
+
+
+def _has_parameters(config: AttentionBenchConfig, name: str) -> bool:
+    return name != NO_ENCODING and any(True for _ in _build_encoding(config, name).parameters())
 
 
 def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate]:
@@ -258,6 +276,11 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
     c, h, d = config.dim, config.heads, config.head_dim
     rows = [Candidate(BASELINE, "torch", functools.partial(BareCausalAttention, c, h))]
     rows += [Candidate(n, "posenc", functools.partial(_posenc_unit, config, n)) for n in config.rows]
+    if config.frozen:
+        rows += [
+            Candidate(n + FROZEN_SUFFIX, "posenc", functools.partial(_posenc_unit, config, n, frozen=True))
+            for n in config.rows if _has_parameters(config, n)
+        ]
     if not config.peers:
         return rows
     units = {"x-transformers": XTransformersAttention, "attention-smithy": AttentionSmithyAttention}
@@ -521,6 +544,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=_json_path, default=None, metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out x-transformers and AttentionSmithy rows")
+    parser.add_argument(
+        "--frozen", action="store_true",
+        help="also time each encoding that has parameters with them frozen, as rows 'NAME (frozen)'",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
 
@@ -529,7 +556,7 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
     return AttentionBenchConfig(
         device=args.device, dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, heads=args.heads,
         head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup, encodings=args.encodings,
-        peers=args.peers, seed=args.seed,
+        peers=args.peers, seed=args.seed, frozen=args.frozen,
     )
 
 

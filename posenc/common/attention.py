@@ -39,18 +39,21 @@ def choose_backend(
     needs_probs: bool,
     needs_grad: bool,
     what: str = "this encoding",
+    needs_scores: bool = False,
 ) -> str:
     """Resolve ``backend`` for one call; a path that cannot honour the hooks is a ValueError."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
-        if needs_probs:
+        if needs_probs or needs_scores:
             return "math"
         if not has_score_bias:
             return "sdpa"
         return "flex" if device.type == "cuda" and flex_available() else "dense"
     if needs_probs and backend != "math":
         raise ValueError(f"backend={backend!r} cannot serve {what}: it needs the attention probabilities; use 'math' or 'auto'")
+    if needs_scores and backend != "math":
+        raise ValueError(f"backend={backend!r} cannot serve {what}: it transforms the whole score matrix; use 'math' or 'auto'")
     if has_score_bias and backend == "sdpa":
         raise ValueError(f"backend='sdpa' cannot apply the score bias of {what}; use 'auto', 'dense', 'flex' or 'math'")
     if backend == "flex":
@@ -104,7 +107,8 @@ def attend(
         mask: which keys each query sees; None for full attention.
         scale: score scale, default ``D ** -0.5``.
         backend: "auto" picks SDPA when nothing touches the scores, FlexAttention on CUDA for a
-            score bias, a dense bias into SDPA elsewhere, and math when probabilities are needed.
+            score bias, a dense bias into SDPA elsewhere, and math when the probabilities or the
+            whole score matrix are needed.
         qk_transformed: ``q`` and ``k`` have already been through the encoding's q/k transform
             (as with a KV cache, where each key is transformed once, at its own position).
 
@@ -131,8 +135,15 @@ def attend(
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
 
     bias: PairwiseBias | None = None
+    score_transform = None
     if Hook.SCORE_BIAS in hooks:
-        bias = encoding.score_bias(q, k, q_pos, kv_pos)
+        if encoding.has_score_bias:
+            bias = encoding.score_bias(q, k, q_pos, kv_pos)
+        if encoding.needs_scores:
+
+            def score_transform(scores: Tensor, q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
+                return encoding.transform_scores(scores, q, k, q_pos, kv_pos, allowed)
+
     prob_bias: PairwiseBias | None = None
     value_term = None
     if Hook.POST_SOFTMAX in hooks:
@@ -143,17 +154,30 @@ def attend(
             def value_term(probs: Tensor) -> Tensor:
                 return encoding.value_term(probs, q_pos, kv_pos)
 
+    # A value term over clipped offsets has a fused form on CPU (causal, consecutive positions).
+    offset_table = None
+    if value_term is not None and bias is not None and q.device.type == "cpu" and backend in ("auto", "dense"):
+        offset_table = encoding.offset_values()
+        if offset_table is not None and not kernels.contiguous_causal(mask, q_pos, kv_pos, tq, tk):
+            offset_table = None
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     path = choose_backend(
         backend,
         device=q.device,
         has_score_bias=bias is not None,
-        needs_probs=value_term is not None,
+        needs_probs=value_term is not None and offset_table is None,
         needs_grad=needs_grad or (bias is not None and bias.requires_grad),
         what=type(encoding).__name__ if encoding is not None else "this call",
+        needs_scores=score_transform is not None,
     )
     if path == "math":
-        return kernels.math_path(q, k, v, mask, bias, scale, prob_bias, value_term)
+        return kernels.math_path(q, k, v, mask, bias, scale, prob_bias, value_term, score_transform)
+    if offset_table is not None:  # path == "dense", on CPU
+        out, lse = kernels.dense_path(q, k, v, mask, bias, scale, return_lse=True)
+        out = out + kernels.offset_value_term(q, k, bias, lse, offset_table, scale)
+        if prob_bias is not None:
+            out = out + kernels.prob_bias_term(v, hq, mask, prob_bias, tq)
+        return out
     if path == "sdpa" and backend == "auto" and _needs_square_mask(mask, tq, tk) and q.is_cuda and flex_available():
         # On CUDA a mask that SDPA could only take as a dense [Tq, Tk] tensor goes to FlexAttention's
         # block-sparse kernel instead (packed sequences, sliding windows, causal + padding).

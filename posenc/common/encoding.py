@@ -12,11 +12,22 @@ in ``hooks``:
     an additive bias on the attention scores before the softmax (ALiBi, T5, KERPLE, FIRE,
     shortest path). Method: :meth:`PositionEncoding.score_bias`, returning a
     :class:`~posenc.common.pairwise.PairwiseBias` that serves every kernel path.
+    Content-dependent biases (Shaw keys, Transformer-XL) read per-batch tables built from ``q``
+    and ``k`` (``[B, H, Tq, R]``, gathered by a relative index) and list them in ``learned``.
+    An encoding whose term needs the whole score matrix (CAPE's MLP over heads, CoPE's gates)
+    sets ``needs_scores`` and implements :meth:`PositionEncoding.transform_scores`: it receives
+    ``q.k * scale`` (plus its own score bias, if it has one) for every pair, masked pairs
+    included, and returns new scores; the core applies the mask afterwards, so masked entries
+    stay masked whatever the transform does. Only the math path serves it.
 ``Hook.POST_SOFTMAX``
     after the softmax or on the values: an additive bias on the probabilities
     (eRPE: :meth:`PositionEncoding.prob_bias`), which stays outside the fused kernel because
     ``(A + B) V = A V + B V``; or a term that needs the probabilities themselves
-    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path.
+    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path --
+    unless the term is a table over clipped relative offsets
+    (:meth:`PositionEncoding.offset_values`): then, on CPU, for causal attention over
+    consecutive positions, the core computes it exactly from the fused kernel's log-sum-exp and
+    the scores on the few diagonals it needs (:func:`posenc.common.kernels.offset_value_term`).
 
 Positions are always explicit arguments: ``q_pos`` ``[B or 1, Tq]`` and ``kv_pos`` ``[B or 1, Tk]``
 (integer or float; a trailing coordinate axis for 2D encodings). Modules hold parameters and
@@ -49,12 +60,15 @@ class PositionEncoding(nn.Module):
             an instance may override it (ALiBi is causal-only unless symmetric).
         supports_kv_cache: cached decoding gives the same result as a full forward.
         needs_probs: ``value_term`` is implemented; only the math path can serve it.
+        needs_scores: ``transform_scores`` is implemented (part of the score-bias hook); only
+            the math path can serve it.
     """
 
     hooks: ClassVar[frozenset[Hook]] = frozenset()
     causal_only: ClassVar[bool] = False
     supports_kv_cache: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
+    needs_scores: ClassVar[bool] = False
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x [B, T, C]``, ``positions [B or 1, T]`` -> encoded features ``[B, T, C']``."""
@@ -68,6 +82,18 @@ class PositionEncoding(nn.Module):
         """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
         raise TypeError(f"{type(self).__name__} has no score-bias hook")
 
+    def transform_scores(
+        self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None
+    ) -> Tensor:
+        """New scores from the whole score matrix (``needs_scores``).
+
+        ``scores [B, H, Tq, Tk]`` are ``q.k * scale`` plus the encoding's score bias, finite at
+        every pair; ``q [B, H, Tq, D]`` and ``k [B, H, Tk, D]`` (key heads already repeated);
+        ``allowed`` the boolean mask ``[B or 1, 1, Tq, Tk]`` or None. Masked pairs are set to
+        ``-inf`` by the core after this call.
+        """
+        raise TypeError(f"{type(self).__name__} has no score transform")
+
     def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """Additive bias on the attention probabilities (masked entries are excluded by the core)."""
         raise TypeError(f"{type(self).__name__} has no after-softmax bias")
@@ -75,6 +101,16 @@ class PositionEncoding(nn.Module):
     def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]``."""
         raise TypeError(f"{type(self).__name__} has no value term")
+
+    def offset_values(self) -> Tensor | None:
+        """Optional fast form of :meth:`value_term`: a table ``W [2K + 1, Dv]`` such that the
+        value term is ``sum_j P_ij W[clip(pos_j - pos_i, -K, K) + K]`` (Shaw). None (the
+        default) when the value term has no such form."""
+        return None
+
+    @property
+    def has_score_bias(self) -> bool:
+        return Hook.SCORE_BIAS in self.hooks and type(self).score_bias is not PositionEncoding.score_bias
 
     @property
     def has_prob_bias(self) -> bool:

@@ -9,7 +9,7 @@
 ``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
            (compiled on CUDA; eager elsewhere, forward only on CPU).
 ``math``   explicit ``softmax(QK^T * scale + bias) V``: the only path that exposes the
-           probabilities, for encodings with a value term.
+           scores and probabilities, for encodings with a score transform or a value term.
 
 Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
 """
@@ -31,6 +31,8 @@ from .pairwise import PairwiseBias
 # per-call overhead negligible (128 rows at B=1, H=8, T=1024; best time and memory on 2 cores).
 _CHUNK_ELEMENTS = 1 << 20
 _MIN_CHUNK_ROWS = 16
+# Query rows per banded product of the offset value term (its work grows with rows + K per row).
+_OFFSET_CHUNK_ROWS = 128
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -106,24 +108,30 @@ def _chunk_backward_with_bias_grad(
     lse: Tensor,
     grad_out: Tensor,
     scale: float,
-    live: Tensor,
+    live: Tensor | None,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
     """Attention backward for one chunk of query rows, written out so that the score gradient
     ``dS`` is at hand: it is also the gradient of the bias, passed on to the tensors it was built
-    from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O))``. ``block`` is the masked
-    bias of the chunk; ``live`` the same bias unmasked, still attached to ``learned``."""
+    from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O) + dlse)``. ``block`` is the masked
+    bias of the chunk; ``live`` the same bias unmasked, still attached to ``learned`` (None when
+    nothing is learned); ``grad_lse`` the gradient of the chunk's log-sum-exp, if it is used."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale + block.to(work)
     probs = torch.exp(scores - lse.to(work).unsqueeze(-1))
     del scores
     delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    if grad_lse is not None:  # d lse_i / d S_ij = P_ij
+        delta = delta - grad_lse.to(work).unsqueeze(-1)
     d_scores = probs * (torch.matmul(grad_out, v.transpose(-1, -2)) - delta)
     gq = torch.matmul(d_scores, k) * scale
     gk = torch.matmul(d_scores.transpose(-1, -2), q) * scale
     gv = torch.matmul(probs.transpose(-1, -2), grad_out)
     del probs
-    grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
+    grads: tuple = ()
+    if learned:
+        grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
     return gq, gk, gv, list(grads)
 
 
@@ -135,10 +143,14 @@ class _ChunkedBiasAttention(torch.autograd.Function):
     the flash kernel's backward; a bias that needs a gradient (T5 tables, learned slopes) gets the
     chunked explicit backward, which also yields the bias gradient, so it too keeps no ``T x T``
     tensor. ``learned`` are the tensors the bias reads that may need a gradient.
+
+    Returns ``(out, lse)``; the log-sum-exp of each query row is differentiable too (an encoding's
+    fused value term reads probabilities as ``exp(S - lse)``), its gradient folded into ``dS``.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale, chunk, *learned):
+        ctx.set_materialize_grads(False)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = mask is not None and mask.causal
@@ -154,11 +166,13 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             lse[:, :, s:e] = chunk_lse
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.bias, ctx.mask, ctx.scale, ctx.chunk, ctx.learned = bias, mask, scale, chunk, learned
-        return out
+        return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[7:]) if need]
         learned = [ctx.learned[i] for i in wanted]
@@ -174,6 +188,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         idx = _indices(max(tq, tk), q.device)
         for s, e, kv_end in reversed(list(_row_chunks(tq, tk, chunk, causal))):
             live = None
+            chunk_grad_lse = None if grad_lse is None else grad_lse[:, :, s:e]
             if learned:  # evaluate the bias once, attached to the tensors that need its gradient
                 with torch.enable_grad():
                     live = bias.dense(b, h, idx[s:e], idx[:kv_end])
@@ -184,10 +199,10 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             g = grad_out[:, :, s:e]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
-            if learned:
+            if learned or chunk_grad_lse is not None:
                 gq, gk, gv, grads = _chunk_backward_with_bias_grad(
                     learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
-                    lse[:, :, s:e], g, scale, live,
+                    lse[:, :, s:e], g, scale, live, chunk_grad_lse,
                 )
                 for i, grad in zip(wanted, grads):
                     if grad is not None:
@@ -211,9 +226,11 @@ class _ChunkedBiasAttention(torch.autograd.Function):
 
 
 def dense_path(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float
-) -> Tensor:
-    """A score bias materialised densely and handed to SDPA."""
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """A score bias materialised densely and handed to SDPA. ``return_lse`` (CPU only): also
+    the differentiable log-sum-exp ``[B, H, Tq]`` of each query row's scores."""
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
@@ -223,12 +240,82 @@ def dense_path(
         # The explicit backward of a learned bias holds a few [B, H, rows, Tk] tensors per chunk.
         rows_batch = b if (learned or bias.per_batch or (mask is not None and mask.per_batch)) else 1
         chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, rows_batch * h * tk)))
-        return _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
+        out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
+        return (out, lse) if return_lse else out
+    if return_lse:
+        raise ValueError("dense_path returns the log-sum-exp on CPU only")
     block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
     # Off CPU the bias takes the inputs' dtype: the fused CUDA kernels are only known to take a
     # mask of the query's dtype (unchecked here without a GPU; flex is the CUDA default anyway).
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=block.to(q.dtype), scale=scale)
     return out if row_any is None else out.masked_fill(~row_any, 0.0)
+
+
+def contiguous_causal(mask: AttentionMask | None, q_pos: Tensor, kv_pos: Tensor, q_len: int, kv_len: int) -> bool:
+    """True when the mask is causal only and the positions are one run of consecutive integers
+    shared by the batch, the queries being the last ``Tq`` of it (self-attention, a KV cache):
+    then ``pos_j - pos_i = j - (i + Tk - Tq)`` and each relative offset is one diagonal."""
+    if mask is None or not mask.causal or mask.key_valid is not None or mask.q_segments is not None:
+        return False
+    if mask.window is not None or q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
+        return False
+    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+        return False
+    start = kv_pos[0, 0]
+    return bool(
+        torch.equal(kv_pos[0], start + _indices(kv_len, kv_pos.device))
+        and torch.equal(q_pos[0], start + (kv_len - q_len) + _indices(q_len, q_pos.device))
+    )
+
+
+def offset_value_term(
+    q: Tensor, k: Tensor, bias: PairwiseBias, lse: Tensor, table: Tensor, scale: float
+) -> Tensor:
+    """``z_i = sum_j P_ij table[clip(pos_j - pos_i, -K, K) + K]`` (Shaw's value term) without the
+    probability matrix, for causal attention over consecutive positions (:func:`contiguous_causal`).
+
+    Under the causal mask the offsets are ``<= 0``: the keys ``K - 1`` or fewer places back sit on
+    ``K`` diagonals, and every other visible key shares the clipped slot 0. As each visible row's
+    probabilities sum to one, ``z_i = W_0 + sum_t P_(i, i' - K + 1 + t) (W_(t+1) - W_0)``, where
+    ``i' = i + Tk - Tq`` and ``P_ij = exp(S_ij - lse_i)`` needs only the scores on those diagonals
+    (a banded product per chunk of rows). Exact, and differentiable in ``q, k``, the bias, ``lse``
+    and ``table``. ``q [B, H, Tq, D]``, ``k [B, Hkv, Tk, D]``, ``lse [B, H, Tq]``,
+    ``table [2K + 1, Dv]`` -> ``[B, H, Tq, Dv]``.
+    """
+    k = _repeat_kv(k, q.shape[1] // k.shape[1])
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    kmax = (table.shape[0] - 1) // 2
+    offset = tk - tq
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    # k padded with K - 1 rows in front: the keys of query i's diagonals are rows i' .. i' + K - 1.
+    kpad = torch.nn.functional.pad(k.to(work), (0, 0, kmax - 1, 0))
+    slots = _indices(kmax, q.device)
+    w = table.to(work)
+    steps = w[1 : kmax + 1] - w[0]  # [K, Dv]
+    parts = []
+    chunk = _OFFSET_CHUNK_ROWS
+    for s in range(0, tq, chunk):
+        e = min(tq, s + chunk)
+        rows = _indices(e - s, q.device) + s  # query indices
+        first = max(0, s + offset)  # padded-key window of this chunk: rows first .. last
+        last = e + offset + kmax - 1
+        if last <= 0:  # no query of the chunk sees a key
+            parts.append(q.new_zeros(b, h, e - s, w.shape[1], dtype=work))
+            continue
+        window = kpad[:, :, first:last]
+        local = torch.matmul(q[:, :, s:e].to(work), window.transpose(-1, -2))  # [B, H, rows, W]
+        kv_idx = rows[:, None] + offset - (kmax - 1) + slots  # key index of each (row, diagonal)
+        col = (kv_idx + (kmax - 1) - first).clamp(0, window.shape[2] - 1)
+        diag = local.gather(-1, col.expand(b, h, -1, -1))  # [B, H, rows, K]
+        valid = kv_idx >= 0
+        b_idx = torch.arange(b if bias.per_batch else 1, device=q.device).view(-1, 1, 1, 1)
+        h_idx = _indices(h, q.device).view(1, -1, 1, 1)
+        extra = bias(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_idx.clamp(min=0).view(1, 1, e - s, kmax)).to(work)
+        probs = torch.exp(diag * scale + extra - lse[:, :, s:e, None].to(work)) * valid
+        seen = (rows + offset >= 0).to(work)[:, None]  # rows with some visible key
+        parts.append(torch.matmul(probs, steps) + seen * w[0])
+    return torch.cat(parts, dim=2).to(q.dtype)
 
 
 @functools.cache
@@ -276,8 +363,11 @@ def math_path(
     scale: float,
     prob_bias: PairwiseBias | None = None,
     value_term=None,
+    score_transform=None,
 ) -> Tensor:
-    """Explicit ``P = softmax(QK^T * scale + bias)``, ``out = (P + prob_bias) V + value_term(P)``."""
+    """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
+    ``out = (P + prob_bias) V + value_term(P)``. ``score_transform(scores, q, k, allowed)`` sees
+    finite scores at every pair; the mask is applied to its result."""
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
@@ -288,6 +378,8 @@ def math_path(
     if bias is not None:
         scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
     allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)
+    if score_transform is not None:
+        scores = score_transform(scores, q.to(work), k.to(work), allowed)
     if allowed is not None:
         row_any = allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)

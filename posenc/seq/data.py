@@ -70,3 +70,27 @@ def split_text(text: str, valid_fraction: float = 0.1) -> tuple[str, str]:
         raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
     cut = int(len(text) * (1 - valid_fraction))
     return text[:cut], text[cut:]
+
+
+def load_corpus(path: str | Path | None = None) -> str:
+    """The user's text file at ``path``, or the pydoc corpus when None."""
+    return pydoc_corpus() if path is None else read_text(path)
+
+
+def eval_windows(text: str, seq_len: int, num_tokens: int) -> tuple[Tensor, Tensor]:
+    """Evaluation batch of a fixed size in tokens: ``ceil(num_tokens / seq_len)`` consecutive
+    non-overlapping windows from the start of ``text`` -> ``(x, y)``, each ``[N, seq_len]``.
+
+    A fixed token budget per length (rather than a fixed number of windows) keeps evaluating
+    long contexts affordable and every length scored on about the same text."""
+    if num_tokens <= 0:
+        raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+    ds = ByteWindows(text, seq_len)
+    count = -(-num_tokens // seq_len)
+    if count > len(ds):
+        raise ValueError(
+            f"the text holds {len(ds)} windows of {seq_len} bytes; {num_tokens} tokens need {count} (use less or a longer text)"
+        )
+    x = torch.stack([ds[i][0] for i in range(count)])
+    y = torch.stack([ds[i][1] for i in range(count)])
+    return x, y

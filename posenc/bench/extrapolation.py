@@ -1,0 +1,264 @@
+"""``posenc bench extrapolation``: train short, test long (the ALiBi paper's experiment, small).
+
+::
+
+    posenc bench extrapolation --out runs/extrap
+    posenc bench extrapolation --encodings rope,alibi --train-len 64 --eval-lens 64,128,256 --steps 200
+    posenc bench extrapolation --task reverse --train-len 8 --eval-lens 8,16,32
+
+One small causal LM per encoding (same seed, same data order) is trained on byte windows of
+CPython's pydoc text at ``--train-len``, then scored on the held-out tail (last 10%) at each
+``--eval-lens``: **bits per byte** (mean next-byte cross-entropy in bits, over every position
+of ``--eval-tokens`` tokens cut into non-overlapping windows of that length; byte-level
+perplexity is ``2 ** bpb``). With ``--task`` the models learn a synthetic task at sizes up to
+``--train-len`` and report exact match at each size in ``--eval-lens``.
+
+Every model is built with ``max_len = --train-len`` (the training length): an encoding with a
+table of positions (learned absolute, TUPE) has no row for a longer position, so those cells are
+reported as ``n/a`` (``null`` in the JSON) rather than interpolated.
+
+Outputs (with ``--out``): ``extrapolation.txt`` (the table), ``extrapolation.json`` and
+``extrapolation.png`` (one line per encoding, x = evaluation length, log y).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..common.registry import available, get
+from .report import format_table
+
+PROG = "posenc bench extrapolation"
+DEFAULT_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "nope")
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated encoding names")
+    return names
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--encodings", type=_names, default=list(DEFAULT_ENCODINGS),
+                        help=f"comma-separated encodings (default {','.join(DEFAULT_ENCODINGS)}); 'none' for no encoding")
+    parser.add_argument("--task", default=None, help="a synthetic task (copy, reverse, sort, addition, recall) instead of text")
+    parser.add_argument("--train-len", type=_positive, default=None,
+                        help="training length: bytes per window (default 128), or the largest task size (default 8)")
+    parser.add_argument("--eval-lens", type=_int_list, default=None,
+                        help="evaluation lengths (default 128,256,512,1024; with --task 8,16,32)")
+    parser.add_argument("--steps", type=_positive, default=None, help="training steps per model (default 500; task 1500)")
+    parser.add_argument("--batch-size", type=_positive, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--dim", type=_positive, default=128)
+    parser.add_argument("--depth", type=_positive, default=2)
+    parser.add_argument("--heads", type=_positive, default=4)
+    parser.add_argument("--eval-tokens", type=_positive, default=16384, help="text: tokens scored per evaluation length")
+    parser.add_argument("--eval-examples", type=_positive, default=256, help="task: examples per evaluation size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--out", default=None, help="directory for extrapolation.{txt,json,png}")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _resolve(args: argparse.Namespace) -> str | None:
+    """Fill the defaults that depend on ``--task``; return what is wrong, or None."""
+    from ..seq.tasks import TASKS
+
+    if args.task is not None and args.task not in TASKS:
+        return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
+    unknown = []
+    for name in args.encodings:
+        if name == "none":
+            continue
+        try:
+            get(name)
+        except KeyError:
+            unknown.append(name)
+    if unknown:
+        registered = ", ".join(i.name for i in available("seq"))
+        return (f"--encodings: not registered: {', '.join(unknown)} (registered sequence encodings: {registered}); "
+                "pass --encodings with registered names")
+    if len(set(args.encodings)) != len(args.encodings):
+        return f"--encodings: a name is repeated in {','.join(args.encodings)}"
+    task = args.task is not None
+    args.train_len = args.train_len or (8 if task else 128)
+    args.eval_lens = args.eval_lens or ([8, 16, 32] if task else [128, 256, 512, 1024])
+    args.steps = args.steps or (1500 if task else 500)
+    if not args.lr > 0:
+        return f"--lr must be positive, got {args.lr}"
+    if args.dim % args.heads:
+        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        return f"--out: {args.out!r} exists and is not a directory"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _resolve(args)
+    if error is not None:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    rows = [_one(args, name) for name in args.encodings]
+    metric = "exact_match" if args.task else "bits_per_byte"
+    table = _table(rows, args.eval_lens)
+    what = (f"exact match on task {args.task} (trained at sizes <= {args.train_len})" if args.task
+            else f"bits per byte on held-out pydoc text (trained at {args.train_len} bytes; lower is better)")
+    print(f"\n{what}\n{table}")
+    notes = [f"{r['encoding']}: {r['note']}" for r in rows if r.get("note")]
+    for note in notes:
+        print(f"note: {note}")
+    total = time.perf_counter() - start
+    print(f"total {total:.0f} s")
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "extrapolation.txt").write_text(f"{what}\n{table}\n" + "".join(f"note: {n}\n" for n in notes))
+        config = {k: getattr(args, k) for k in ("task", "train_len", "eval_lens", "steps", "batch_size", "lr", "dim",
+                                                "depth", "heads", "eval_tokens", "eval_examples", "seed")}
+        result = {"metric": metric, "config": config, "results": rows, "total_s": round(total, 1)}
+        (out / "extrapolation.json").write_text(json.dumps(result, indent=2))
+        _plot(rows, args, metric, out / "extrapolation.png")
+        print(f"written to {out}/extrapolation.{{txt,json,png}}")
+    return 0
+
+
+def _one(args: argparse.Namespace, name: str) -> dict:
+    """Train one model with encoding ``name`` and evaluate it at every length."""
+    from ..common.trainer import TrainConfig, Trainer
+    from ..seq.data import ByteWindows, eval_windows, pydoc_corpus, split_text
+    from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
+    from ..seq.models import CausalLM
+    from ..seq.tasks import TaskDataset, make_task, masked_loss
+
+    if args.task is not None:
+        task = make_task(args.task)
+        for n in args.eval_lens:
+            task.check_length(n)
+        vocab, max_len = task.vocab_size, task.max_total_length(args.train_len)
+        train = TaskDataset(task, max(args.batch_size, args.steps * args.batch_size), args.train_len, seed=args.seed)
+
+        def loss_fn(model, batch):
+            tokens, targets, mask = batch
+            return masked_loss(model(tokens), targets, mask), {}
+
+        def score(model, n: int) -> float:
+            return task_exact_match(model, task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n))
+    else:
+        train_text, valid_text = split_text(pydoc_corpus())
+        vocab, max_len = ByteWindows.vocab_size, args.train_len
+        train = ByteWindows(train_text, args.train_len)
+
+        def loss_fn(model, batch):
+            x, y = batch
+            return F.cross_entropy(model(x).flatten(0, 1), y.flatten()), {}
+
+        def score(model, n: int) -> float:
+            return bits_per_byte(model, *eval_windows(valid_text, n, args.eval_tokens), batch_size=max(1, 4096 // n))
+
+    torch.manual_seed(args.seed)
+    model = CausalLM(vocab, args.dim, args.depth, args.heads, encoding=None if name == "none" else name, max_len=max_len)
+    config = TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, args.steps // 10),
+        seed=args.seed, device=args.device, progress=not args.no_progress, log_every=0,
+    )
+    if not args.no_progress:
+        print(f"{name}:", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    trainer = Trainer(model, train, loss_fn, config)
+    metrics = trainer.fit()
+    train_s = time.perf_counter() - t0
+    model.eval()
+    values: dict[str, float | None] = {}
+    note = None
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for n in args.eval_lens:
+            try:
+                values[str(n)] = score(model, n)
+            except ValueError as exc:  # a table of positions that ends at the training length
+                if n <= max_len:
+                    raise
+                values[str(n)] = None
+                note = note or f"n/a beyond its {max_len} positions ({exc})"
+    info = model.encodings
+    hooks = sorted({h.value for e in info for h in e.hooks}) if info else []
+    return {
+        "encoding": name, "hooks": ",".join(hooks) or "-", "train_loss": round(metrics["train_loss"], 4),
+        "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - t0, 1),
+        "eval": values, **({"note": note} if note else {}),
+    }
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _table(rows: list[dict], eval_lens: list[int]) -> str:
+    headers = ["encoding", "hooks", *[f"@{n}" for n in eval_lens], "train_s"]
+    body = [[r["encoding"], r["hooks"], *[_fmt(r["eval"][str(n)]) for n in eval_lens], r["train_s"]] for r in rows]
+    return format_table(headers, body, align="ll" + "r" * (len(eval_lens) + 1))
+
+
+def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for r in rows:
+        pts = [(n, r["eval"][str(n)]) for n in args.eval_lens if r["eval"][str(n)] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=r["encoding"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(args.eval_lens, [str(n) for n in args.eval_lens])
+    if metric == "bits_per_byte":
+        from matplotlib.ticker import FormatStrFormatter
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
+        ax.set_ylabel("bits per byte (log scale)")
+    else:
+        ax.set_ylabel("exact match")
+        ax.set_ylim(-0.02, 1.02)
+    ax.axvline(args.train_len, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"evaluation length (trained at {args.train_len})")
+    ax.set_title("Length extrapolation" + (f": {args.task}" if args.task else ": pydoc bytes"))
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["DEFAULT_ENCODINGS", "add_arguments", "run"]

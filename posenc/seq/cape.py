@@ -1,0 +1,72 @@
+"""CAPE / DAPE, context-adaptive positional encoding (Zheng et al. 2024, https://arxiv.org/abs/2405.14722).
+
+``A = QK^T + B + f([QK^T; B])``: ``B`` is a static positional bias (ALiBi, KERPLE or FIRE, built
+by name through the registry), and ``f`` an MLP applied at every pair ``(i, j)`` across the head
+axis, ``2H -> hidden -> H`` (LeakyReLU, as in the authors' code), so the bias adapts to the
+attention scores. ``QK^T`` here is the scaled score ``q.k / sqrt(d)``.
+
+It needs the whole score matrix: the encoding sets ``needs_scores`` and implements
+``transform_scores``, which only the math path serves (``backend="auto"`` picks it; another
+backend is a clear error). Memory is ``O(B * T^2 * hidden)`` for the MLP activations, inherent to
+the method. ``f`` sees the scores of masked pairs too (they are finite there); it acts on each
+pair separately, so nothing leaks from a masked pair into a visible one, and the core masks the
+result afterwards: masked entries stay masked.
+
+Shapes: ``scores [B, H, Tq, Tk]``; positions as the base bias takes them. Causal-only exactly
+when the base bias is (ALiBi and KERPLE unless ``symmetric``; FIRE always).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.registry import ModelDims, build, register
+
+CAPE_BASES = ("alibi", "kerple", "fire")
+
+
+@register(
+    "cape",
+    modality="seq",
+    paper="Zheng et al. 2024, DAPE: Data-Adaptive Positional Encoding, https://arxiv.org/abs/2405.14722",
+    summary="an MLP over heads of [scores; static bias] added to a static bias (ALiBi, KERPLE, FIRE)",
+)
+class CAPE(PositionEncoding):
+    """Args:
+        dim, num_heads, max_len: model sizes (passed to the base bias).
+        base: the static bias, ``"alibi"`` (default), ``"kerple"`` or ``"fire"``.
+        hidden: hidden width of ``f`` (32 in the paper).
+        base_options: keyword arguments for the base bias (e.g. ``{"symmetric": True}``).
+
+    Parameters: ``mlp`` (``Linear(2H, hidden)``, LeakyReLU, ``Linear(hidden, H)``) and the base's.
+    """
+
+    hooks = frozenset({Hook.SCORE_BIAS})
+    needs_scores = True
+
+    def __init__(
+        self, dim: int, num_heads: int, max_len: int, base: str = "alibi", hidden: int = 32,
+        base_options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if base not in CAPE_BASES:
+            raise ValueError(f"base must be one of {CAPE_BASES}; got {base!r}")
+        if hidden <= 0:
+            raise ValueError(f"hidden must be positive, got {hidden}")
+        self.num_heads, self.base_name = num_heads, base
+        self.base = build(base, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len), **(base_options or {}))
+        self.causal_only = self.base.causal_only
+        self.mlp = nn.Sequential(nn.Linear(2 * num_heads, hidden), nn.LeakyReLU(), nn.Linear(hidden, num_heads))
+
+    def transform_scores(
+        self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None
+    ) -> Tensor:
+        b, h, tq, tk = scores.shape
+        idx = torch.arange(max(tq, tk), device=scores.device)
+        static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
+        static = static.expand(b, -1, -1, -1)
+        pairs = torch.cat((scores, static), dim=1).permute(0, 2, 3, 1)  # [B, Tq, Tk, 2H]
+        adapt = self.mlp(pairs.to(self.mlp[0].weight.dtype)).to(scores.dtype)
+        return scores + static + adapt.permute(0, 3, 1, 2)

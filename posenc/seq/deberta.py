@@ -1,0 +1,152 @@
+"""DeBERTa disentangled attention (He et al. 2021, DeBERTa: Decoding-enhanced BERT with Disentangled
+Attention, https://arxiv.org/abs/2006.03654).
+
+``A_ij = Qc_i.Kc_j + Qc_i.Kr[delta(i,j)] + Kc_j.Qr[delta(j,i)]``, all scaled by ``1/sqrt(3d)``:
+content-to-content, content-to-position (c2p) and position-to-content (p2c). ``Qr = P Wq_r`` and
+``Kr = P Wk_r`` project a learned table ``P`` of ``2k`` relative embeddings (``k = span``, the
+maximum relative distance); ``delta(i, j) = clip(i - j + k, 0, 2k - 1)``. With
+``log_buckets=True`` (DeBERTa-v2) the distance first goes through the log-bucket map:
+``|r| <= k/2`` stays exact, larger ``|r|`` becomes ``sign(r) * (ceil(ln(|r|/m) / ln((M-1)/m) *
+(m-1)) + m)`` with ``m = k/2`` and ``M = max_position``, so distances up to ``M`` share the
+``k`` buckets on each side (v2 uses ``k = 256``, ``M = 512``).
+
+Hooks: q/k transform (``q / sqrt(3)``, so the core's ``1/sqrt(d)`` gives the content term
+``1/sqrt(3d)``) and a content-dependent score bias. Kernel path: per call the bias builds
+``Kr / sqrt(d)`` ``[H, 2k, d]`` and the per-batch table ``p2c = k Qr^T / sqrt(3d)``
+``[B, H, Tk, 2k]``; its function gathers ``p2c[b, h, j, delta(j,i)]`` and, for a dense block of
+query rows (the dense path feeds SDPA's fused kernel chunk by chunk), computes the block's c2p
+rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gathers them at ``delta(i,j)`` (under
+FlexAttention, per element, as a ``d``-long dot product). No ``[B, H, T, T]`` tensor is kept.
+``q``, ``Kr`` and ``p2c`` are listed in ``learned``: the dense path's chunked backward returns
+their gradients, which flow on into q, k, ``P`` and the projections. (The p2c table's gradient
+is full-size for every chunk of rows, which dominates the backward on CPU.)
+Positions must be integers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+from .blocks import is_dense_block
+
+
+def log_bucket_position(rel: Tensor, bucket_size: int, max_position: int) -> Tensor:
+    """DeBERTa-v2's log buckets of relative distances ``rel`` (integer tensor, same shape, long)."""
+    mid = bucket_size // 2
+    r = rel.to(torch.float64)
+    sign = torch.sign(r)
+    near = (r < mid) & (r > -mid)
+    abs_pos = torch.where(near, torch.full_like(r, mid - 1), r.abs())
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, r, log_pos * sign).long()
+
+
+def deberta_index(rel: Tensor, span: int, log_buckets: bool = False, max_position: int = 512) -> Tensor:
+    """``delta = clip(bucket(rel) + span, 0, 2*span - 1)``: the row of the relative table."""
+    if log_buckets:
+        rel = log_bucket_position(rel, span, max_position)
+    return (rel + span).clamp(0, 2 * span - 1)
+
+
+@register(
+    "deberta",
+    modality="seq",
+    paper="He et al. 2021, DeBERTa, https://arxiv.org/abs/2006.03654",
+    summary="disentangled content-to-position and position-to-content terms over 2k relative embeddings",
+)
+class DeBERTa(PositionEncoding):
+    """Args:
+        dim: model width ``C`` (the width of the relative table).
+        num_heads: query heads ``H``.
+        head_dim: per-head width ``d``; default ``dim // num_heads``.
+        span: ``k``, the maximum relative distance; the table has ``2k`` rows (256).
+        log_buckets: DeBERTa-v2 log buckets (then ``span`` buckets per side cover distances up to
+            ``max_position``).
+        max_position: ``M`` of the log buckets (512); unused without them.
+        init_std: standard deviation of the table's initialisation (0.02).
+
+    Shapes: ``q [B, H, Tq, d]``, ``k [B, Hkv, Tk, d]``, positions ``[B or 1, T]`` (integer).
+    """
+
+    hooks = frozenset({Hook.QK, Hook.SCORE_BIAS})
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        span: int = 256,
+        log_buckets: bool = False,
+        max_position: int = 512,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        for name, value in (("dim", dim), ("num_heads", num_heads), ("span", span)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if log_buckets:
+            if span < 4:
+                raise ValueError(f"log buckets need span >= 4 (span/2 exact distances per side), got {span}")
+            if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= span // 2 + 1:
+                raise ValueError(f"max_position must be an integer > span/2 + 1 = {span // 2 + 1}, got {max_position!r}")
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or give head_dim")
+            head_dim = dim // num_heads
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
+        self.span, self.log_buckets, self.max_position = span, log_buckets, max_position
+        self.rel = nn.Parameter(torch.randn(2 * span, dim) * init_std)
+        self.pos_q = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wq_r
+        self.pos_k = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wk_r
+
+    def _relative(self, proj: nn.Linear) -> Tensor:
+        return proj(self.rel).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)  # [H, 2k, d]
+
+    def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``c2p [B, H, Tq, 2k]`` from the transformed ``q`` (``q/sqrt(3)``) and ``p2c [B, H, Tk, 2k]``,
+        both already scaled by ``1/sqrt(3d)``."""
+        kr, p2c = self._parts(q, k)
+        return torch.matmul(q, kr.unsqueeze(0).transpose(-1, -2)), p2c
+
+    def _parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``Kr / sqrt(d)`` ``[H, 2k, d]`` (c2p is ``q_t . Kr / sqrt(d)`` with ``q_t = q/sqrt(3)``) and
+        the p2c table ``k Qr^T / sqrt(3d)`` ``[B, H, Tk, 2k]``."""
+        d = self.head_dim
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
+        qr = self._relative(self.pos_q).to(k.dtype)
+        return kr, torch.matmul(k, qr.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
+
+    def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
+        return q * (1 / math.sqrt(3)), k
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        if q_pos.dim() != 2 or kv_pos.dim() != 2:
+            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        if q_pos.is_floating_point() or kv_pos.is_floating_point():
+            raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
+        kr, p2c = self._parts(q, k)
+        span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
+            c = deberta_index(rel, span, log_buckets, max_position)
+            p = deberta_index(-rel, span, log_buckets, max_position)
+            if is_dense_block(b, h, q_idx, kv_idx):
+                # A dense block of rows x keys: the c2p rows by one matmul, then gathered by bucket.
+                rows = q[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                c2p_rows = torch.matmul(rows, kr[h[..., 0, 0]].transpose(-1, -2))  # [B, H, rows, 2k]
+                c2p = torch.gather(c2p_rows, -1, c.expand(*c2p_rows.shape[:2], *c.shape[2:]))
+            else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
+                c2p = (q[b, h, q_idx] * kr[h, c]).sum(-1)
+            return c2p + p2c[b, h, kv_idx, p]
+
+        return PairwiseBias(bias, per_batch=True, learned=(q, kr, p2c), name="DeBERTa")

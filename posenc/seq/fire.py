@@ -1,0 +1,119 @@
+"""FIRE, functional interpolation for relative positions (Li et al. 2024, https://arxiv.org/abs/2310.04418).
+
+``bias(h, i, j) = f_h( psi(i - j) / psi(max(L_thr, i)) )``, ``psi(x) = ln(c * x + 1)``, with ``f``
+an MLP ``1 -> 32 -> H`` (ReLU), ``c`` learned (init 0.1) and the threshold ``L_thr`` learned
+(init 512). ``i`` is the query's position, so the normalised distance lies in ``[0, 1]`` for
+every query past the threshold: that is what lets FIRE extrapolate.
+
+As in the authors' public code, ``psi`` takes ``|c|`` and ``|i - j|``, ``eps = 1e-6`` is added to
+the normaliser, and the threshold is learned as a multiplier of its initial value,
+``L_thr = |l_mult| * 512`` (``l_mult`` init 1; the same function, with gradients on a useful scale).
+Causal only.
+
+Hook: score bias. Kernel: the chunked dense path on CPU, evaluating the bias on each chunk of
+query rows (no ``T x T`` tensor kept); FlexAttention ``score_mod`` on CUDA. At inference
+(``torch.no_grad()`` or frozen parameters) the bias is a constant handed to SDPA's fused kernel,
+and the MLP is evaluated in its exact piecewise-linear form (:meth:`FIRE.piecewise_linear`: a
+breakpoint search and one multiply-add per pair instead of a 32-wide hidden layer); in training
+the chunked backward yields the gradients of ``c``, ``l_mult`` and the MLP.
+Shapes: positions ``[B or 1, T]``, integer or float.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+
+_EPS = 1e-6
+
+
+@register(
+    "fire",
+    modality="seq",
+    paper="Li et al. 2024, Functional Interpolation for Relative Positions, https://arxiv.org/abs/2310.04418",
+    summary="MLP of the log distance normalised by the query position; learned c and threshold; causal",
+)
+class FIRE(PositionEncoding):
+    """Args:
+        num_heads: query heads ``H``.
+        mlp_width: hidden width of ``f`` (32 in the paper).
+        init_c: initial ``c`` (0.1).
+        init_threshold: initial ``L_thr`` (512).
+
+    Parameters: ``c []``, ``l_mult []``, ``mlp`` (``Linear(1, mlp_width)``, ReLU, ``Linear(mlp_width, H)``).
+    """
+
+    hooks = frozenset({Hook.SCORE_BIAS})
+    causal_only = True
+
+    def __init__(self, num_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0) -> None:
+        super().__init__()
+        if num_heads <= 0 or mlp_width <= 0:
+            raise ValueError(f"num_heads and mlp_width must be positive; got {num_heads} and {mlp_width}")
+        if init_c <= 0 or init_threshold <= 0:
+            raise ValueError(f"init_c and init_threshold must be positive; got {init_c} and {init_threshold}")
+        self.num_heads = num_heads
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.l_mult = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
+
+    @property
+    def threshold(self) -> Tensor:
+        """``L_thr = |l_mult| * init_threshold``."""
+        return (self.l_mult * self.init_threshold).abs()
+
+    def normalized_distance(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """``psi(|i - j|) / (psi(max(L_thr, i)) + eps)`` for broadcastable positions."""
+        work = torch.float64 if self.c.dtype == torch.float64 else torch.float32
+        c = self.c.abs()
+        dist = (q_pos - kv_pos).to(work).abs()
+        norm = torch.maximum(q_pos.to(work), self.threshold.to(work))
+        return torch.log1p(c * dist) / (torch.log1p(c * norm) + _EPS)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        if q_pos.dim() != 2 or kv_pos.dim() != 2:
+            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        first, last = self.mlp[0], self.mlp[2]
+        normalized = self.normalized_distance
+        per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
+        learned = (self.c, self.l_mult, *self.mlp.parameters())
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in learned)):
+            # Inference: the same MLP in its exact piecewise-linear form, a lookup per pair.
+            breaks, slope, offset = self.piecewise_linear()
+
+            def lookup(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx)).to(slope.dtype)
+                seg = torch.searchsorted(breaks, x.reshape(-1), right=True).reshape(x.shape)
+                return slope[seg, h] * x + offset[seg, h]
+
+            return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
+            hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
+            out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
+            return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
+
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE")
+
+    def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
+        segments between the sorted ReLU breakpoints ``-b1/w1``: ``breaks [M]``, ``slope`` and
+        ``offset [M + 1, H]``; segment ``s`` = number of breakpoints ``<= x``. ReLU is
+        continuous, so a breakpoint belongs to either side (exact, up to rounding)."""
+        with torch.no_grad():
+            w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
+            w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+            breaks = torch.sort(-b[w != 0] / w[w != 0]).values
+            if breaks.numel() == 0:
+                points = torch.zeros(1, dtype=w.dtype, device=w.device)
+            else:  # one point inside each segment
+                points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
+            active = (points[:, None] * w + b > 0).to(w.dtype)  # [M + 1, width]
+            return breaks.contiguous(), (active * w) @ w2.t(), (active * b) @ w2.t() + b2

@@ -1,0 +1,88 @@
+"""Autoregressive decoding for :class:`~posenc.seq.models.CausalLM`.
+
+With a KV cache (the default where every encoding of the model supports one) the prompt is run
+once and each new token attends to the cached keys; the new token's position continues after the
+cached ones, so input encodings (sinusoidal, learned) see its absolute position and relative ones
+the right offsets. Encodings with ``supports_kv_cache = False`` decode by running the whole prefix
+again at each step (``use_cache=False``, chosen automatically); asking for ``use_cache=True``
+with such an encoding is a ValueError.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token per row from ``logits [B, V]`` -> ``[B, 1]``: the argmax when ``greedy``, else a
+    draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest."""
+    if greedy:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    tokens: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    use_cache: bool | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``tokens [B, T]`` (T >= 1) by ``max_new_tokens`` tokens -> ``[B, T + max_new_tokens]``.
+
+    Args:
+        model: a :class:`~posenc.seq.models.CausalLM` (put it in eval mode first: dropout stays
+            as the model's mode says).
+        temperature: > 0; divides the logits before sampling.
+        top_k: sample among the ``top_k`` most likely tokens only (None: all).
+        greedy: take the most likely token (temperature and top_k are then irrelevant).
+        use_cache: None: a KV cache when the model supports one, else full recomputation;
+            True: a cache (ValueError when an encoding refuses it); False: recompute.
+        generator: random generator for the draws (reproducible sampling).
+    """
+    if tokens.dim() != 2 or tokens.dtype != torch.long or tokens.shape[1] == 0:
+        raise ValueError(f"tokens must be a non-empty [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+    if not greedy:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive (or use greedy=True), got {temperature}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if use_cache is None:
+        use_cache = model.supports_kv_cache
+    out = tokens
+    if max_new_tokens == 0:
+        return out
+    if use_cache:
+        cache = model.new_cache()  # refuses clearly when an encoding does not support a cache
+        logits = model(tokens, cache=cache)[:, -1]
+        for step in range(max_new_tokens):
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+            out = torch.cat((out, nxt), dim=1)
+            if step + 1 < max_new_tokens:
+                logits = model(nxt, cache=cache)[:, -1]
+        return out
+    for _ in range(max_new_tokens):
+        logits = model(out)[:, -1]
+        nxt = sample_next(logits, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+        out = torch.cat((out, nxt), dim=1)
+    return out

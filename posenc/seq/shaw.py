@@ -1,0 +1,104 @@
+"""Shaw relative position representations (Shaw et al. 2018, https://arxiv.org/abs/1803.02155).
+
+``e_ij = q_i . (k_j + aK[clip(j - i, -k, k)]) / sqrt(d)`` and
+``z_i = sum_j a_ij (v_j + aV[clip(j - i, -k, k)])``, with learned ``aK, aV [2k + 1, d]`` shared by
+all heads (as in the paper). ``i, j`` are the query and key positions.
+
+Key term: a content-dependent bias. Per call the table ``q @ aK^T / sqrt(d)`` ``[B, H, Tq, 2k+1]``
+is built once and gathered by the clipped offset inside the pairwise function (no
+``[B, H, Tq, Tk]`` tensor of it); it is listed as ``learned`` so the chunked dense path's backward
+gives its gradient (and through it those of ``q`` and ``aK``).
+
+Value term (``values=True``): ``sum_j a_ij aV[c(i, j)] = sum_r M_ir aV[r]``, where ``M_ir`` is the
+probability mass of query ``i`` on keys at clipped offset ``r``.
+
+* On CPU, for causal attention over consecutive positions (self-attention, KV-cache decoding),
+  the fused path serves it exactly (:meth:`offset_values`): the chunked dense path returns each
+  row's log-sum-exp, the masses of the ``k`` unclipped offsets are probabilities on ``k``
+  diagonals, ``exp(S_(i, i+r) - lse_i)``, and the clipped tail gets the rest (rows sum to one).
+  No ``T x T`` tensor; gradients flow through ``lse`` too
+  (:func:`posenc.common.kernels.offset_value_term`).
+* Otherwise (padding, packed sequences, windows, bidirectional attention, CUDA) it takes the
+  math path: an explicit softmax and a scatter-add of the probabilities into ``2k + 1`` slots.
+
+With ``values=False`` only the key term remains and the chunked dense path (FlexAttention on
+CUDA) serves it.
+
+Shapes: ``q [B, H, Tq, d]``, integer positions ``[B or 1, T]``. ``sqrt(d)`` is the head dim's, the
+default score scale of :class:`posenc.MultiheadAttention`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+
+
+def _check_positions(q_pos: Tensor, kv_pos: Tensor, name: str) -> None:
+    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+        raise ValueError(
+            f"{name} needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
+            f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
+        )
+
+
+def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
+    """``clip(j - i, -k, k) + k`` as ``[B or 1, 1, Tq, Tk]`` (long), the slot of each pair."""
+    rel = kv_pos[:, None, None, :] - q_pos[:, None, :, None]
+    return (rel.clamp(-max_relative, max_relative) + max_relative).long()
+
+
+@register(
+    "shaw",
+    modality="seq",
+    paper="Shaw et al. 2018, Self-Attention with Relative Position Representations, https://arxiv.org/abs/1803.02155",
+    summary="learned clipped relative embeddings added to keys (and values)",
+)
+class ShawRelative(PositionEncoding):
+    """Args:
+        head_dim: ``d``.
+        max_relative: clipping distance ``k`` (offsets beyond share the edge embedding).
+        values: add the value term (math path); False keeps only the key term (fused path).
+
+    Parameters: ``key_table aK [2k + 1, d]``, ``value_table aV [2k + 1, d]`` (when ``values``).
+    """
+
+    hooks = frozenset({Hook.SCORE_BIAS, Hook.POST_SOFTMAX})
+
+    def __init__(self, head_dim: int, max_relative: int = 16, values: bool = True) -> None:
+        super().__init__()
+        if head_dim <= 0:
+            raise ValueError(f"head_dim must be positive, got {head_dim}")
+        if not isinstance(max_relative, int) or max_relative < 1:
+            raise ValueError(f"max_relative must be a positive int, got {max_relative!r}")
+        self.head_dim, self.max_relative, self.values = head_dim, max_relative, values
+        self.needs_probs = values  # the value term needs the attention probabilities
+        self.key_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5)
+        self.value_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5) if values else None
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        _check_positions(q_pos, kv_pos, "ShawRelative")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
+        table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]
+        kmax = self.max_relative
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            slot = (take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx)).clamp(-kmax, kmax) + kmax
+            return table[b, h, q_idx, slot]
+
+        return PairwiseBias(bias, per_batch=True, learned=(table,), name="ShawRelative keys")
+
+    def offset_values(self) -> Tensor | None:
+        """``aV``: the value term is ``sum_j a_ij aV[clip(j - i, -k, k) + k]``."""
+        return self.value_table
+
+    def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """``probs [B, H, Tq, Tk]`` -> ``sum_r M_ir aV[r]`` ``[B, H, Tq, d]``."""
+        slots = clipped_offsets(q_pos, kv_pos, self.max_relative).expand(probs.shape[0], probs.shape[1], -1, -1)
+        mass = probs.new_zeros(*probs.shape[:-1], 2 * self.max_relative + 1).scatter_add_(-1, slots, probs)
+        return torch.matmul(mass, self.value_table.to(probs.dtype))

@@ -1,0 +1,120 @@
+"""T5 relative position buckets (Raffel et al. 2020, https://arxiv.org/abs/1910.10683).
+
+The relative position ``r = j - i`` (key minus query position) is mapped to one of
+``num_buckets`` buckets and each (bucket, head) has a learned scalar added to the scores:
+``bias(h, i, j) = table[bucket(j - i), h]``.
+
+Buckets: bidirectional attention spends half of the buckets on each sign (``r > 0`` gets the
+upper half); causal attention keeps only ``n = max(-r, 0)`` (future keys share bucket 0 with
+the diagonal). Within a half of ``m`` buckets, distances ``n < m/2`` get their own bucket and
+larger ones are log-spaced, ``m/2 + floor(ln(n / (m/2)) / ln(max_distance / (m/2)) * (m - m/2))``,
+capped at the last bucket, so every ``n >= max_distance`` shares it. This is the convention of
+the original T5 code and of Hugging Face ``T5Attention._relative_position_bucket``.
+
+T5 shares one table across all layers: pass one :class:`T5Bias` instance to every layer (as
+``posenc.TransformerEncoder(encoding=...)`` does). Each layer then reads the same parameter and
+autograd sums the gradients of all layers into it, once per layer.
+
+Hook: score bias, learned. Kernel: the chunked dense path on CPU (the table gets its gradient
+from the chunked backward; no ``T x T`` tensor is kept), FlexAttention ``score_mod`` on CUDA;
+with the table frozen (``requires_grad_(False)`` or ``torch.no_grad()``) it is a constant bias
+for SDPA's fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+
+
+def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    half = num_buckets // 2 if bidirectional else num_buckets
+    if not isinstance(num_buckets, int) or half < 2 or (bidirectional and num_buckets % 2):
+        raise ValueError(
+            f"num_buckets must be an int >= 2 (an even number >= 4 when bidirectional); got {num_buckets!r}"
+        )
+    if not isinstance(max_distance, int) or max_distance <= half // 2:
+        raise ValueError(
+            f"max_distance must be an int larger than the exact buckets ({half // 2}); got {max_distance!r}"
+        )
+
+
+def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """Bucket index (``long``, same shape) of each relative position ``r = j - i`` (integers)."""
+    _check_buckets(num_buckets, max_distance, bidirectional)
+    if relative_position.dtype.is_floating_point:
+        raise TypeError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
+    r = relative_position.long()
+    if bidirectional:
+        half = num_buckets // 2
+        base = (r > 0).long() * half
+        n = r.abs()
+    else:
+        half = num_buckets
+        base = torch.zeros_like(r)
+        n = (-r).clamp(min=0)
+    exact = half // 2
+    # log of n / exact on its own scale; n < exact is taken from the exact branch, so clamp first
+    # to keep the log finite there.
+    ratio = n.clamp(min=exact).to(torch.float32) / exact
+    log_bucket = exact + (torch.log(ratio) / math.log(max_distance / exact) * (half - exact)).long()
+    log_bucket = log_bucket.clamp(max=half - 1)
+    return base + torch.where(n < exact, n, log_bucket)
+
+
+@register(
+    "t5",
+    modality="seq",
+    paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), https://arxiv.org/abs/1910.10683",
+    summary="learned scalar per (log-spaced relative-position bucket, head) on the scores",
+)
+class T5Bias(PositionEncoding):
+    """Args:
+        num_heads: query heads ``H``.
+        num_buckets: buckets (32 in T5).
+        max_distance: distances from here on share the last bucket (128 in T5).
+        bidirectional: split buckets by sign (encoders); False for causal (decoder) attention.
+
+    Parameters: ``table [num_buckets, H]``. Positions: integer ``[B or 1, T]``.
+    """
+
+    hooks = frozenset({Hook.SCORE_BIAS})
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False) -> None:
+        super().__init__()
+        if num_heads <= 0:
+            raise ValueError(f"num_heads must be positive, got {num_heads}")
+        _check_buckets(num_buckets, max_distance, bidirectional)
+        self.num_heads, self.num_buckets, self.max_distance = num_heads, num_buckets, max_distance
+        self.bidirectional = bidirectional
+        self.table = nn.Parameter(torch.empty(num_buckets, num_heads))
+        nn.init.normal_(self.table, std=0.02)
+
+    def buckets(self, relative_position: Tensor) -> Tensor:
+        return t5_bucket(
+            relative_position, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+            raise ValueError(
+                f"T5Bias needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
+                f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
+            )
+        # One row per relative position that occurs, [R, H], built once per call: the pairwise
+        # function is then a gather (no logarithm per pair), and its gradient flows back to the
+        # table through this small tensor.
+        lo = int(kv_pos.min()) - int(q_pos.max())
+        hi = int(kv_pos.max()) - int(q_pos.min())
+        rel = self.table[self.buckets(torch.arange(lo, hi + 1, device=self.table.device))]
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return rel[take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo, h]
+
+        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias")

@@ -1,0 +1,260 @@
+"""Synthetic length-generalisation tasks: copy, reverse, sort, addition, associative recall
+(the NoPE paper's setting: Kazemnejad et al. 2023, https://arxiv.org/abs/2305.19466).
+
+Every task writes one example as a token sequence ``BOS question SEP answer EOS`` for a causal
+LM trained on next-token prediction, with the loss only on the answer (and its EOS). ``length``
+is the problem size (items to copy, digits per operand, key-value pairs); train at sizes up to
+``L`` and evaluate up to ``4L``.
+
+A batch is ``(tokens, targets, loss_mask)``, each ``[B, T]``: ``targets`` is ``tokens`` shifted
+left by one (the next token), ``loss_mask`` is True where the target is an answer token.
+Sequences of a batch are right-padded with ``PAD`` to the longest one (padding is never in the
+mask, and causal attention keeps it out of the real tokens' view). :func:`exact_match` scores a
+model's teacher-forced argmax: an example counts when every answer token is right, which is
+exactly when greedy decoding would produce the whole answer.
+
+Vocabulary (shared by all tasks of a given ``num_symbols``): ``PAD=0, BOS=1, SEP=2, EOS=3,
+PLUS=4``, then the symbols ``5 .. 5 + num_symbols - 1`` (the digits 0-9 for addition).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+PAD, BOS, SEP, EOS, PLUS = 0, 1, 2, 3, 4
+NUM_SPECIAL = 5
+
+
+class Task:
+    """Base class: subclasses define ``name``, :meth:`example` and :meth:`max_total_length`.
+
+    Args:
+        num_symbols: size of the symbol alphabet (>= 10 for addition; >= the largest ``length``
+            for associative recall, whose keys are distinct).
+    """
+
+    name: str = ""
+    min_symbols: int = 2
+
+    def __init__(self, num_symbols: int = 64) -> None:
+        if not isinstance(num_symbols, int) or num_symbols < self.min_symbols:
+            raise ValueError(f"{self.name}: num_symbols must be an int >= {self.min_symbols}, got {num_symbols!r}")
+        self.num_symbols = num_symbols
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_SPECIAL + self.num_symbols
+
+    def check_length(self, length: int) -> None:
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(f"{self.name}: length must be a positive int, got {length!r}")
+
+    def example(self, length: int, generator: torch.Generator) -> tuple[list[int], list[int]]:
+        """``(question, answer)`` symbol lists (token ids) of one example of size ``length``."""
+        raise NotImplementedError
+
+    def max_total_length(self, length: int) -> int:
+        """Tokens of the longest example of size ``length``, with BOS, SEP and EOS."""
+        raise NotImplementedError
+
+    def _symbols(self, n: int, g: torch.Generator, count: int | None = None) -> list[int]:
+        count = self.num_symbols if count is None else count
+        return (torch.randint(0, count, (n,), generator=g) + NUM_SPECIAL).tolist()
+
+    def sequence(self, length: int, generator: torch.Generator) -> tuple[Tensor, int]:
+        """One example as ``BOS question SEP answer EOS`` ``[T]`` and the index of SEP."""
+        self.check_length(length)
+        question, answer = self.example(length, generator)
+        seq = [BOS, *question, SEP, *answer, EOS]
+        return torch.tensor(seq, dtype=torch.long), len(question) + 1
+
+    def batch(
+        self, batch_size: int, length: int, *, generator: torch.Generator, min_length: int = 1
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``batch_size`` examples with sizes drawn uniformly from ``[min_length, length]``.
+
+        Returns ``(tokens, targets, loss_mask)``, each ``[batch_size, T]``.
+        """
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.check_length(length)
+        if not isinstance(min_length, int) or not 1 <= min_length <= length:
+            raise ValueError(f"min_length must be an int in [1, length={length}], got {min_length!r}")
+        sizes = torch.randint(min_length, length + 1, (batch_size,), generator=generator).tolist()
+        return collate([self.sequence(n, generator) for n in sizes])
+
+
+def collate(items: list[tuple[Tensor, int]], pad_to: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad ``(sequence, sep_index)`` items to one ``(tokens, targets, loss_mask)`` batch."""
+    longest = max(len(s) for s, _ in items) - 1
+    width = longest if pad_to is None else pad_to - 1
+    tokens = torch.full((len(items), width), PAD, dtype=torch.long)
+    targets = torch.full((len(items), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.bool)
+    for i, (seq, sep) in enumerate(items):
+        n = len(seq) - 1
+        tokens[i, :n] = seq[:-1]
+        targets[i, :n] = seq[1:]
+        mask[i, sep:n] = True  # targets after SEP: the answer and EOS
+    return tokens, targets, mask
+
+
+class Copy(Task):
+    """``x1 .. xn SEP x1 .. xn``."""
+
+    name = "copy"
+
+    def example(self, length, generator):
+        x = self._symbols(length, generator)
+        return x, list(x)
+
+    def max_total_length(self, length):
+        return 2 * length + 3
+
+
+class Reverse(Task):
+    """``x1 .. xn SEP xn .. x1``."""
+
+    name = "reverse"
+
+    def example(self, length, generator):
+        x = self._symbols(length, generator)
+        return x, x[::-1]
+
+    def max_total_length(self, length):
+        return 2 * length + 3
+
+
+class Sort(Task):
+    """``x1 .. xn SEP sorted(x)`` (ascending symbol ids)."""
+
+    name = "sort"
+
+    def example(self, length, generator):
+        x = self._symbols(length, generator)
+        return x, sorted(x)
+
+    def max_total_length(self, length):
+        return 2 * length + 3
+
+
+class Addition(Task):
+    """``a PLUS b SEP (a + b)`` with ``length``-digit operands (leading zeros allowed) and a
+    ``length + 1``-digit sum. Digits are written least significant first by default
+    (``reverse_digits``), the order in which a left-to-right model can carry."""
+
+    name = "addition"
+    min_symbols = 10
+
+    def __init__(self, num_symbols: int = 64, reverse_digits: bool = True) -> None:
+        super().__init__(num_symbols)
+        self.reverse_digits = reverse_digits
+
+    def example(self, length, generator):
+        a = torch.randint(0, 10, (length,), generator=generator).tolist()  # most significant first
+        b = torch.randint(0, 10, (length,), generator=generator).tolist()
+        s = self.sum_digits(a, b)
+        if self.reverse_digits:
+            a, b, s = a[::-1], b[::-1], s[::-1]
+        d = NUM_SPECIAL
+        return [d + v for v in a] + [PLUS] + [d + v for v in b], [d + v for v in s]
+
+    def max_total_length(self, length):
+        return 3 * length + 5
+
+    @staticmethod
+    def sum_digits(a: list[int], b: list[int]) -> list[int]:
+        """Digits (most significant first) of the sum of two equal-length digit lists, one digit longer."""
+        total = int("".join(map(str, a))) + int("".join(map(str, b)))
+        return [int(c) for c in str(total).zfill(len(a) + 1)]
+
+
+class AssociativeRecall(Task):
+    """``k1 v1 .. kn vn SEP kq`` -> ``v_q``: ``length`` pairs with distinct keys, then a query
+    key drawn from them; the answer is its value. Needs ``num_symbols >= length``."""
+
+    name = "recall"
+
+    def check_length(self, length):
+        super().check_length(length)
+        if length > self.num_symbols:
+            raise ValueError(f"recall: length={length} pairs need distinct keys, but num_symbols={self.num_symbols}")
+
+    def example(self, length, generator):
+        keys = (torch.randperm(self.num_symbols, generator=generator)[:length] + NUM_SPECIAL).tolist()
+        values = self._symbols(length, generator)
+        q = int(torch.randint(0, length, (1,), generator=generator))
+        pairs = [t for kv in zip(keys, values) for t in kv]
+        # The query key sits after SEP, so it is part of the question the answer attends to.
+        return pairs + [SEP, keys[q]], [values[q]]
+
+    def sequence(self, length, generator):
+        self.check_length(length)
+        question, answer = self.example(length, generator)
+        seq = [BOS, *question, *answer, EOS]  # the question already ends with SEP kq
+        return torch.tensor(seq, dtype=torch.long), len(question)
+
+    def max_total_length(self, length):
+        return 2 * length + 5
+
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "copy": Copy, "reverse": Reverse, "sort": Sort, "addition": Addition, "recall": AssociativeRecall,
+}
+
+
+def make_task(name: str, **options) -> Task:
+    """The task registered as ``name`` (one of :data:`TASKS`)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    return TASKS[name](**options)
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest(), "little") >> 1
+
+
+class TaskDataset(Dataset):
+    """``num_examples`` examples of a task as a map-style dataset (for the Trainer): item ``i`` is
+    drawn from a generator seeded with ``(seed, i)``, so it is the same in every epoch and process.
+    Sizes are uniform in ``[min_length, length]``; each item is padded to the longest possible
+    example, so items stack into a batch. Item: ``(tokens, targets, loss_mask)``, each ``[T]``."""
+
+    def __init__(self, task: Task, num_examples: int, length: int, *, seed: int = 0, min_length: int = 1) -> None:
+        task.check_length(length)
+        if not isinstance(min_length, int) or not 1 <= min_length <= length:
+            raise ValueError(f"min_length must be an int in [1, length={length}], got {min_length!r}")
+        if num_examples < 1:
+            raise ValueError(f"num_examples must be positive, got {num_examples}")
+        self.task, self.num_examples, self.length, self.seed, self.min_length = task, num_examples, length, seed, min_length
+        self.width = task.max_total_length(length)
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, Tensor]:
+        if not 0 <= i < self.num_examples:
+            raise IndexError(f"index {i} out of range for {self.num_examples} examples")
+        g = torch.Generator().manual_seed(_seed("posenc.task", self.task.name, self.seed, i))
+        size = int(torch.randint(self.min_length, self.length + 1, (1,), generator=g))
+        tokens, targets, mask = collate([self.task.sequence(size, g)], pad_to=self.width)
+        return tokens[0], targets[0], mask[0]
+
+
+def exact_match(logits: Tensor, targets: Tensor, loss_mask: Tensor) -> Tensor:
+    """Per example: whether the argmax of ``logits [B, T, V]`` equals ``targets [B, T]`` at every
+    position of ``loss_mask [B, T]`` -> bool ``[B]``."""
+    right = (logits.argmax(-1) == targets) | ~loss_mask
+    return right.all(-1)
+
+
+def masked_loss(logits: Tensor, targets: Tensor, loss_mask: Tensor) -> Tensor:
+    """Mean cross-entropy over the answer positions."""
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    m = loss_mask.flatten().to(loss.dtype)
+    return (loss * m).sum() / m.sum().clamp_min(1.0)

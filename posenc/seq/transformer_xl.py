@@ -1,0 +1,96 @@
+"""Transformer-XL relative attention (Dai et al. 2019, https://arxiv.org/abs/1901.02860).
+
+``A_ij = q_i.k_j + q_i.W_R R_(i-j) + u.k_j + v.W_R R_(i-j)`` (then times ``1/sqrt(d)``), with
+``R`` the sinusoid table of the distance ``i - j`` (width ``dim``, :func:`posenc.common.sinusoid.sinusoid_table`),
+``W_R`` a learned ``dim -> H * d`` projection and ``u, v [H, d]`` learned per head.
+
+Two hooks:
+
+* q/k: ``q -> q + u`` gives terms (a) + (c): ``(q + u).k``.
+* score bias: terms (b) + (d) ``= (q + v).W_R R_(i-j)``, a content-dependent per-batch table
+  ``[B, H, Tq, R]`` over the ``R`` distinct distances, gathered by ``i - j``. The bias receives the
+  already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads ``q``, not
+  ``q + u``. The table is listed as ``learned`` so the chunked dense path's backward carries its
+  gradient to ``q``, ``v`` and ``W_R``.
+
+Memory and masks: there is no segment-level recurrence memory here; the KV cache of
+:class:`posenc.MultiheadAttention` is its analogue (cached keys keep their positions, the queries
+continue after them, and ``i - j`` is taken from those positions). The distances span
+``min(q_pos) - max(kv_pos) .. max(q_pos) - min(kv_pos)`` (both signs, so bidirectional attention
+works too); with the distance unclipped the table is about as large as ``T x T``, as in the paper.
+``R`` uses posenc's interleaved sin/cos layout; the paper concatenates ``[sin, cos]``, a fixed
+permutation that the learned ``W_R`` absorbs.
+
+Kernel: the chunked dense path on CPU, FlexAttention on CUDA. Integer positions ``[B or 1, T]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+from ..common.sinusoid import sinusoid_table
+
+
+@register(
+    "transformer_xl",
+    modality="seq",
+    paper="Dai et al. 2019, Transformer-XL, https://arxiv.org/abs/1901.02860",
+    summary="sinusoid of i - j projected per head, with global content and position biases u, v",
+)
+class TransformerXLRelative(PositionEncoding):
+    """Args:
+        dim: model width (width of the sinusoid ``R``).
+        num_heads: query heads ``H``.
+        head_dim: ``d``.
+
+    Parameters: ``u [H, d]``, ``v [H, d]``, ``r_proj`` (``W_R``, ``Linear(dim, H * d, bias=False)``).
+    """
+
+    hooks = frozenset({Hook.QK, Hook.SCORE_BIAS})
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int) -> None:
+        super().__init__()
+        if dim <= 0 or dim % 2 or num_heads <= 0 or head_dim <= 0:
+            raise ValueError(
+                f"dim must be a positive even number and num_heads, head_dim positive; got {dim}, {num_heads}, {head_dim}"
+            )
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
+        self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
+        self.r_proj = nn.Linear(dim, num_heads * head_dim, bias=False)
+
+    def _check(self, q: Tensor, q_pos: Tensor, kv_pos: Tensor) -> None:
+        if q.shape[1] != self.num_heads or q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"TransformerXLRelative was built for {self.num_heads} heads of {self.head_dim}; q is {tuple(q.shape)}"
+            )
+        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+            raise ValueError(
+                f"TransformerXLRelative needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} "
+                f"{q_pos.dtype} and {tuple(kv_pos.shape)} {kv_pos.dtype}"
+            )
+
+    def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``q + u`` (terms a + c); keys unchanged."""
+        self._check(q, q_pos, kv_pos)
+        return q + self.u.to(q.dtype)[None, :, None, :], k
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """``q`` is the shifted ``q + u`` from :meth:`transform_qk`."""
+        self._check(q, q_pos, kv_pos)
+        lo = int(q_pos.min()) - int(kv_pos.max())
+        hi = int(q_pos.max()) - int(kv_pos.min())
+        dist = torch.arange(lo, hi + 1, device=q.device)
+        r = sinusoid_table(dist, self.dim, dtype=self.r_proj.weight.dtype)  # [R, dim]
+        wr = self.r_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # [R, H, d]
+        qv = q + (self.v - self.u).to(q.dtype)[None, :, None, :]
+        table = torch.einsum("bhid,rhd->bhir", qv, wr) * self.head_dim ** -0.5  # [B, H, Tq, R]
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return table[b, h, q_idx, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo]
+
+        return PairwiseBias(bias, per_batch=True, learned=(table,), name="TransformerXLRelative")

@@ -1,0 +1,144 @@
+"""TUPE, untied positional encoding (Ke et al. 2021, Rethinking Positional Encoding in Language
+Pre-training, https://arxiv.org/abs/2006.15595).
+
+``a_ij = (x_i Wq).(x_j Wk) / sqrt(2d) + (p_i Uq).(p_j Uk) / sqrt(2d)`` with ``p`` a learned
+absolute table ``(max_len, C)`` and ``Uq, Uk: C -> H*d`` per-head projections: word and position
+correlations are computed apart, with no cross terms. One instance shared by every layer (the
+default in a stack) gives every layer the same position term, as in the paper (it is recomputed
+per layer: modules keep no per-call state); one instance per layer unties it. The paper's
+optional T5-style relative term is not included. ``untie_cls=True`` resets the [CLS] token
+(position 0): its row of the position term becomes a learned scalar per head
+(``cls_to_others``, the paper's ``theta_1``) and its column, for the other queries,
+``others_to_cls`` (``theta_2``), so [CLS] is not tied to the first position.
+
+Hooks: q/k transform (``q / sqrt(2)``: with the core's ``1/sqrt(d)`` the content term gets
+``1/sqrt(2d)``) and a score bias (the position term with its own ``1/sqrt(2d)``). Kernel path:
+per call the positions are projected once, ``p Uq / sqrt(2d)`` ``[B or 1, H, Tq, d]`` and ``p Uk``
+``[B or 1, H, Tk, d]`` (listed in ``learned``). On the dense path (SDPA's fused kernel, chunk by
+chunk of query rows) the bias function computes each chunk's term by one matmul, so no
+``[H, T, T]`` tensor is kept and the chunked backward returns gradients of the small projected
+tables only; FlexAttention's ``score_mod`` evaluates the same function per element as a
+``d``-long dot product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import PairwiseBias, take
+from ..common.registry import register
+from .blocks import is_dense_block
+from .learned import lerp_rows
+
+
+@register(
+    "tupe",
+    modality="seq",
+    paper="Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training, https://arxiv.org/abs/2006.15595",
+    summary="untied position correlation (p_i Uq).(p_j Uk)/sqrt(2d) from a learned table; optional [CLS] untying",
+)
+class TUPE(PositionEncoding):
+    """Args:
+        dim: model width ``C`` (the width of the position table).
+        num_heads: query heads ``H``.
+        max_len: rows of the position table; positions past it are an error.
+        head_dim: per-head width ``d``; default ``dim // num_heads``.
+        untie_cls: learned [CLS]-to-others and others-to-[CLS] scalars per head (position 0).
+        init_std: standard deviation of the table's initialisation (0.02).
+
+    Shapes: ``q [B, H, Tq, d]``, ``k [B, Hkv, Tk, d]``, positions ``[B or 1, T]`` (integer, or float:
+    linear interpolation between table rows).
+    """
+
+    hooks = frozenset({Hook.QK, Hook.SCORE_BIAS})
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        max_len: int,
+        head_dim: int | None = None,
+        untie_cls: bool = False,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        for name, value in (("dim", dim), ("num_heads", num_heads), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or give head_dim")
+            head_dim = dim // num_heads
+        self.dim, self.num_heads, self.head_dim, self.max_len = dim, num_heads, head_dim, max_len
+        self.untie_cls = untie_cls
+        self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
+        self.pos_q = nn.Linear(dim, num_heads * head_dim, bias=False)
+        self.pos_k = nn.Linear(dim, num_heads * head_dim, bias=False)
+        if untie_cls:
+            self.cls_to_others = nn.Parameter(torch.zeros(num_heads))
+            self.others_to_cls = nn.Parameter(torch.zeros(num_heads))
+
+    def _positions(self, positions: Tensor) -> Tensor:
+        """``[B or 1, T]`` -> table rows ``[B or 1, T, C]`` (error past the table)."""
+        if positions.dim() != 2:
+            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
+        if positions.numel() and (bool((positions < 0).any()) or bool((positions > self.max_len - 1).any())):
+            bad = positions.max().item() if bool((positions > self.max_len - 1).any()) else positions.min().item()
+            raise ValueError(f"position {bad} is outside TUPE's table (max_len={self.max_len}, positions 0..{self.max_len - 1})")
+        if positions.is_floating_point():
+            return lerp_rows(self.table, positions.to(torch.float64))
+        return self.table[positions]
+
+    def _project(self, rows: Tensor, proj: nn.Linear) -> Tensor:
+        return proj(rows).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, d]
+
+    def projected_positions(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``p_i Uq / sqrt(2d)`` ``[B or 1, H, Tq, d]`` and ``p_j Uk`` ``[B or 1, H, Tk, d]``."""
+        pq = self._project(self._positions(q_pos), self.pos_q) * (1 / math.sqrt(2 * self.head_dim))
+        pk = self._project(self._positions(kv_pos), self.pos_k)
+        return pq, pk
+
+    def position_term(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """``(p_i Uq).(p_j Uk) / sqrt(2d)`` as ``[B or 1, H, Tq, Tk]`` (with the [CLS] reset)."""
+        bias = self.score_bias(None, None, q_pos, kv_pos)
+        device = self.table.device
+        batch = max(q_pos.shape[0], kv_pos.shape[0])
+        q_idx, kv_idx = torch.arange(q_pos.shape[1], device=device), torch.arange(kv_pos.shape[1], device=device)
+        return bias.dense(batch, self.num_heads, q_idx, kv_idx)
+
+    def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
+        return q * (1 / math.sqrt(2)), k
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        pq, pk = self.projected_positions(q_pos, kv_pos)
+        per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
+        untie = self.untie_cls
+        if untie:
+            h = self.num_heads
+            cls_row, cls_col = self.cls_to_others.view(h), self.others_to_cls.view(h)
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            bq, bk = (b if pq.shape[0] > 1 else b * 0), (b if pk.shape[0] > 1 else b * 0)
+            if is_dense_block(b, h, q_idx, kv_idx):
+                # A dense block of rows x keys: one matmul instead of a d-long product per element.
+                rows = pq[bq[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
+                term = torch.matmul(rows, cols.transpose(-1, -2))
+            else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
+                term = (pq[bq, h, q_idx] * pk[bk, h, kv_idx]).sum(-1)
+            if untie:
+                is_cls_q = take(q_pos, b, q_idx) == 0
+                is_cls_k = take(kv_pos, b, kv_idx) == 0
+                term = torch.where(is_cls_q, cls_row[h].to(term.dtype), term)
+                term = torch.where(is_cls_k & ~is_cls_q, cls_col[h].to(term.dtype), term)
+            return term
+
+        learned = (pq, pk) + ((self.cls_to_others, self.others_to_cls) if untie else ())
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE")
+

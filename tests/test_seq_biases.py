@@ -1,0 +1,387 @@
+"""Relative biases of the sequence issue (T5, Shaw, Transformer-XL, KERPLE, FIRE, CAPE, CoPE):
+known values, invariances, gradients, the fast path at inference, KV cache, bad input.
+Kernel-path equivalence with the float64 reference is in tests/test_kernel_paths.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc.common import kernels
+from posenc.common.attention import attend
+from posenc.common.pairwise import PairwiseBias
+from posenc.seq.cape import CAPE
+from posenc.seq.cope import CoPE
+from posenc.seq.fire import FIRE
+from posenc.seq.kerple import KERPLE, kerple_bias
+from posenc.seq.shaw import ShawRelative
+from posenc.seq.t5 import T5Bias, t5_bucket
+from posenc.seq.transformer_xl import TransformerXLRelative
+
+from . import reference as ref
+
+NAMES = ["t5", "shaw", "transformer_xl", "kerple", "fire", "cape", "cope"]
+DIMS = posenc.ModelDims(dim=32, num_heads=4, max_len=64)
+
+
+# ---- T5 buckets -------------------------------------------------------------------------------
+
+# Worked by hand from the definition (32 buckets, max_distance 128).
+# Bidirectional: 16 per sign, 8 exact; 8 + floor(ln(n/8) / ln(16) * 8), capped at 15; r > 0 adds 16.
+# Causal: 32 buckets on n = max(-r, 0), 16 exact; 16 + floor(ln(n/16) / ln(8) * 16), capped at 31.
+T5_BIDIRECTIONAL = {0: 0, -1: 1, -7: 7, -8: 8, -11: 8, -12: 9, -20: 10, -60: 13, -127: 15, -128: 15, -1000: 15,
+                    1: 17, 7: 23, 8: 24, 20: 26, 127: 31, 128: 31, 5000: 31}
+T5_CAUSAL = {0: 0, 1: 0, 500: 0, -1: 1, -15: 15, -16: 16, -20: 17, -23: 18, -32: 21, -64: 26, -127: 31, -128: 31,
+             -10_000: 31}
+
+
+@pytest.mark.parametrize("bidirectional,table", [(True, T5_BIDIRECTIONAL), (False, T5_CAUSAL)])
+def test_t5_buckets_at_chosen_offsets(bidirectional, table):
+    r = torch.tensor(list(table))
+    got = t5_bucket(r, bidirectional=bidirectional, num_buckets=32, max_distance=128)
+    assert got.tolist() == list(table.values())
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (6, 7)])
+def test_t5_buckets_match_the_independent_definition(bidirectional, num_buckets, max_distance):
+    r = torch.arange(-300, 301)
+    got = t5_bucket(r, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    want = [ref.t5_bucket(int(x), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+            for x in r]
+    assert got.tolist() == want
+    assert got.min() >= 0 and got.max() < num_buckets
+
+
+def test_t5_bias_depends_only_on_offset():
+    enc = T5Bias(4, bidirectional=True)
+    q = torch.zeros(1, 4, 6, 8)
+    base = torch.arange(6)[None]
+    dense = [enc.score_bias(q, q, base + s, base + s).dense(1, 4, torch.arange(6), torch.arange(6))
+             for s in (0, 7, 1000)]
+    for d in dense[1:]:
+        torch.testing.assert_close(d, dense[0])
+
+
+def test_t5_shared_across_layers_accumulates_one_gradient_per_layer():
+    """One instance in every layer (T5's sharing) gets the sum of what separate copies would get."""
+    torch.manual_seed(0)
+    shared = T5Bias(4, bidirectional=True)
+    with torch.no_grad():
+        shared.table.normal_(0, 0.5)
+    model = posenc.TransformerEncoder(32, 3, 4, encoding=shared)
+    copies = [copy.deepcopy(shared) for _ in range(3)]
+    separate = posenc.TransformerEncoder(32, 3, 4, encoding=copies)
+    separate.load_state_dict(model.state_dict(), strict=False)
+    for blk_a, blk_b in zip(model.blocks, separate.blocks):
+        blk_b.load_state_dict(blk_a.state_dict())
+    x = torch.randn(2, 10, 32)
+    model(x).square().sum().backward()
+    separate(x).square().sum().backward()
+    per_layer = [c.table.grad for c in copies]
+    assert all(g is not None and g.abs().sum() > 0 for g in per_layer)
+    torch.testing.assert_close(shared.table.grad, sum(per_layer), rtol=1e-5, atol=1e-7)
+    assert sum(p is shared.table for p in model.parameters()) == 1  # registered once
+
+
+# ---- KERPLE -----------------------------------------------------------------------------------
+
+def test_kerple_formula_values():
+    d = torch.tensor([0.0, 1.0, 3.0, 10.0])
+    torch.testing.assert_close(kerple_bias(d, torch.tensor(2.0), torch.tensor(0.5), "log"),
+                               torch.tensor([0.0, -2 * math.log(1.5), -2 * math.log(2.5), -2 * math.log(6.0)]))
+    torch.testing.assert_close(kerple_bias(d, torch.tensor(0.5), torch.tensor(1.5), "power"),
+                               torch.tensor([0.0, -0.5, -0.5 * 3 ** 1.5, -0.5 * 10 ** 1.5]))
+
+
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_module_bias_and_constraints(variant):
+    torch.manual_seed(0)
+    enc = KERPLE(4, variant=variant)
+    assert (enc.r1 > 0).all() and (enc.r2 > 0).all()
+    if variant == "power":
+        assert (enc.r2 <= 2).all()
+    with torch.no_grad():  # far outside the valid range: the parametrisation keeps it valid
+        enc.raw_r1.fill_(-50.0)
+        enc.raw_r2.fill_(50.0)
+    assert (enc.r1 > 0).all() and (enc.r2 > 0).all() and (variant == "log" or (enc.r2 <= 2).all())
+    torch.manual_seed(1)
+    enc = KERPLE(4, variant=variant)
+    q = torch.zeros(1, 4, 5, 8)
+    pos = torch.arange(5)[None]
+    dense = enc.score_bias(q, q, pos, pos).dense(1, 4, torch.arange(5), torch.arange(5))
+    want = ref.kerple_bias(enc.r1.detach(), enc.r2.detach(), variant, pos, pos)
+    torch.testing.assert_close(dense.double(), want, rtol=1e-6, atol=1e-6)
+    shifted = enc.score_bias(q, q, pos + 100, pos + 100).dense(1, 4, torch.arange(5), torch.arange(5))
+    torch.testing.assert_close(shifted, dense)  # only i - j matters
+
+
+def test_kerple_causal_by_default_and_symmetric_on_request():
+    q = torch.randn(1, 4, 5, 8)
+    pos = torch.arange(5)[None]
+    with pytest.raises(ValueError, match="KERPLE is defined for causal attention only"):
+        attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=KERPLE(4))
+    attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=KERPLE(4, symmetric=True))
+
+
+# ---- FIRE -------------------------------------------------------------------------------------
+
+def test_fire_normalized_distance_values():
+    enc = FIRE(4)  # c = 0.1, L = 512
+    got = enc.normalized_distance(torch.tensor([10.0, 600.0, 600.0]), torch.tensor([4.0, 0.0, 600.0]))
+    want = torch.tensor([
+        math.log(1 + 0.1 * 6) / (math.log(1 + 0.1 * 512) + 1e-6),
+        math.log(1 + 0.1 * 600) / (math.log(1 + 0.1 * 600) + 1e-6),
+        0.0,
+    ])
+    torch.testing.assert_close(got, want)
+    assert enc.threshold.item() == 512.0 and enc.c.item() == pytest.approx(0.1)
+
+
+def test_fire_bias_is_the_mlp_of_the_normalized_distance_and_relative_below_threshold():
+    torch.manual_seed(0)
+    enc = FIRE(4, init_threshold=50.0)
+    q = torch.zeros(1, 4, 6, 8)
+    pos = torch.arange(6)[None]
+    dense = enc.score_bias(q, q, pos, pos).dense(1, 4, torch.arange(6), torch.arange(6))
+    m = enc.mlp
+    want = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, pos, pos)
+    torch.testing.assert_close(dense.double(), want.detach(), rtol=1e-5, atol=1e-6)
+    # below the threshold the normaliser is constant: the bias depends on i - j only
+    moved = enc.score_bias(q, q, pos + 20, pos + 20).dense(1, 4, torch.arange(6), torch.arange(6))
+    torch.testing.assert_close(moved, dense)
+    # past it, the normaliser grows with i (progressive interpolation): no longer shift-invariant
+    far = enc.score_bias(q, q, pos + 500, pos + 500).dense(1, 4, torch.arange(6), torch.arange(6))
+    assert not torch.allclose(far, dense)
+
+
+# ---- every encoding: gradients, fast path, cache, masks -------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_built_by_name_and_every_parameter_gets_a_gradient(name):
+    torch.manual_seed(0)
+    enc = posenc.build(name, dims=DIMS)
+    if name == "cope":
+        with torch.no_grad():
+            enc.pos_emb.normal_()
+    mha = posenc.MultiheadAttention(32, 4, encoding=enc)
+    x = torch.randn(2, 12, 32)
+    out = mha(x, mask=posenc.AttentionMask(causal=True))
+    out.square().sum().backward()
+    for pname, p in enc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}: no gradient for {pname}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kv_cache_decoding_equals_full_forward(name):
+    torch.manual_seed(0)
+    enc = posenc.build(name, dims=DIMS)
+    assert enc.supports_kv_cache
+    if name == "cope":
+        with torch.no_grad():
+            enc.pos_emb.normal_()
+    stack = posenc.TransformerEncoder(32, 2, 4, encoding=enc, num_kv_heads=2).eval()
+    x = torch.randn(2, 9, 32)
+    mask = posenc.AttentionMask(causal=True)
+    with torch.no_grad():
+        full = stack(x, mask=mask)
+        cache = posenc.KVCache(2)
+        steps = [stack(x[:, :4], mask=mask, cache=cache)]
+        steps += [stack(x[:, t : t + 1], mask=mask, cache=cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["kerple", "fire", "t5"])
+def test_frozen_or_no_grad_bias_is_a_constant_for_the_fused_kernel(name, monkeypatch):
+    """At inference (no grad, or frozen parameters while q/k/v train) the bias carries no learned
+    tensors, so the dense path uses the flash kernel's backward, never the explicit one."""
+    torch.manual_seed(0)
+    enc = posenc.build(name, dims=DIMS)
+    q = torch.randn(2, 4, 9, 8, requires_grad=True)
+    pos = torch.arange(9)[None]
+    with torch.no_grad():
+        assert not enc.score_bias(q, q, pos, pos).requires_grad
+    enc.requires_grad_(False)
+    assert not enc.score_bias(q, q, pos, pos).requires_grad
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("explicit backward used for a constant bias")
+
+    monkeypatch.setattr(kernels, "_chunk_backward_with_bias_grad", refuse)
+    out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
+    out.sum().backward()
+    assert q.grad is not None
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple", "fire", "transformer_xl", "shaw_keys"])
+def test_dense_path_bias_is_evaluated_in_row_chunks(name, monkeypatch):
+    """No [B, H, T, T] bias: every evaluation covers a chunk of query rows, forward and backward."""
+    torch.manual_seed(0)
+    enc = ShawRelative(8, values=False) if name == "shaw_keys" else posenc.build(name, dims=DIMS)
+    rows = []
+    original = PairwiseBias.dense
+
+    def recording(self, batch, heads, q_idx, kv_idx, dtype=None):
+        rows.append(len(q_idx))
+        return original(self, batch, heads, q_idx, kv_idx, dtype)
+
+    monkeypatch.setattr(PairwiseBias, "dense", recording)
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 8 * 2 * 4 * 64)
+    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    q = torch.randn(2, 4, 64, 8, requires_grad=True)
+    pos = torch.arange(64)[None]
+    out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
+    out.sum().backward()
+    assert rows and max(rows) <= 8
+
+
+def test_cape_keeps_masked_entries_masked():
+    """Values at masked keys never reach the output, however the MLP transforms the scores."""
+    torch.manual_seed(0)
+    enc = CAPE(32, 4, 64, base="kerple")
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.normal_(0, 3.0)
+    q = torch.randn(1, 4, 8, 8)
+    v = torch.randn(1, 4, 8, 8)
+    valid = torch.ones(1, 8, dtype=torch.bool)
+    valid[0, 5:] = False
+    mask = posenc.AttentionMask(causal=True, key_valid=valid)
+    pos = torch.arange(8)[None]
+    out = attend(q, q, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask)
+    v2 = v.clone()
+    v2[:, :, 5:] += 100.0
+    out2 = attend(q, q, v2, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask)
+    torch.testing.assert_close(out, out2)
+    # and the future (causal) is still invisible: row 2 ignores keys 3..7
+    v3 = v.clone()
+    v3[:, :, 3:] -= 50.0
+    out3 = attend(q, q, v3, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask)
+    torch.testing.assert_close(out[:, :, :3], out3[:, :, :3])
+
+
+@pytest.mark.parametrize("base", ["alibi", "kerple", "fire"])
+def test_cape_bases_are_built_through_the_registry(base):
+    enc = CAPE(32, 4, 64, base=base)
+    assert type(enc.base) is posenc.common.registry.get(base).cls
+    assert enc.causal_only
+    assert not CAPE(32, 4, 64, base="alibi", base_options={"symmetric": True}).causal_only
+
+
+def test_cope_positions_count_gates_and_clamp():
+    """With q.k huge the gates are 1: p_ij counts the visible keys j..i, clamped at npos_max - 1."""
+    enc = CoPE(2, max_len=8, npos_max=4).double()
+    with torch.no_grad():
+        enc.pos_emb.copy_(torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]))
+    q = torch.tensor([[[[1.0, 0.0]] * 6]], dtype=torch.float64)
+    scores = torch.full((1, 1, 6, 6), 50.0, dtype=torch.float64)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
+    pos = torch.arange(6)[None]
+    out = enc.transform_scores(scores, q, q, pos, pos, allowed)
+    # q.e(p) = p (first coordinate), scaled by 1/sqrt(2); p_ij = min(i - j + 1, 3) on the visible pairs
+    want = torch.tensor([[min(i - j + 1, 3) if j <= i else 0 for j in range(6)] for i in range(6)],
+                        dtype=torch.float64) / math.sqrt(2)
+    torch.testing.assert_close((out - scores)[0, 0], want, atol=1e-9, rtol=0)
+
+
+def test_transformer_xl_position_term_uses_q_not_q_plus_u():
+    """Terms (a)-(d) separately: changing u moves only u.k_j, changing v only v.W_R R."""
+    torch.manual_seed(0)
+    enc = TransformerXLRelative(16, 2, 8).double()
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    pos = torch.arange(5)[None]
+
+    def scores(e):
+        qt, kt = e.transform_qk(q, k, pos, pos)
+        content = qt @ kt.transpose(-1, -2) / math.sqrt(8)
+        return content + e.score_bias(qt, kt, pos, pos).dense(1, 2, torch.arange(5), torch.arange(5))
+
+    want = ref.transformer_xl_scores(q, k, enc.u, enc.v, enc.r_proj.weight, 16, pos, pos)
+    torch.testing.assert_close(scores(enc), want.detach())
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+def test_bad_input_is_named():
+    q = torch.randn(1, 4, 5, 8)
+    pos = torch.arange(5)[None]
+    fpos = pos.float()
+    causal = posenc.AttentionMask(causal=True)
+    with pytest.raises(ValueError, match="num_buckets must be"):
+        T5Bias(4, num_buckets=7, bidirectional=True)
+    with pytest.raises(ValueError, match="max_distance must be"):
+        t5_bucket(torch.arange(3), bidirectional=False, num_buckets=32, max_distance=10)
+    with pytest.raises(TypeError, match="relative_position must be an integer tensor"):
+        t5_bucket(torch.arange(3.0), bidirectional=False)
+    for enc in (T5Bias(4), ShawRelative(8), TransformerXLRelative(16, 4, 8)):
+        with pytest.raises(ValueError, match="integer positions"):
+            attend(q, q, q, q_pos=fpos, kv_pos=fpos, encoding=enc, mask=causal)
+    with pytest.raises(ValueError, match="max_relative must be a positive int"):
+        ShawRelative(8, max_relative=0)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        KERPLE(4, variant="gauss")
+    with pytest.raises(ValueError, match="base must be one of"):
+        CAPE(32, 4, 64, base="t5")
+    with pytest.raises(ValueError, match="npos_max must be"):
+        CoPE(8, max_len=8, npos_max=1)
+    with pytest.raises(ValueError, match="FIRE is defined for causal attention only"):
+        attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=FIRE(4))
+    with pytest.raises(ValueError, match="CoPE is defined for causal attention only"):
+        attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=CoPE(8, 8))
+    for enc in (CAPE(32, 4, 64), CoPE(8, 8)):
+        with pytest.raises(ValueError, match="transforms the whole score matrix; use 'math' or 'auto'"):
+            attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=causal, backend="dense")
+    with pytest.raises(ValueError, match="needs the attention probabilities"):
+        attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ShawRelative(8), mask=causal, backend="flex")
+    with pytest.raises(ValueError, match="built for head_dim=16"):
+        attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ShawRelative(16), mask=causal)
+
+
+def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(monkeypatch):
+    """Causal self-attention: no probability matrix (the math path is never called); padding or
+    packed positions fall back to the math path, with the same result as the reference."""
+    torch.manual_seed(0)
+    enc = ShawRelative(8, max_relative=3)
+    calls = []
+    original = kernels.math_path
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "math_path", recording)
+    q = torch.randn(2, 4, 20, 8, requires_grad=True)
+    pos = torch.arange(20)[None]
+    out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
+    out.sum().backward()
+    assert calls == [] and enc.value_table.grad.abs().sum() > 0
+    want = ref.shaw_attention(q, q, q, ref.allowed_matrix(2, 20, 20, causal=True), enc.key_table, enc.value_table,
+                              3, pos, pos)
+    torch.testing.assert_close(out.double(), want.detach(), rtol=1e-4, atol=1e-5)
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    valid[1, 15:] = False
+    attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True, key_valid=valid))
+    assert calls == [1]
+
+
+def test_fire_inference_lookup_equals_the_mlp():
+    """The piecewise-linear form used at inference is the same function as the MLP."""
+    torch.manual_seed(0)
+    enc = FIRE(4, init_threshold=20.0).double()
+    with torch.no_grad():
+        enc.mlp[0].weight[3] = 0.0  # a unit with no breakpoint (constant relu(b))
+    q = torch.zeros(1, 4, 40, 8)
+    pos = torch.arange(40)[None] * 3
+    idx = torch.arange(40)
+    training = enc.score_bias(q, q, pos, pos)
+    assert training.requires_grad
+    with torch.no_grad():
+        lookup = enc.score_bias(q, q, pos, pos)
+        assert not lookup.requires_grad
+        torch.testing.assert_close(lookup.dense(1, 4, idx, idx), training.dense(1, 4, idx, idx).detach(),
+                                   rtol=1e-12, atol=1e-12)

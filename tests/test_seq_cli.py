@@ -1,0 +1,74 @@
+"""``posenc train seq``: argument errors exit 2, a tiny run writes checkpoints and resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from posenc import cli
+
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--encoding", "rotary"], "--encoding: unknown encoding 'rotary'"),
+        (["--encoding", "rope", "--task", "parity"], "--task: unknown task 'parity'; choose from copy, reverse"),
+        (["--encoding", "rope", "--task", "copy", "--data", "x.txt"], "not allowed with argument"),
+        (["--encoding", "rope", "--data", "/no/such/file.txt"], "--data: text file '/no/such/file.txt' does not exist"),
+        (["--encoding", "rope", "--steps", "0"], "--steps must be positive, got 0"),
+        (["--encoding", "rope", "--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
+        (["--encoding", "rope", "--resume"], "--resume needs --out"),
+        (["--encoding", "rope", "--eval-lens", "8,x"], "--eval-lens"),
+        (["--encoding", "rope", "--encoding-option", "base"], "--encoding-option"),
+        (["--encoding", "none", "--encoding-option", "base=10"], "--encoding-option needs an encoding"),
+        (["--steps", "3"], "--encoding"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(argv, needle, capsys):
+    assert cli.main(["train", "seq", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and needle in err
+
+
+def test_bad_encoding_option_and_task_length_are_reported_as_errors(capsys):
+    assert cli.main(["train", "seq", "--encoding", "rope", "--encoding-option", "bass=3", "--steps", "1", *TINY]) == 2
+    assert "unknown argument(s) bass" in capsys.readouterr().err
+    argv = ["train", "seq", "--encoding", "rope", "--task", "recall", "--length", "8", "--num-symbols", "10", *TINY]
+    assert cli.main(argv) == 2
+    assert "recall: length=16 pairs need distinct keys, but num_symbols=10" in capsys.readouterr().err
+
+
+def test_task_run_checkpoints_and_resumes(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["train", "seq", "--encoding", "alibi", "--task", "copy", "--length", "3", "--eval-examples", "8",
+            "--out", str(out), *TINY]
+    assert cli.main([*base, "--steps", "4", "--checkpoint-every", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "exact match" in text and "alibi on task copy" in text
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["model_config"]["encoding"] == "alibi"
+    assert cli.main([*base, "--steps", "6", "--resume"]) == 0
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 6 and steps.count(4) == 2  # train + eval lines at 4, no repeats
+    result = json.loads((out / "results.json").read_text())
+    assert result["metric"] == "exact" and set(result["eval"]) == {"3", "6", "12"}
+    assert all(0 <= v <= 1 for v in result["eval"].values())
+
+
+def test_text_run_on_a_user_file_with_options_and_sample(tmp_path, capsys):
+    data = tmp_path / "text.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    argv = ["train", "seq", "--encoding", "alibi", "--encoding-option", "symmetric=false", "--data", str(data),
+            "--seq-len", "16", "--eval-lens", "16,32", "--eval-tokens", "64", "--steps", "3",
+            "--sample-tokens", "5", "--out", str(tmp_path / "out"), *TINY]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "bits per byte" in text and "greedy sample" in text
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["metric"] == "bpb" and set(result["eval"]) == {"16", "32"} and len(result["sample"]) >= 64
+    assert all(0 < v < 9 for v in result["eval"].values())

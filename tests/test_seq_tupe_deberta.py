@@ -1,0 +1,243 @@
+"""TUPE and DeBERTa against float64 references written from the papers' formulas: forward and
+backward on every kernel path that applies (dense, math; flex forward-only on CPU), gradients to
+every parameter, KV cache, log buckets, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc.common.attention import flex_available
+from posenc.common.kv_cache import KVCache
+from posenc.common.registry import ModelDims
+from posenc.seq.deberta import DeBERTa, deberta_index
+from posenc.seq.tupe import TUPE
+from tests import reference as ref
+
+B, H, T, D = 2, 2, 11, 8
+C = H * D
+
+
+def qkv(seed=0, heads_kv=H):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, heads_kv, T, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, heads_kv, T, D, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def softmax_attention(scores, v, allowed):
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed[:, None], -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+# ---- TUPE ------------------------------------------------------------------------------------
+
+
+def tupe_reference(enc: TUPE, q, k, v, q_pos, kv_pos, allowed):
+    """``(q.k)/sqrt(2d) + (p_i Uq).(p_j Uk)/sqrt(2d)`` with explicit loops over heads."""
+    P = enc.table.double()
+    Uq, Uk = enc.pos_q.weight.double(), enc.pos_k.weight.double()  # [H*d, C]
+    d = enc.head_dim
+    scores = q @ k.transpose(-1, -2) / math.sqrt(2 * d)
+    pos_terms = []
+    for h in range(enc.num_heads):
+        pq = P[q_pos] @ Uq[h * d : (h + 1) * d].T  # [Bp, Tq, d]
+        pk = P[kv_pos] @ Uk[h * d : (h + 1) * d].T
+        term = pq @ pk.transpose(-1, -2) / math.sqrt(2 * d)
+        if enc.untie_cls:
+            term = term.clone()
+            cls_q, cls_k = q_pos == 0, kv_pos == 0
+            for b in range(term.shape[0]):
+                for i in range(term.shape[1]):
+                    for j in range(term.shape[2]):
+                        if cls_q[b if cls_q.shape[0] > 1 else 0, i]:
+                            term[b, i, j] = enc.cls_to_others[h].double()
+                        elif cls_k[b if cls_k.shape[0] > 1 else 0, j]:
+                            term[b, i, j] = enc.others_to_cls[h].double()
+        pos_terms.append(term)
+    return softmax_attention(scores + torch.stack(pos_terms, dim=1), v, allowed)
+
+
+def params_of(enc):
+    return [p for _, p in sorted(enc.named_parameters())]
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "math"])
+@pytest.mark.parametrize("causal,untie", [(True, False), (False, True)])
+def test_tupe_forward_backward_against_reference(backend, causal, untie):
+    torch.manual_seed(0)
+    enc = TUPE(C, H, max_len=32, untie_cls=untie).double()
+    if untie:
+        with torch.no_grad():
+            enc.cls_to_others.copy_(torch.tensor([0.5, -1.0]))
+            enc.others_to_cls.copy_(torch.tensor([2.0, 0.25]))
+    q, k, v = (t.requires_grad_() for t in qkv())
+    pos = torch.stack([torch.arange(T), torch.arange(T) + 3])  # per-row positions
+    mask = posenc.AttentionMask(causal=causal)
+    allowed = ref.allowed_matrix(B, T, T, causal=causal) if causal else None
+    out = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend=backend)
+    expected = tupe_reference(enc, q, k, v, pos, pos, allowed)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-9)
+    go = torch.randn_like(out)
+    inputs = [q, k, v] + params_of(enc)
+    got = torch.autograd.grad(out, inputs, go)
+    want = torch.autograd.grad(expected, inputs, go)
+    for name, g, w in zip(["q", "k", "v"] + [n for n, _ in sorted(enc.named_parameters())], got, want):
+        assert g is not None and g.abs().sum() > 0, name
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
+
+
+@pytest.mark.skipif(not flex_available(), reason="needs FlexAttention")
+def test_tupe_and_deberta_flex_forward_on_cpu():
+    torch.manual_seed(0)
+    q, k, v = (t.float() for t in qkv())
+    pos = torch.arange(T)[None]
+    mask = posenc.AttentionMask(causal=True)
+    for enc in (TUPE(C, H, max_len=16), DeBERTa(C, H, span=4)):
+        with torch.no_grad():
+            flex = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="flex")
+            dense = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="dense")
+        torch.testing.assert_close(flex, dense, rtol=1e-4, atol=1e-5)
+
+
+def test_tupe_position_term_is_shared_by_layers_and_cached_decoding_matches():
+    torch.manual_seed(0)
+    enc = posenc.build("tupe", dims=ModelDims(C, H, 32))
+    stack = posenc.TransformerEncoder(C, 3, H, encoding=enc).double().eval()
+    assert all(b.attn.encoding is enc for b in stack.blocks)  # one table and one (Uq, Uk) for all layers
+    x = torch.randn(2, 10, C, dtype=torch.float64)
+    mask = posenc.AttentionMask(causal=True)
+    full = stack(x, mask=mask)
+    cache = KVCache(3)
+    steps = [stack(x[:, :4], mask=mask, cache=cache)] + [stack(x[:, t : t + 1], mask=mask, cache=cache) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_tupe_bad_input():
+    enc = TUPE(C, H, max_len=8)
+    q, k, v = (t.float() for t in qkv())
+    with pytest.raises(ValueError, match=r"position 10 is outside TUPE's table \(max_len=8"):
+        posenc.attend(q, k, v, q_pos=torch.arange(T), kv_pos=torch.arange(T), encoding=enc)
+    with pytest.raises(ValueError, match=r"dim \(15\) must be divisible by num_heads \(2\)"):
+        TUPE(15, 2, 8)
+    with pytest.raises(ValueError, match="max_len must be a positive integer"):
+        TUPE(16, 2, 0)
+
+
+# ---- DeBERTa ---------------------------------------------------------------------------------
+
+
+def log_bucket_ref(r: int, bucket_size: int, max_position: int) -> int:
+    """DeBERTa-v2's log bucket of one distance, in plain Python."""
+    mid = bucket_size // 2
+    if -mid < r < mid:
+        return r
+    a = abs(r)
+    if a <= mid:
+        return r
+    log_pos = math.ceil(math.log(a / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return int(math.copysign(log_pos, r))
+
+
+def delta_ref(r: int, span: int, log_buckets: bool, max_position: int) -> int:
+    if log_buckets:
+        r = log_bucket_ref(r, span, max_position)
+    return min(max(r + span, 0), 2 * span - 1)
+
+
+def test_deberta_buckets_known_values():
+    # linear: clip(i - j + k, 0, 2k - 1)
+    rel = torch.tensor([-10, -4, -3, 0, 3, 4, 10])
+    assert deberta_index(rel, 4).tolist() == [0, 0, 1, 4, 7, 7, 7]
+    # log buckets, k = 8 (mid 4), M = 32: exact up to 4, then log-spaced, 31 -> 7, clipped at 15
+    assert deberta_index(torch.tensor([3, 4, 5, 31, 100, -5, -31]), 8, True, 32).tolist() == [11, 12, 13, 15, 15, 3, 1]
+    r = torch.arange(-300, 301)
+    for span, m in ((8, 32), (256, 512), (16, 100)):
+        got = deberta_index(r, span, True, m).tolist()
+        assert got == [delta_ref(int(x), span, True, m) for x in r], (span, m)
+
+
+def deberta_reference(enc: DeBERTa, q, k, v, q_pos, kv_pos, allowed):
+    """``(Qc.Kc + Qc.Kr[delta(i,j)] + Kc.Qr[delta(j,i)]) / sqrt(3d)`` by explicit index tables."""
+    d, span = enc.head_dim, enc.span
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    P = enc.rel.double()
+    Wq, Wk = enc.pos_q.weight.double(), enc.pos_k.weight.double()
+    bsz = max(q_pos.shape[0], kv_pos.shape[0])
+    c_idx = torch.zeros(bsz, q.shape[2], k.shape[2], dtype=torch.long)
+    p_idx = torch.zeros_like(c_idx)
+    for b in range(bsz):
+        for i in range(q.shape[2]):
+            for j in range(k.shape[2]):
+                r = int(q_pos[b if q_pos.shape[0] > 1 else 0, i]) - int(kv_pos[b if kv_pos.shape[0] > 1 else 0, j])
+                c_idx[b, i, j] = delta_ref(r, span, enc.log_buckets, enc.max_position)
+                p_idx[b, i, j] = delta_ref(-r, span, enc.log_buckets, enc.max_position)
+    scores = q @ k.transpose(-1, -2)
+    for h in range(q.shape[1]):
+        kr = P @ Wk[h * d : (h + 1) * d].T  # [2k, d]
+        qr = P @ Wq[h * d : (h + 1) * d].T
+        c2p = torch.einsum("bid,bijd->bij", q[:, h], kr[c_idx])
+        p2c = torch.einsum("bjd,bijd->bij", k[:, h], qr[p_idx])
+        scores = scores.index_add(1, torch.tensor([h]), (c2p + p2c)[:, None])
+    return softmax_attention(scores / math.sqrt(3 * d), v, allowed)
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "math"])
+@pytest.mark.parametrize("causal,log_buckets,heads_kv", [(True, False, H), (False, True, H), (True, True, 1)])
+def test_deberta_forward_backward_against_reference(backend, causal, log_buckets, heads_kv):
+    torch.manual_seed(0)
+    enc = DeBERTa(C, H, span=4 if not log_buckets else 6, log_buckets=log_buckets, max_position=9).double()
+    q, k, v = (t.requires_grad_() for t in qkv(1, heads_kv))
+    pos = torch.stack([torch.arange(T), torch.arange(T) * 2])  # per-row positions; row 1 reaches distance 20
+    mask = posenc.AttentionMask(causal=causal)
+    allowed = ref.allowed_matrix(B, T, T, causal=causal) if causal else None
+    out = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend=backend)
+    expected = deberta_reference(enc, q, k, v, pos, pos, allowed)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-9)
+    go = torch.randn_like(out)
+    inputs = [q, k, v] + params_of(enc)
+    got = torch.autograd.grad(out, inputs, go)
+    want = torch.autograd.grad(expected, inputs, go)
+    for name, g, w in zip(["q", "k", "v"] + [n for n, _ in sorted(enc.named_parameters())], got, want):
+        assert g is not None and g.abs().sum() > 0, name
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
+
+
+def test_deberta_cached_decoding_matches_full_forward():
+    torch.manual_seed(0)
+    enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=4)
+    stack = posenc.TransformerEncoder(C, 2, H, encoding=enc).double().eval()
+    x = torch.randn(2, 10, C, dtype=torch.float64)
+    mask = posenc.AttentionMask(causal=True)
+    full = stack(x, mask=mask)
+    cache = KVCache(2)
+    steps = [stack(x[:, :3], mask=mask, cache=cache)] + [stack(x[:, t : t + 1], mask=mask, cache=cache) for t in range(3, 10)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_deberta_bad_input():
+    enc = DeBERTa(C, H, span=4)
+    q, k, v = (t.float() for t in qkv())
+    with pytest.raises(ValueError, match="integer positions"):
+        posenc.attend(q, k, v, q_pos=torch.arange(T) * 0.5, kv_pos=torch.arange(T) * 0.5, encoding=enc)
+    with pytest.raises(ValueError, match="span must be a positive integer, got 0"):
+        DeBERTa(C, H, span=0)
+    with pytest.raises(ValueError, match=r"max_position must be an integer > span/2 \+ 1 = 5, got 4"):
+        DeBERTa(C, H, span=8, log_buckets=True, max_position=4)
+    with pytest.raises(ValueError, match="log buckets need span >= 4"):
+        DeBERTa(C, H, span=2, log_buckets=True)
+
+
+def test_tupe_and_deberta_build_with_defaults_and_train_in_a_stack():
+    for name in ("tupe", "deberta"):
+        enc = posenc.build(name, dims=ModelDims(32, 4, 64))
+        stack = posenc.TransformerEncoder(32, 2, 4, encoding=enc)
+        stack(torch.randn(2, 12, 32), mask=posenc.AttentionMask(causal=True)).square().sum().backward()
+        for pname, p in enc.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, (name, pname)
