@@ -110,7 +110,7 @@ def test_config_validation_names_the_argument():
     with pytest.raises(ValueError, match="dtype"):
         AttentionBenchConfig(dtype="float64")
     with pytest.raises(ValueError, match="unknown encoding"):
-        AttentionBenchConfig(encodings=("nope",))
+        AttentionBenchConfig(encodings=("no_such_encoding",))
 
 
 def test_kernel_path_tracing_restores_the_kernels():

@@ -46,7 +46,7 @@ def test_list_filters_by_modality(capsys):
         (["bench", "attention", "--warmup", "-1"], "--warmup"),
         (["bench", "attention", "--dtype", "float64"], "--dtype"),
         (["bench", "attention", "--device", "tpu"], "--device"),
-        (["bench", "attention", "--encodings", "rope,nope"], "'nope'"),
+        (["bench", "attention", "--encodings", "rope,no_such_encoding"], "'no_such_encoding'"),
         (["bench", "attention", "--json", "/no/such/dir/out.json"], "--json"),
     ],
 )
