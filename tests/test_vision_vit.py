@@ -103,7 +103,7 @@ def test_bad_construction_and_grids_give_clear_errors():
     with pytest.raises(ValueError, match="causal attention only"):
         ViT(**SMALL, encoding="alibi")
     with pytest.raises(KeyError, match="unknown encoding"):
-        ViT(**SMALL, encoding="nope")
+        ViT(**SMALL, encoding="no_such_encoding")
     with pytest.raises(TypeError, match="unknown argument"):
         ViT(**SMALL, encoding="sincos2d", encoding_options={"layot": "mae"})
     with pytest.raises(ValueError, match="peg_blocks"):

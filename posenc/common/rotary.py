@@ -26,15 +26,23 @@ def rotary_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    # The result keeps x's memory layout (empty_like preserves strides): q and k usually arrive
+    # as transposed views of the projections, like v, and SDPA's fused kernel is faster when q,
+    # k and v share one layout than when q and k are compact and v is not.
     r = 2 * cos.shape[-1]
-    xr, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    out = torch.empty_like(x)
     if interleaved:
-        x0, x1 = xr.unflatten(-1, (-1, 2)).unbind(-1)
-        out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2)
+        x0, x1 = x[..., 0:r:2], x[..., 1:r:2]
+        out[..., 0:r:2] = x0 * cos - x1 * sin
+        out[..., 1:r:2] = x1 * cos + x0 * sin
     else:
-        x0, x1 = xr.chunk(2, dim=-1)
-        out = torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
-    return out if rest is None else torch.cat((out, rest), dim=-1)
+        h = r // 2
+        x0, x1 = x[..., :h], x[..., h:r]
+        out[..., :h] = x0 * cos - x1 * sin
+        out[..., h:r] = x1 * cos + x0 * sin
+    if r < x.shape[-1]:
+        out[..., r:] = x[..., r:]
+    return out
 
 
 class _Rotary(torch.autograd.Function):
