@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..argtypes import int_list, positive_int
 from ..common.registry import available, get
 from .report import format_table
 
@@ -46,42 +47,22 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encodings", type=_names, default=list(DEFAULT_ENCODINGS),
                         help=f"comma-separated encodings (default {','.join(DEFAULT_ENCODINGS)}); 'none' for no encoding")
     parser.add_argument("--task", default=None, help="a synthetic task (copy, reverse, sort, addition, recall) instead of text")
-    parser.add_argument("--train-len", type=_positive, default=None,
+    parser.add_argument("--train-len", type=positive_int, default=None,
                         help="training length: bytes per window (default 128), or the largest task size (default 8)")
-    parser.add_argument("--eval-lens", type=_int_list, default=None,
+    parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
                         help="evaluation lengths (default 128,256,512,1024; with --task 8,16,32)")
-    parser.add_argument("--steps", type=_positive, default=None, help="training steps per model (default 500; task 1500)")
-    parser.add_argument("--batch-size", type=_positive, default=32)
+    parser.add_argument("--steps", type=positive_int, default=None, help="training steps per model (default 500; task 1500)")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--dim", type=_positive, default=128)
-    parser.add_argument("--depth", type=_positive, default=2)
-    parser.add_argument("--heads", type=_positive, default=4)
-    parser.add_argument("--eval-tokens", type=_positive, default=16384, help="text: tokens scored per evaluation length")
-    parser.add_argument("--eval-examples", type=_positive, default=256, help="task: examples per evaluation size")
+    parser.add_argument("--dim", type=positive_int, default=128)
+    parser.add_argument("--depth", type=positive_int, default=2)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="text: tokens scored per evaluation length")
+    parser.add_argument("--eval-examples", type=positive_int, default=256, help="task: examples per evaluation size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--out", default=None, help="directory for extrapolation.{txt,json,png}")

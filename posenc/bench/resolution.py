@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from ..argtypes import int_list, positive_float_list
 from .report import format_table
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
@@ -51,26 +52,14 @@ CLAIM_BASELINE = "learned2d"
 CLAIM_BETTER = ("peg", "rope2d_mixed")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..train.vision import _float_list
-
     parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS),
                         help=f"comma-separated vision or seq encodings, or 'none' (default {','.join(DEFAULT_ENCODINGS)})")
     parser.add_argument("--img-size", type=int, default=32, help="training canvas side S (default 32)")
     parser.add_argument("--digit-size", type=int, default=16, help="digit side on the training canvas (default 16)")
     parser.add_argument("--task", default="class", help="'class' (10 classes) or 'where' (class and quadrant, 40)")
     parser.add_argument("--patch", type=int, default=4, help="patch side (default 4)")
-    parser.add_argument("--scales", type=_float_list, default=[1.0, 1.5, 2.0],
+    parser.add_argument("--scales", type=positive_float_list, default=[1.0, 1.5, 2.0],
                         help="evaluation sizes as factors of S (default 1,1.5,2)")
     parser.add_argument("--modes", default="scale,grow", help="evaluation modes: scale, grow or both (default both)")
     parser.add_argument("--steps", type=int, default=800, help="training steps per model (default 800)")
@@ -80,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10, help="placements per training digit (default 10)")
-    parser.add_argument("--seeds", type=_int_list, default=[0, 1],
+    parser.add_argument("--seeds", type=int_list(minimum=0), default=[0, 1],
                         help="comma-separated seeds; results are averaged (default 0,1)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")

@@ -25,36 +25,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..argtypes import int_list, key_value
 from ..bench.report import format_table
 from ..common.registry import get
 
 PROG = "posenc train seq"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _option(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare word: a string option such as pairing=interleaved
-    return key, value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoding", required=True, help="a registered encoding (posenc list --modality seq) or 'none'")
-    parser.add_argument("--encoding-option", action="append", default=[], type=_option, metavar="KEY=VALUE",
+    parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="constructor argument of the encoding (JSON value), e.g. symmetric=true; repeatable")
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
@@ -64,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="text: training window in bytes (default 128)")
     parser.add_argument("--length", type=int, default=16, help="task: largest training size (default 16)")
     parser.add_argument("--num-symbols", type=int, default=64, help="task: symbol alphabet (default 64)")
-    parser.add_argument("--eval-lens", type=_int_list, default=None,
+    parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
                         help="comma-separated evaluation lengths (default 1x, 2x, 4x the training length)")
     parser.add_argument("--eval-tokens", type=int, default=16384, help="text: tokens scored per evaluation length")
     parser.add_argument("--eval-examples", type=int, default=256, help="task: examples per evaluation length")

@@ -39,43 +39,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..argtypes import int_list, key_value, positive_float_list
 from ..bench.report import format_table
 from ..common.registry import get
 
 PROG = "posenc train vision"
 # Registered encodings a ViT takes: the 2D ones, and the 1D ones over the flattened patch order.
 MODALITIES = ("vision", "seq")
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return values
-
-
-def _option(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare word: a string option such as layout=mae
-    return key, value
 
 
 def check_encoding(name: str, flag: str = "--encoding") -> str | None:
@@ -99,9 +69,9 @@ def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoding", required=True,
                         help="a registered vision or seq encoding (posenc list --modality vision) or 'none'")
-    parser.add_argument("--encoding-option", action="append", default=[], type=_option, metavar="KEY=VALUE",
+    parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="constructor argument of the encoding (JSON value), e.g. layout=mae; repeatable")
-    parser.add_argument("--peg-blocks", type=_int_list, default=[0],
+    parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
     parser.add_argument("--img-size", type=int, default=32, help="training image side: the canvas for digits (default 32)")
@@ -111,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-chans", type=int, default=None,
                         help="image channels (digits: 1; image folder: 3 for RGB, or 1 for grayscale; default 3)")
     parser.add_argument("--patch", type=int, default=4, help="patch side in pixels (default 4)")
-    parser.add_argument("--eval-scales", type=_float_list, default=[1.0, 1.5, 2.0],
+    parser.add_argument("--eval-scales", type=positive_float_list, default=[1.0, 1.5, 2.0],
                         help="evaluation sizes as factors of --img-size (default 1,1.5,2)")
     parser.add_argument("--eval-mode", choices=("scale", "grow"), default="scale",
                         help="scale: resize the whole image; grow: digits keep their size on a larger canvas")
