@@ -2,3 +2,21 @@
 ``run(args) -> int`` (see :mod:`posenc.cli`). They train that modality's reference model through
 :class:`posenc.common.trainer.Trainer`, so every one has checkpoints, resumption, progress bars
 and ``torchrun`` data parallelism."""
+
+from __future__ import annotations
+
+import argparse
+
+RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``posenc train`` command shares: seed, device, output, resumption,
+    checkpoint and evaluation intervals, progress bar."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
+    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

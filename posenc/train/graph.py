@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import RESUME_WITHOUT_OUT, add_run_arguments
 from ..bench.report import format_table
 
 PROG = "posenc train graph"
@@ -67,13 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local", choices=("auto", "gine", "gin", "none"), default="auto",
                         help="message-passing layer: auto = GINE with edge features, GIN without")
     parser.add_argument("--pool", choices=("mean", "add", "max"), default="mean", help="graph pooling")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
-    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_run_arguments(parser)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -111,7 +106,7 @@ def check(args: argparse.Namespace) -> str | None:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         return f"--warmup-steps must be >= 0, got {args.warmup_steps}"
     if args.resume and args.out is None:
-        return "--resume needs --out (the checkpoint lives there)"
+        return RESUME_WITHOUT_OUT
     return None
 
 

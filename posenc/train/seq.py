@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import RESUME_WITHOUT_OUT, add_run_arguments
 from ..argtypes import int_list, key_value
 from ..bench.report import format_table
 from ..common.registry import get
@@ -58,14 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--max-len", type=int, default=None,
                         help="length the encoding is built for (learned tables); default the longest evaluation")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
-    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
+    add_run_arguments(parser)
     parser.add_argument("--sample-tokens", type=int, default=0, help="text: bytes to generate after training (greedy)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -98,7 +93,7 @@ def check(args: argparse.Namespace) -> str | None:
     if args.max_len is not None and args.max_len < 1:
         return f"--max-len must be positive, got {args.max_len}"
     if args.resume and args.out is None:
-        return "--resume needs --out (the checkpoint lives there)"
+        return RESUME_WITHOUT_OUT
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
     if args.task is not None and args.sample_tokens:

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from . import RESUME_WITHOUT_OUT, add_run_arguments
 from ..argtypes import int_list, key_value, positive_float_list
 from ..bench.report import format_table
 from ..common.registry import get
@@ -95,13 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: a tenth of --steps")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
-    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_run_arguments(parser)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -156,7 +151,7 @@ def check(args: argparse.Namespace) -> str | None:
     if any(b >= args.depth for b in args.peg_blocks):
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
     if args.resume and args.out is None:
-        return "--resume needs --out (the checkpoint lives there)"
+        return RESUME_WITHOUT_OUT
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
     return None
