@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..argtypes import positive_float, positive_int
 from .report import format_table
 from .timing import Progress, error_text
 
@@ -472,26 +473,6 @@ def render(result: BenchResult) -> str:
 
 # ---- command line -----------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 def _workloads(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     bad = [n for n in names if n not in ("molecules", "large")]
@@ -503,21 +484,21 @@ def _workloads(text: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench graph-pe``."""
     d = GraphPEBenchConfig()
-    parser.add_argument("--graphs", type=_positive_int, default=d.graphs, help="molecule graphs (default: %(default)s)")
-    parser.add_argument("--nodes", type=_positive_int, default=d.nodes, help="nodes of the large graph (default: %(default)s)")
-    parser.add_argument("--edges", type=_positive_int, default=d.edges,
+    parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="molecule graphs (default: %(default)s)")
+    parser.add_argument("--nodes", type=positive_int, default=d.nodes, help="nodes of the large graph (default: %(default)s)")
+    parser.add_argument("--edges", type=positive_int, default=d.edges,
                         help="undirected edges of the large graph (default: %(default)s)")
-    parser.add_argument("--lap-k", type=_positive_int, default=d.lap_k, metavar="K", help="LapPE eigenvectors (default: %(default)s)")
-    parser.add_argument("--walk-length", type=_positive_int, default=d.walk_length, metavar="K",
+    parser.add_argument("--lap-k", type=positive_int, default=d.lap_k, metavar="K", help="LapPE eigenvectors (default: %(default)s)")
+    parser.add_argument("--walk-length", type=positive_int, default=d.walk_length, metavar="K",
                         help="RWSE steps (default: %(default)s)")
-    parser.add_argument("--repeats", type=_positive_int, default=d.repeats, help="timed rounds on the molecules (default: %(default)s)")
-    parser.add_argument("--pyg-timeout", type=_positive_float, default=d.pyg_timeout, metavar="S",
+    parser.add_argument("--repeats", type=positive_int, default=d.repeats, help="timed rounds on the molecules (default: %(default)s)")
+    parser.add_argument("--pyg-timeout", type=positive_float, default=d.pyg_timeout, metavar="S",
                         help="stop PyG's random walk on the large graph after S seconds (default: %(default)s)")
-    parser.add_argument("--pyg-memory-gb", type=_positive_float, default=d.pyg_memory_gb, metavar="GB",
+    parser.add_argument("--pyg-memory-gb", type=positive_float, default=d.pyg_memory_gb, metavar="GB",
                         help="... or when its resident memory passes GB (default: %(default)s)")
     parser.add_argument("--workloads", type=_workloads, default=d.workloads, metavar="molecules,large",
                         help="default: both")
-    parser.add_argument("--threads", type=_positive_int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads for the whole run (default: torch's default)")
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
