@@ -103,7 +103,7 @@ def _run_list(args: argparse.Namespace) -> int:
     if not infos:
         print(f"no encodings registered for modality {args.modality!r}")
         return 0
-    rows = [[i.name, i.modality, ",".join(i.hooks), "yes" if i.causal_only else "no", i.paper] for i in infos]
+    rows = [[i.name, i.modality, ",".join(i.hooks) or "-", "yes" if i.causal_only else "no", i.paper] for i in infos]
     print(format_table(["name", "modality", "hooks", "causal-only", "paper"], rows))
     print(f"\n{len(infos)} encoding{'s' if len(infos) != 1 else ''}")
     return 0

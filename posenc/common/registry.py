@@ -56,8 +56,6 @@ def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[
     def deco(cls: E) -> E:
         if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
             raise TypeError(f"register({name!r}) expects a PositionEncoding subclass, got {cls!r}")
-        if not cls.hooks:
-            raise ValueError(f"{cls.__name__} declares no hooks")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"encoding name {name!r} is already registered by {_REGISTRY[name].cls.__name__}")
         _REGISTRY[name] = EncodingInfo(
