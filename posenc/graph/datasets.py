@@ -13,12 +13,13 @@ import hashlib
 import importlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch_geometric.data import Data
+
+from ..common.checkpoint import save_atomic
 
 # ------------------------------------------------------------------------------------------------
 # CSL (Murphy et al. 2019, "Relational Pooling for Graph Representations")
@@ -264,7 +265,7 @@ def molecule_dataset(
     if not graphs:
         raise ValueError(f"no molecule passed the filters (min_atoms={min_atoms}, max_atoms={max_atoms}) out of {len(smiles)} SMILES")
     if path is not None:
-        _save_atomic(_pack(graphs), path)
+        save_atomic(_pack(graphs), path)
     return graphs
 
 
@@ -301,21 +302,6 @@ def _unpack(blob: dict) -> list[Data]:
         g.smiles = blob["smiles"][i]
         out.append(g)
     return out
-
-
-def _save_atomic(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def default_cache_dir() -> Path:
