@@ -6,6 +6,8 @@ and ``torchrun`` data parallelism."""
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Callable
 
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 
@@ -20,3 +22,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run_checked(
+    prog: str,
+    args: argparse.Namespace,
+    check: Callable[[argparse.Namespace], str | None],
+    train: Callable[[argparse.Namespace], int],
+    errors: tuple[type[BaseException], ...] = (ValueError, TypeError),
+) -> int:
+    """Check the arguments, then train; a problem found by ``check`` or raised as one of
+    ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
+    as ``prog: error: ...`` and exits with 2."""
+    error = check(args)
+    if error is None:
+        try:
+            return train(args)
+        except errors as exc:
+            error = str(exc)
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2

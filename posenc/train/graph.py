@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments
+from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
 from ..bench.report import format_table
 
 PROG = "posenc train graph"
@@ -111,14 +110,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    error = check(args)
-    if error is None:
-        try:
-            return _train(args)
-        except (ValueError, TypeError, FileNotFoundError) as exc:  # unreadable data, bad graphs, ...
-            error = str(exc)
-    print(f"{PROG}: error: {error}", file=sys.stderr)
-    return 2
+    # FileNotFoundError too: a user dataset path that does not exist
+    return run_checked(PROG, args, check, _train, (ValueError, TypeError, FileNotFoundError))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments
+from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
 from ..argtypes import int_list, key_value
 from ..bench.report import format_table
 from ..common.registry import get
@@ -102,14 +101,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    error = check(args)
-    if error is None:
-        try:
-            return _train(args)
-        except (ValueError, TypeError) as exc:  # bad encoding options, a length past a learned table, ...
-            error = str(exc)
-    print(f"{PROG}: error: {error}", file=sys.stderr)
-    return 2
+    return run_checked(PROG, args, check, _train)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from . import RESUME_WITHOUT_OUT
 from ..argtypes import dropout_rate, positive_float, positive_int
 from ..timeseries.ts_format import TsFormatError
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     error = check_model_args(args)
     if error is None and args.resume and args.out is None:
-        error = "--resume needs --out (the checkpoint lives there)"
+        error = RESUME_WITHOUT_OUT
     if error is None and args.threads < 0:
         error = f"--threads must be >= 0, got {args.threads}"
     if error is not None:

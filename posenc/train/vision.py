@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments
+from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
 from ..argtypes import int_list, key_value, positive_float_list
 from ..bench.report import format_table
 from ..common.registry import get
@@ -158,14 +158,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    error = check(args)
-    if error is None:
-        try:
-            return _train(args)
-        except (ValueError, TypeError) as exc:  # bad encoding options, an unreadable folder, ...
-            error = str(exc)
-    print(f"{PROG}: error: {error}", file=sys.stderr)
-    return 2
+    return run_checked(PROG, args, check, _train)
 
 
 # ----------------------------------------------------------------------------------------------
