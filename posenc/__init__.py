@@ -12,18 +12,20 @@ from .common import (
     ModelDims,
     MultiheadAttention,
     PairwiseBias,
+    Plan,
     PositionEncoding,
     TransformerBlock,
     TransformerEncoder,
     attend,
     available,
     build,
+    plan,
     register,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BACKENDS", "AttentionMask", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias",
-    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "register",
+    "BACKENDS", "AttentionMask", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias", "Plan",
+    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "plan", "register",
 ]

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.common.attention import attend, choose_backend
+from posenc.common import kernels
+from posenc.common.attention import attend
+from posenc.common.plan import make_plan
 from posenc.seq.alibi import ALiBi
 from posenc.seq.rope import RotaryEncoding
 from posenc.seq.sinusoidal import SinusoidalEncoding
@@ -27,33 +29,100 @@ def _encodings(dim=32, heads=4, max_len=64):
     }
 
 
-# ---- backend choice -------------------------------------------------------------------------
+# ---- the kernel plan ------------------------------------------------------------------------
+
+PLAN_SIZES = dict(batch=2, heads=4, q_len=64, kv_len=64)
+NEEDS = posenc.common.AttentionNeeds
+
+
+def _plan(needs=NEEDS(), backend="auto", device=CPU, mask=None, **kw):
+    args = dict(PLAN_SIZES, needs_grad=True)
+    args.update(kw)
+    return make_plan(needs, mask=mask, device=device, backend=backend, **args)
+
 
 def test_auto_picks_the_fastest_allowed_path():
-    kw = dict(needs_grad=True)
-    assert choose_backend("auto", device=CPU, has_score_bias=False, needs_probs=False, **kw) == "sdpa"
-    assert choose_backend("auto", device=CPU, has_score_bias=True, needs_probs=False, **kw) == "dense"
-    assert choose_backend("auto", device=torch.device("cuda"), has_score_bias=True, needs_probs=False, **kw) == "flex"
-    assert choose_backend("auto", device=CPU, has_score_bias=True, needs_probs=True, **kw) == "math"
+    cuda = torch.device("cuda")
+    assert _plan().path == "sdpa"
+    assert _plan(NEEDS(qk=True)).path == "sdpa"
+    assert _plan(NEEDS(score_bias=True)).path == "dense"
+    assert _plan(NEEDS(score_bias=True), device=cuda).path == "flex"
+    assert _plan(NEEDS(score_bias=True, value_term=True)).path == "math"
+    assert _plan(NEEDS(score_bias=True, score_transform=True)).path == "math"
+    assert _plan(NEEDS(prob_bias=True)).label == "sdpa+prob_bias"
+    shaw = NEEDS(score_bias=True, value_term=True, offset_values=True)
+    assert _plan(shaw, consecutive_causal=True).label == "dense+offset_values"
+    assert _plan(shaw, consecutive_causal=False).path == "math"
+    packed = posenc.AttentionMask.packed(torch.zeros(2, 64, dtype=torch.long))
+    assert _plan(mask=packed).path == "sdpa"
+    assert _plan(mask=packed, device=cuda).path == "flex"
+    assert _plan(mask=posenc.AttentionMask(causal=True), device=cuda).path == "sdpa"
+
+
+def test_chunked_paths_report_their_chunk_rows():
+    # a bias shared by the batch chunks by heads x keys only; a per-sequence one by batch too
+    shared = _plan(NEEDS(score_bias=True), q_len=4096, kv_len=4096)
+    per_batch = _plan(NEEDS(score_bias=True), q_len=4096, kv_len=4096, bias_per_batch=True)
+    assert shared.chunk_rows == kernels.chunk_rows(1, 4, 4096, 4096)
+    assert per_batch.chunk_rows == kernels.chunk_rows(2, 4, 4096, 4096) < shared.chunk_rows
+    assert _plan(NEEDS(score_transform=True), q_len=4096, kv_len=4096).chunk_rows < 4096
+    assert _plan().chunk_rows is None
+    assert "chunk" in str(shared) and shared.reason in str(shared)
 
 
 def test_unusable_paths_are_clear_errors():
     with pytest.raises(ValueError, match="backend='sdpa' cannot apply the score bias of ALiBi"):
-        choose_backend("sdpa", device=CPU, has_score_bias=True, needs_probs=False, needs_grad=False, what="ALiBi")
+        _plan(NEEDS(score_bias=True), backend="sdpa", what="ALiBi")
     with pytest.raises(ValueError, match="needs the attention probabilities"):
-        choose_backend("dense", device=CPU, has_score_bias=False, needs_probs=True, needs_grad=False)
+        _plan(NEEDS(value_term=True), backend="dense")
+    with pytest.raises(ValueError, match="transforms the whole score matrix"):
+        _plan(NEEDS(score_transform=True), backend="flex", needs_grad=False)
     with pytest.raises(ValueError, match="no backward pass on CPU"):
-        choose_backend("flex", device=CPU, has_score_bias=True, needs_probs=False, needs_grad=True)
+        _plan(NEEDS(score_bias=True), backend="flex", needs_grad=True)
+    with pytest.raises(ValueError, match="no backward pass on CPU"):
+        _plan(NEEDS(score_bias=True), backend="flex", needs_grad=False, bias_learned=True)
     with pytest.raises(ValueError, match="backend must be one of auto, sdpa, flex, dense, math; got 'fast'"):
-        choose_backend("fast", device=CPU, has_score_bias=False, needs_probs=False, needs_grad=False)
+        _plan(backend="fast")
     with pytest.raises(ValueError, match="backend must be one of"):
         posenc.MultiheadAttention(32, 4, backend="fast")
     mha = posenc.MultiheadAttention(32, 4, encoding=ALiBi(4), backend="sdpa")
     with pytest.raises(ValueError, match="cannot apply the score bias of ALiBi"):
         mha(torch.randn(1, 5, 32), mask=posenc.AttentionMask(causal=True))
+    with pytest.raises(ValueError, match="cannot apply the score bias of ALiBi"):
+        mha.plan(torch.randn(1, 5, 32), mask=posenc.AttentionMask(causal=True))
 
 
-def test_value_term_encodings_take_the_math_path(monkeypatch):
+def test_plan_of_a_call_matches_what_the_call_runs(monkeypatch):
+    """posenc.plan / attn.plan say what attend then does: each path's kernel is the one called."""
+    ran = []
+    for name in ("sdpa_path", "dense_path", "math_path", "flex_path"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k: ran.append(_n) or _f(*a, **k))
+    causal = posenc.AttentionMask(causal=True)
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    for enc in (None, RotaryEncoding(8), ALiBi(4), ERPE(4, 16), posenc.build("cope", dims=posenc.ModelDims(32, 4, 16))):
+        mha = posenc.MultiheadAttention(32, 4, encoding=enc)
+        expected = mha.plan(x, mask=causal)
+        ran.clear()
+        mha(x, mask=causal)
+        assert ran == [expected.path + "_path"], (enc, expected)
+    q = torch.randn(1, 4, 5, 8)
+    assert posenc.plan(q, q, encoding=ALiBi(4), mask=causal).path == "dense"
+    assert posenc.plan(q, q, encoding=ALiBi(4), mask=causal, backend="math").reason.startswith("asked for")
+    with torch.no_grad():
+        assert posenc.plan(q, q, encoding=ALiBi(4), mask=causal, backend="flex").path == "flex"
+
+
+def test_plan_does_not_grow_a_kv_cache():
+    mha = posenc.MultiheadAttention(32, 4, encoding=RotaryEncoding(8))
+    cache = posenc.KVCache(1)
+    with torch.no_grad():
+        mha(torch.randn(1, 3, 32), mask=posenc.AttentionMask(causal=True), cache=cache[0])
+        plan = mha.plan(torch.randn(1, 1, 32), mask=posenc.AttentionMask(causal=True), cache=cache[0])
+    assert plan.path == "sdpa" and cache.length == 3
+
+
+def test_value_term_encodings_take_the_math_path():
     calls = []
 
     class ValueSide(posenc.PositionEncoding):
@@ -66,6 +135,7 @@ def test_value_term_encodings_take_the_math_path(monkeypatch):
 
     q = torch.randn(1, 2, 5, 8)
     pos = torch.arange(5)[None]
+    assert posenc.plan(q, q, encoding=ValueSide()).path == "math"
     out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=ValueSide())
     assert calls == [torch.Size([1, 2, 5, 5])]
     expected = ref.attention(q, q, q, None)

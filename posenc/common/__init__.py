@@ -3,18 +3,19 @@
 ``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
 """
 
-from .attention import BACKENDS, MultiheadAttention, attend, choose_backend
+from .attention import MultiheadAttention, attend, plan
 from .block import MLP, TransformerBlock, TransformerEncoder
-from .encoding import Hook, PositionEncoding
+from .encoding import AttentionNeeds, Hook, PositionEncoding
 from .kv_cache import KVCache, LayerKVCache
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
+from .plan import BACKENDS, Plan, make_plan
 from .registry import EncodingInfo, ModelDims, available, build, register
 from .rotary import apply_rotary, rotary_angles
 from .sinusoid import sinusoid_frequencies, sinusoid_table
 
 __all__ = [
-    "BACKENDS", "MultiheadAttention", "attend", "choose_backend", "MLP", "TransformerBlock",
+    "BACKENDS", "MultiheadAttention", "attend", "plan", "Plan", "make_plan", "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",
     "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "apply_rotary",
     "rotary_angles", "sinusoid_frequencies", "sinusoid_table",

@@ -1,71 +1,25 @@
 """Multi-head attention with position-encoding hooks and kernel dispatch.
 
 :func:`attend` is the functional core: it applies an encoding's q/k transform, score bias and
-after-softmax terms, and picks the fastest kernel path those allow (see :mod:`.kernels`).
+after-softmax terms, and runs the kernel path its plan names (:mod:`.plan`, :mod:`.kernels`);
+:func:`plan` returns that plan without running it.
 :class:`MultiheadAttention` wraps it with projections, grouped-query heads, cross attention,
 explicit positions and an optional KV cache.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from . import kernels
-from .encoding import Hook, PositionEncoding
+from .encoding import NO_NEEDS, Hook, PositionEncoding
 from .kv_cache import LayerKVCache
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
-
-Backend = Literal["auto", "sdpa", "flex", "dense", "math"]
-BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flex", "dense", "math")
-
-
-def flex_available() -> bool:
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def choose_backend(
-    backend: str,
-    *,
-    device: torch.device,
-    has_score_bias: bool,
-    needs_probs: bool,
-    needs_grad: bool,
-    what: str = "this encoding",
-    needs_scores: bool = False,
-) -> str:
-    """Resolve ``backend`` for one call; a path that cannot honour the hooks is a ValueError."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    if backend == "auto":
-        if needs_probs or needs_scores:
-            return "math"
-        if not has_score_bias:
-            return "sdpa"
-        return "flex" if device.type == "cuda" and flex_available() else "dense"
-    if needs_probs and backend != "math":
-        raise ValueError(f"backend={backend!r} cannot serve {what}: it needs the attention probabilities; use 'math' or 'auto'")
-    if needs_scores and backend != "math":
-        raise ValueError(f"backend={backend!r} cannot serve {what}: it transforms the whole score matrix; use 'math' or 'auto'")
-    if has_score_bias and backend == "sdpa":
-        raise ValueError(f"backend='sdpa' cannot apply the score bias of {what}; use 'auto', 'dense', 'flex' or 'math'")
-    if backend == "flex":
-        if not flex_available():
-            raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
-        if device.type == "cpu" and needs_grad:
-            raise ValueError(
-                "backend='flex' has no backward pass on CPU; use 'dense' (or 'auto') for training on CPU, "
-                "or call under torch.no_grad()"
-            )
-    return backend
-
+from .plan import BACKENDS, Backend, Plan, make_plan
 
 def check_attention_args(
     encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
@@ -79,9 +33,96 @@ def check_attention_args(
     name = type(encoding).__name__
     if encoding.causal_only and (mask is None or not mask.causal):
         raise ValueError(f"{name} is defined for causal attention only; pass a causal mask")
-    built_for = getattr(encoding, "num_heads", None)
-    if built_for is not None and built_for != heads:
-        raise ValueError(f"this {name} was built for num_heads={built_for}; the attention has {heads} query heads")
+    if encoding.num_heads is not None and encoding.num_heads != heads:
+        raise ValueError(f"this {name} was built for num_heads={encoding.num_heads}; the attention has {heads} query heads")
+
+
+@dataclass
+class _Prepared:
+    """One call, ready to run: transformed q/k, the encoding's terms and the plan."""
+
+    plan: Plan
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    scale: float
+    bias: PairwiseBias | None = None
+    prob_bias: PairwiseBias | None = None
+    score_transform: kernels.ScoreTransform | None = None
+    value_term: kernels.ValueTerm | None = None
+    offset_table: Tensor | None = None
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, hq, _, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k and v must be [B={b}, Hkv, Tk, D={d}] alike; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if hq % k.shape[1]:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
+
+
+def _prepare(
+    q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, kv_pos: Tensor, encoding: PositionEncoding | None,
+    mask: AttentionMask | None, scale: float | None, backend: str, qk_transformed: bool,
+) -> _Prepared:
+    """Apply the q/k transform, build the encoding's terms and make the plan (no attention yet)."""
+    b, hq, tq, d = q.shape
+    tk = k.shape[2]
+    scale = d ** -0.5 if scale is None else scale
+    needs = encoding.attention_needs() if encoding is not None else NO_NEEDS
+    if needs.qk and not qk_transformed:
+        q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
+    prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale)  # type: ignore[arg-type]
+    if needs.score_bias:
+        prep.bias = encoding.score_bias(q, k, q_pos, kv_pos)
+    if needs.score_transform:
+
+        def score_transform(scores: Tensor, q: Tensor, k: Tensor, rows: slice, keys: slice, allowed) -> Tensor:
+            return encoding.transform_scores(scores, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
+
+        prep.score_transform = score_transform
+    if needs.prob_bias:
+        prep.prob_bias = encoding.prob_bias(q_pos, kv_pos)
+    if needs.value_term:
+
+        def value_term(probs: Tensor, rows: slice, keys: slice) -> Tensor:
+            return encoding.value_term(probs, q_pos[:, rows], kv_pos[:, keys])
+
+        prep.value_term = value_term
+    consecutive = needs.offset_values and kernels.contiguous_causal(mask, q_pos, kv_pos, tq, tk)
+    bias = prep.bias
+    prep.plan = make_plan(
+        needs, mask=mask, device=q.device, needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        batch=b, heads=hq, q_len=tq, kv_len=tk, backend=backend,
+        bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
+        consecutive_causal=consecutive, what=type(encoding).__name__ if encoding is not None else "this call",
+    )
+    if prep.plan.offset_values:
+        prep.offset_table = encoding.offset_values()
+    return prep
+
+
+def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
+    plan, q, k, v, scale = prep.plan, prep.q, prep.k, prep.v, prep.scale
+    hq, tq = q.shape[1], q.shape[2]
+    if plan.path == "math":
+        return kernels.math_path(
+            q, k, v, mask, prep.bias, scale, prep.prob_bias, prep.value_term, prep.score_transform, plan.chunk_rows
+        )
+    if plan.offset_values:
+        out, lse = kernels.dense_path(q, k, v, mask, prep.bias, scale, plan.chunk_rows, return_lse=True)
+        out = out + kernels.offset_value_term(q, k, prep.bias, lse, prep.offset_table, scale)
+    elif plan.path == "flex":
+        out = kernels.flex_path(q, k, v, mask, prep.bias, scale)
+    elif plan.path == "dense":
+        out = kernels.dense_path(q, k, v, mask, prep.bias, scale, plan.chunk_rows)
+    else:
+        out = kernels.sdpa_path(q, k, v, mask, scale)
+    if plan.prob_bias:
+        out = out + kernels.prob_bias_term(v, hq, mask, prep.prob_bias, tq)
+    return out
 
 
 def attend(
@@ -106,97 +147,58 @@ def attend(
             that belongs to the model, before the blocks).
         mask: which keys each query sees; None for full attention.
         scale: score scale, default ``D ** -0.5``.
-        backend: "auto" picks SDPA when nothing touches the scores, FlexAttention on CUDA for a
-            score bias, a dense bias into SDPA elsewhere, and math when the probabilities or the
-            whole score matrix are needed.
+        backend: "auto" follows the kernel plan (:func:`posenc.common.plan.make_plan`: SDPA when
+            nothing touches the scores, FlexAttention on CUDA for a score bias, the chunked dense
+            path elsewhere, math when the probabilities or the whole score matrix are needed);
+            naming a path forces it, and a path that cannot honour the encoding is a ValueError.
+            :func:`plan` tells which path a call takes.
         qk_transformed: ``q`` and ``k`` have already been through the encoding's q/k transform
             (as with a KV cache, where each key is transformed once, at its own position).
 
     Returns:
         ``[B, Hq, Tq, D]``.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_qkv(q, k, v)
     b, hq, tq, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k and v must be [B={b}, Hkv, Tk, D={d}] alike; got {tuple(k.shape)} and {tuple(v.shape)}")
-    if hq % k.shape[1]:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
     tk = k.shape[2]
     q_pos = normalize_positions(q_pos, tq, b, "q_pos")
     kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
     check_attention_args(encoding, mask, b, hq, tq, tk)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if tq == 0 or tk == 0:  # nothing to attend to (or from): zeros, as for fully masked rows
         return q.new_zeros(b, hq, tq, d)
-    scale = d ** -0.5 if scale is None else scale
-    hooks = encoding.hooks if encoding is not None else frozenset()
-
-    if Hook.QK in hooks and not qk_transformed:
-        q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
-
-    bias: PairwiseBias | None = None
-    score_transform = None
-    if Hook.SCORE_BIAS in hooks:
-        if encoding.has_score_bias:
-            bias = encoding.score_bias(q, k, q_pos, kv_pos)
-        if encoding.needs_scores:
-
-            def score_transform(scores: Tensor, q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
-                return encoding.transform_scores(scores, q, k, q_pos, kv_pos, allowed)
-
-    prob_bias: PairwiseBias | None = None
-    value_term = None
-    if Hook.POST_SOFTMAX in hooks:
-        if encoding.has_prob_bias:
-            prob_bias = encoding.prob_bias(q_pos, kv_pos)
-        if encoding.needs_probs:
-
-            def value_term(probs: Tensor) -> Tensor:
-                return encoding.value_term(probs, q_pos, kv_pos)
-
-    # A value term over clipped offsets has a fused form on CPU (causal, consecutive positions).
-    offset_table = None
-    if value_term is not None and bias is not None and q.device.type == "cpu" and backend in ("auto", "dense"):
-        offset_table = encoding.offset_values()
-        if offset_table is not None and not kernels.contiguous_causal(mask, q_pos, kv_pos, tq, tk):
-            offset_table = None
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    path = choose_backend(
-        backend,
-        device=q.device,
-        has_score_bias=bias is not None,
-        needs_probs=value_term is not None and offset_table is None,
-        needs_grad=needs_grad or (bias is not None and bias.requires_grad),
-        what=type(encoding).__name__ if encoding is not None else "this call",
-        needs_scores=score_transform is not None,
-    )
-    if path == "math":
-        return kernels.math_path(q, k, v, mask, bias, scale, prob_bias, value_term, score_transform)
-    if offset_table is not None:  # path == "dense", on CPU
-        out, lse = kernels.dense_path(q, k, v, mask, bias, scale, return_lse=True)
-        out = out + kernels.offset_value_term(q, k, bias, lse, offset_table, scale)
-        if prob_bias is not None:
-            out = out + kernels.prob_bias_term(v, hq, mask, prob_bias, tq)
-        return out
-    if path == "sdpa" and backend == "auto" and _needs_square_mask(mask, tq, tk) and q.is_cuda and flex_available():
-        # On CUDA a mask that SDPA could only take as a dense [Tq, Tk] tensor goes to FlexAttention's
-        # block-sparse kernel instead (packed sequences, sliding windows, causal + padding).
-        out = kernels.flex_path(q, k, v, mask, None, scale)
-    elif path == "sdpa" and bias is None:
-        out = kernels.sdpa_path(q, k, v, mask, scale)
-    elif path == "flex":
-        out = kernels.flex_path(q, k, v, mask, bias, scale)
-    elif bias is None:  # "dense" with nothing to add: the masks go to SDPA as they would anyway
-        out = kernels.sdpa_path(q, k, v, mask, scale)
-    else:
-        out = kernels.dense_path(q, k, v, mask, bias, scale)
-    if prob_bias is not None:
-        out = out + kernels.prob_bias_term(v, hq, mask, prob_bias, tq)
-    return out
+    return _run(_prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed), mask)
 
 
-def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> bool:
-    return mask is not None and not mask.is_empty and not mask.only_causal(q_len, kv_len) and not mask.only_key_padding
+def plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor | None = None,
+    *,
+    q_pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    encoding: PositionEncoding | None = None,
+    mask: AttentionMask | None = None,
+    scale: float | None = None,
+    backend: Backend = "auto",
+    qk_transformed: bool = False,
+) -> Plan:
+    """The :class:`~posenc.common.plan.Plan` that :func:`attend` would follow for these
+    arguments, in the current grad mode, without running the attention (the encoding's q/k
+    transform and bias tables are built, as the plan depends on them). ``v`` defaults to ``k``;
+    positions to ``0 .. T-1``. A forced ``backend`` that cannot serve the call raises the same
+    ValueError as :func:`attend`."""
+    v = k if v is None else v
+    _check_qkv(q, k, v)
+    b, hq, tq, _ = q.shape
+    tk = k.shape[2]
+    q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=q.device)
+    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos", device=q.device)
+    check_attention_args(encoding, mask, b, hq, tq, tk)
+    if tq == 0 or tk == 0:
+        return Plan("sdpa", "an empty sequence: zeros, no kernel runs")
+    return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed).plan
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
@@ -271,21 +273,18 @@ class MultiheadAttention(nn.Module):
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
-    def forward(
+    def _project(
         self,
         x: Tensor,
-        context: Tensor | None = None,
-        *,
-        q_pos: Tensor | None = None,
-        kv_pos: Tensor | None = None,
-        mask: AttentionMask | None = None,
-        cache: LayerKVCache | None = None,
-    ) -> Tensor:
-        """Attend from ``x`` to itself (with ``cache``: to the cached keys and itself) or to ``context``.
-
-        Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
-        cached position. Pass them explicitly for packed sequences, float or 2D positions.
-        """
+        context: Tensor | None,
+        q_pos: Tensor | None,
+        kv_pos: Tensor | None,
+        mask: AttentionMask | None,
+        cache: LayerKVCache | None,
+        grow_cache: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, bool]:
+        """Checked projections: ``(q, k, v, q_pos, kv_pos, qk_transformed)`` as :func:`attend`
+        takes them; with ``cache`` and ``grow_cache`` the new keys are appended to it."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
         if context is not None and cache is not None:
@@ -306,23 +305,62 @@ class MultiheadAttention(nn.Module):
         past = 0 if cache is None else cache.length
         # Check before the cache grows: a refused call must leave the cache as it was.
         check_attention_args(enc, mask, b, self.num_heads, tq, past + new_kv_pos.shape[1])
+        if cache is not None and enc is not None and not enc.supports_kv_cache:
+            raise ValueError(f"{type(enc).__name__} does not support a KV cache; run the full sequence instead")
 
-        q = self._heads(self.q_proj(x), self.num_heads)
-        k = self._heads(self.k_proj(src), self.num_kv_heads)
+        q = self._heads(self.q_proj(x), self.num_heads)  # [B, H, Tq, D]
+        k = self._heads(self.k_proj(src), self.num_kv_heads)  # [B, Hkv, Tk, D]
         v = self._heads(self.v_proj(src), self.num_kv_heads)
         qk_transformed = False
-        if cache is not None:
-            if enc is not None and not enc.supports_kv_cache:
-                raise ValueError(f"{type(enc).__name__} does not support a KV cache; run the full sequence instead")
-            if enc is not None and Hook.QK in enc.hooks:
-                # Cache rotated keys: each key is rotated once, at its own position.
-                q, k = enc.transform_qk(q, k, q_pos, new_kv_pos)
-                qk_transformed = True
+        if cache is None:
+            return q, k, v, q_pos, new_kv_pos, qk_transformed
+        if enc is not None and enc.attention_needs().qk:
+            # Cache rotated keys: each key is rotated once, at its own position.
+            q, k = enc.transform_qk(q, k, q_pos, new_kv_pos)
+            qk_transformed = True
+        if grow_cache:
             k, v, kv_pos_all = cache.append(k, v, new_kv_pos)
         else:
-            kv_pos_all = new_kv_pos
+            k, v, kv_pos_all = cache.peek(k, v, new_kv_pos)
+        return q, k, v, q_pos, kv_pos_all, qk_transformed
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        q_pos: Tensor | None = None,
+        kv_pos: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        cache: LayerKVCache | None = None,
+    ) -> Tensor:
+        """Attend from ``x`` to itself (with ``cache``: to the cached keys and itself) or to ``context``.
+
+        Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
+        cached position. Pass them explicitly for packed sequences, float or 2D positions.
+        """
+        q, k, v, q_pos, kv_pos, qk_transformed = self._project(x, context, q_pos, kv_pos, mask, cache, grow_cache=True)
         out = attend(
-            q, k, v, q_pos=q_pos, kv_pos=kv_pos_all, encoding=enc, mask=mask,
+            q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=self.encoding, mask=mask,
             scale=self.scale, backend=self.backend, qk_transformed=qk_transformed,
         )
         return self.out_proj(out.transpose(1, 2).flatten(2))
+
+    def plan(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        q_pos: Tensor | None = None,
+        kv_pos: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        cache: LayerKVCache | None = None,
+    ) -> Plan:
+        """The kernel :class:`~posenc.common.plan.Plan` that ``forward`` with these arguments would
+        follow, in the current grad mode. Runs the projections, not the attention; a cache is
+        read, never grown."""
+        q, k, v, q_pos, kv_pos, qk_transformed = self._project(x, context, q_pos, kv_pos, mask, cache, grow_cache=False)
+        return plan(
+            q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=self.encoding, mask=mask,
+            scale=self.scale, backend=self.backend, qk_transformed=qk_transformed,
+        )

@@ -37,6 +37,7 @@ constant buffers only, never per-call state.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor, nn
@@ -51,10 +52,31 @@ class Hook(str, enum.Enum):
     POST_SOFTMAX = "post_softmax"
 
 
+@dataclass(frozen=True)
+class AttentionNeeds:
+    """What an encoding asks of the attention core; the kernel plan reads nothing else.
+
+    ``score_bias``: :meth:`PositionEncoding.score_bias`; ``score_transform``:
+    :meth:`PositionEncoding.transform_scores`; ``prob_bias``: :meth:`PositionEncoding.prob_bias`;
+    ``value_term``: :meth:`PositionEncoding.value_term`; ``offset_values``: the value term has the
+    clipped-offset form of :meth:`PositionEncoding.offset_values`.
+    """
+
+    qk: bool = False
+    score_bias: bool = False
+    score_transform: bool = False
+    prob_bias: bool = False
+    value_term: bool = False
+    offset_values: bool = False
+
+
+NO_NEEDS = AttentionNeeds()
+
+
 class PositionEncoding(nn.Module):
     """Base class of every encoding. Subclasses set ``hooks`` and implement those methods.
 
-    Class attributes:
+    Attributes (class-level defaults; an instance may override them):
         hooks: the hook points the encoding uses.
         causal_only: the encoding is defined for causal attention only (xPos, FIRE, CoPE);
             an instance may override it (ALiBi is causal-only unless symmetric).
@@ -62,6 +84,14 @@ class PositionEncoding(nn.Module):
         needs_probs: ``value_term`` is implemented; only the math path can serve it.
         needs_scores: ``transform_scores`` is implemented (part of the score-bias hook); only
             the math path can serve it.
+        per_layer: models build one instance per block (RoPE-Mixed, 2D relative bias) instead
+            of sharing one across blocks.
+        num_heads: the query head count the instance was built for (per-head parameters), or
+            None when it works with any; the core checks it on every call.
+        num_prefix_tokens: leading tokens (class token, registers) that a 2D grid encoding
+            leaves out, or None for encodings that know no grid.
+
+    What the core does with an encoding is read from :meth:`attention_needs` only.
     """
 
     hooks: ClassVar[frozenset[Hook]] = frozenset()
@@ -69,6 +99,9 @@ class PositionEncoding(nn.Module):
     supports_kv_cache: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
     needs_scores: ClassVar[bool] = False
+    per_layer: ClassVar[bool] = False
+    num_heads: int | None = None
+    num_prefix_tokens: int | None = None
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x [B, T, C]``, ``positions [B or 1, T]`` -> encoded features ``[B, T, C']``."""
@@ -115,6 +148,19 @@ class PositionEncoding(nn.Module):
     @property
     def has_prob_bias(self) -> bool:
         return Hook.POST_SOFTMAX in self.hooks and type(self).prob_bias is not PositionEncoding.prob_bias
+
+    def attention_needs(self) -> AttentionNeeds:
+        """The attention hooks this instance uses, as the kernel plan reads them."""
+        hooks = self.hooks
+        value_term = Hook.POST_SOFTMAX in hooks and bool(self.needs_probs)
+        return AttentionNeeds(
+            qk=Hook.QK in hooks,
+            score_bias=self.has_score_bias,
+            score_transform=Hook.SCORE_BIAS in hooks and bool(self.needs_scores),
+            prob_bias=self.has_prob_bias,
+            value_term=value_term,
+            offset_values=value_term and self.offset_values() is not None,
+        )
 
 
 def attention_part(encoding: PositionEncoding | None) -> PositionEncoding | None:

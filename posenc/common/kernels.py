@@ -1,38 +1,87 @@
-"""The attention kernel paths. :func:`posenc.common.attention.attend` chooses among them.
+"""The attention kernel paths. :func:`posenc.common.plan.make_plan` chooses among them and
+:func:`posenc.common.attention.attend` runs the chosen one.
 
 ``sdpa``   ``scaled_dot_product_attention``: nothing touches the scores (masks only).
-``dense``  a score bias handed to SDPA's fused kernel. On CPU the bias is produced chunk by
-           chunk of query rows inside a custom autograd function and recomputed in the backward
-           pass, so no ``T x T`` tensor is kept; with causal masks each chunk stops at its last
-           visible key. A bias that needs a gradient gets an explicit chunked backward that also
-           yields its gradient. Elsewhere the bias is materialised whole for SDPA.
+``dense``  a score bias handed to a fused kernel chunk by chunk of query rows, inside a custom
+           autograd function that recomputes each bias chunk in the backward pass, so no
+           ``T x T`` tensor is kept; with causal masks each chunk stops at its last visible key.
+           On CPU each chunk runs SDPA's flash kernel (forward and, for a constant bias,
+           backward); a bias that needs a gradient gets an explicit chunked backward that also
+           yields its gradient. Off CPU each chunk is computed explicitly.
 ``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
            (compiled on CUDA; eager elsewhere, forward only on CPU).
-``math``   explicit ``softmax(QK^T * scale + bias) V``: the only path that exposes the
-           scores and probabilities, for encodings with a score transform or a value term.
+``math``   explicit ``softmax(QK^T * scale + bias) V``, row chunk by row chunk, each chunk
+           recomputed in the backward pass (activation checkpointing): the only path that exposes
+           the scores and probabilities, for encodings with a score transform or a value term,
+           and still no ``T x T`` tensor alive at once.
 
 Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
+Shapes: ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]``; a ``block`` is a bias or mask over
+``[B or 1, Hq or 1, rows, keys]``.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 
-# Chunk the query rows so that one bias chunk holds about this many elements (and at least
-# _MIN_CHUNK_ROWS rows): small enough to stay in cache-friendly sizes, large enough to keep the
-# per-call overhead negligible (128 rows at B=1, H=8, T=1024; best time and memory on 2 cores).
+# Default chunking (the plan may choose otherwise): query rows such that one [B, H, rows, Tk]
+# block holds about this many elements, and at least _MIN_CHUNK_ROWS rows. Small enough to stay
+# in cache-friendly sizes, large enough to keep the per-chunk overhead (and the number of
+# parallel regions, which cost most when another process holds a core) small.
 _CHUNK_ELEMENTS = 1 << 20
 _MIN_CHUNK_ROWS = 16
 # Query rows per banded product of the offset value term (its work grows with rows + K per row).
 _OFFSET_CHUNK_ROWS = 128
+
+
+# --- private aten kernels: every call to them goes through these two functions ---------------
+# tests/test_kernels_aten.py compares the schemas below with the installed torch, so a change of
+# signature fails loudly there instead of silently here.
+
+CPU_FLASH_FORWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, "
+    "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) "
+    "-> (Tensor output, Tensor logsumexp)"
+)
+CPU_FLASH_BACKWARD_SCHEMA = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, "
+    "Tensor key, Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, "
+    "Tensor? attn_mask=None, float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"
+)
+
+
+def cpu_flash_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """SDPA's CPU flash kernel with an additive float ``block`` ``[B or 1, H or 1, Tq, Tk]``.
+
+    ``q [B, H, Tq, D]``, ``k, v [B, H, Tk, D]`` -> ``out [B, H, Tq, D]``, ``lse [B, H, Tq]``
+    (float32 for float32 and half inputs, float64 for float64)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=block, scale=scale)
+
+
+def cpu_flash_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block: Tensor, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of :func:`cpu_flash_forward` for a constant ``block``: ``(dq, dk, dv)``."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out.contiguous(), q, k, v, out, lse.contiguous(), 0.0, False, attn_mask=block, scale=scale
+    )
+
+
+def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int) -> int:
+    """Query rows per chunk so that a ``[batch_rows, heads, rows, kv_len]`` block holds about
+    ``_CHUNK_ELEMENTS`` elements (at least ``_MIN_CHUNK_ROWS``, at most ``q_len``)."""
+    rows = _CHUNK_ELEMENTS // max(1, batch_rows * heads * kv_len)
+    return max(1, min(max(q_len, 1), max(_MIN_CHUNK_ROWS, rows)))
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -135,17 +184,31 @@ def _chunk_backward_with_bias_grad(
     return gq, gk, gv, list(grads)
 
 
+def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """One chunk of rows with its bias block: ``(out [B, H, rows, D], lse [B, H, rows])``. The CPU
+    flash kernel on CPU; elsewhere explicit (``[B, H, rows, keys]`` scores live for the chunk only)."""
+    if q.device.type == "cpu":
+        return cpu_flash_forward(q, k, v, block, scale)
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale + block.to(work)  # [B, H, rows, keys]
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H, rows]
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(work))  # [B, H, rows, D]
+    return out.to(q.dtype), lse
+
+
 class _ChunkedBiasAttention(torch.autograd.Function):
-    """SDPA's CPU flash kernel over chunks of query rows, with the bias recomputed per chunk.
+    """Fused attention over chunks of query rows, with the bias recomputed per chunk.
 
     Only ``q, k, v``, the output and the log-sum-exp are saved; each bias chunk lives only while
     its kernel runs, in the forward and again in the backward pass. A constant bias goes through
-    the flash kernel's backward; a bias that needs a gradient (T5 tables, learned slopes) gets the
-    chunked explicit backward, which also yields the bias gradient, so it too keeps no ``T x T``
-    tensor. ``learned`` are the tensors the bias reads that may need a gradient.
+    the flash kernel's backward on CPU; a bias that needs a gradient (T5 tables, learned slopes,
+    content-dependent tables), or any bias off CPU, gets the chunked explicit backward, which also
+    yields the bias gradient, so it too keeps no ``T x T`` tensor. ``learned`` are the tensors the
+    bias reads that may need a gradient.
 
-    Returns ``(out, lse)``; the log-sum-exp of each query row is differentiable too (an encoding's
-    fused value term reads probabilities as ``exp(S - lse)``), its gradient folded into ``dS``.
+    Returns ``(out [B, H, Tq, D], lse [B, H, Tq])``; the log-sum-exp of each query row is
+    differentiable too (an encoding's fused value term reads probabilities as ``exp(S - lse)``),
+    its gradient folded into ``dS``.
     """
 
     @staticmethod
@@ -154,13 +217,13 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = mask is not None and mask.causal
-        out = q.new_empty(q.shape)
+        out = q.new_empty(q.shape)  # [B, H, Tq, D]
         lse = q.new_empty((b, h, tq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         idx = _indices(max(tq, tk), q.device)
         for s, e, kv_end in _row_chunks(tq, tk, chunk, causal):
+            # block [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
             block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
-            o, chunk_lse = flash(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], attn_mask=block, scale=scale)
+            o, chunk_lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
             del block
             out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)
             lse[:, :, s:e] = chunk_lse
@@ -180,9 +243,9 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = mask is not None and mask.causal
+        fused_backward = q.device.type == "cpu"
         dq = torch.empty_like(q)
         dk = dv = None
-        flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         # Last chunk first: with a causal mask it spans every key, so its gradients become dk, dv
         # without a zero-filled buffer beside them.
         idx = _indices(max(tq, tk), q.device)
@@ -191,15 +254,15 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             chunk_grad_lse = None if grad_lse is None else grad_lse[:, :, s:e]
             if learned:  # evaluate the bias once, attached to the tensors that need its gradient
                 with torch.enable_grad():
-                    live = bias.dense(b, h, idx[s:e], idx[:kv_end])
+                    live = bias.dense(b, h, idx[s:e], idx[:kv_end])  # [B or 1, H, rows, kv_end]
             block, row_any = _bias_block(
                 bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype,
                 block=None if live is None else live.detach(),
             )
-            g = grad_out[:, :, s:e]
+            g = grad_out[:, :, s:e]  # [B, H, rows, D]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
-            if learned or chunk_grad_lse is not None:
+            if learned or chunk_grad_lse is not None or not fused_backward:
                 gq, gk, gv, grads = _chunk_backward_with_bias_grad(
                     learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
                     lse[:, :, s:e], g, scale, live, chunk_grad_lse,
@@ -208,9 +271,8 @@ class _ChunkedBiasAttention(torch.autograd.Function):
                     if grad is not None:
                         learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
             else:
-                gq, gk, gv = flash_bwd(
-                    g.contiguous(), q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
-                    out[:, :, s:e], lse[:, :, s:e].contiguous(), 0.0, False, attn_mask=block, scale=scale,
+                gq, gk, gv = cpu_flash_backward(
+                    g, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e], lse[:, :, s:e], block, scale,
                 )
             del block, live
             dq[:, :, s:e] = gq
@@ -227,28 +289,20 @@ class _ChunkedBiasAttention(torch.autograd.Function):
 
 def dense_path(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float,
-    return_lse: bool = False,
+    chunk: int | None = None, return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """A score bias materialised densely and handed to SDPA. ``return_lse`` (CPU only): also
-    the differentiable log-sum-exp ``[B, H, Tq]`` of each query row's scores."""
+    """A score bias handed to a fused kernel, ``chunk`` query rows at a time (default: the
+    :func:`chunk_rows` budget). ``return_lse``: also the differentiable log-sum-exp ``[B, H, Tq]``
+    of each query row's scores. ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # [B, Hq, Tk, D]
     b, h, tq, _ = q.shape
-    tk = k.shape[2]
-    if q.device.type == "cpu":
-        learned = bias.learned if bias.requires_grad else ()
-        # The explicit backward of a learned bias holds a few [B, H, rows, Tk] tensors per chunk.
-        rows_batch = b if (learned or bias.per_batch or (mask is not None and mask.per_batch)) else 1
-        chunk = max(_MIN_CHUNK_ROWS, min(tq, _CHUNK_ELEMENTS // max(1, rows_batch * h * tk)))
-        out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
-        return (out, lse) if return_lse else out
-    if return_lse:
-        raise ValueError("dense_path returns the log-sum-exp on CPU only")
-    block, row_any = _bias_block(bias, mask, b, h, _indices(tq, q.device), _indices(tk, q.device), tq, tk, q.dtype)
-    # Off CPU the bias takes the inputs' dtype: the fused CUDA kernels are only known to take a
-    # mask of the query's dtype (unchecked here without a GPU; flex is the CUDA default anyway).
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=block.to(q.dtype), scale=scale)
-    return out if row_any is None else out.masked_fill(~row_any, 0.0)
+    learned = bias.learned if bias.requires_grad else ()
+    if chunk is None:
+        per_batch = bool(learned) or bias.per_batch or (mask is not None and mask.per_batch)
+        chunk = chunk_rows(b if per_batch else 1, h, k.shape[2], tq)
+    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
+    return (out, lse) if return_lse else out
 
 
 def contiguous_causal(mask: AttentionMask | None, q_pos: Tensor, kv_pos: Tensor, q_len: int, kv_len: int) -> bool:
@@ -354,6 +408,18 @@ def flex_path(
         return flex_attention(q, k, v, **kwargs)
 
 
+ScoreTransform = Callable[[Tensor, Tensor, Tensor, slice, slice, "Tensor | None"], Tensor]
+ValueTerm = Callable[[Tensor, slice, slice], Tensor]
+
+
+def _checkpointed(fn: Callable[..., Tensor], *args) -> Tensor:
+    """``fn(*args)``; when a gradient is wanted, its intermediates are dropped and recomputed in
+    the backward pass, so a chunk's ``[B, H, rows, keys]`` tensors never outlive it."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
 def math_path(
     q: Tensor,
     k: Tensor,
@@ -362,54 +428,84 @@ def math_path(
     bias: PairwiseBias | None,
     scale: float,
     prob_bias: PairwiseBias | None = None,
-    value_term=None,
-    score_transform=None,
+    value_term: ValueTerm | None = None,
+    score_transform: ScoreTransform | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
-    ``out = (P + prob_bias) V + value_term(P)``. ``score_transform(scores, q, k, allowed)`` sees
-    finite scores at every pair; the mask is applied to its result."""
+    ``out = (P + prob_bias) V + value_term(P)``, ``chunk`` query rows at a time (default: the
+    :func:`chunk_rows` budget), each chunk recomputed in the backward pass.
+
+    ``score_transform(scores, q_rows, k_keys, rows, keys, allowed)`` sees the finite scores
+    ``[B, H, rows, keys]`` of query rows ``rows`` (a slice) and keys ``keys`` at every pair; the
+    mask is applied to its result. ``value_term(probs, rows, keys)`` -> ``[B, H, rows, Dv]``. With
+    a causal mask a chunk's keys stop at its last visible key (the rest are masked anyway).
+    ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # [B, Hq, Tk, D]
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    q_idx, kv_idx = _indices(tq, q.device), _indices(tk, q.device)
-    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale
-    if bias is not None:
-        scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
-    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)
-    if score_transform is not None:
-        scores = score_transform(scores, q.to(work), k.to(work), allowed)
-    if allowed is not None:
-        row_any = allowed.any(dim=-1, keepdim=True)
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
-    probs = torch.softmax(scores, dim=-1)
-    if allowed is not None:
-        probs = probs.masked_fill(~allowed, 0.0)
-    if prob_bias is not None:
-        extra = prob_bias.dense(b, h, q_idx, kv_idx, dtype=work)
-        probs = probs + (extra if allowed is None else extra.masked_fill(~allowed, 0.0))
-    out = torch.matmul(probs, v.to(work))
-    if value_term is not None:
-        out = out + value_term(probs)
-    return out.to(q.dtype)
+    idx = _indices(max(tq, tk), q.device)
+    if chunk is None:
+        chunk = chunk_rows(b, h, tk, tq)
+
+    def rows_out(q_rows: Tensor, k: Tensor, v: Tensor, s: int, e: int, kv_end: int) -> Tensor:
+        q_idx, kv_idx = idx[s:e], idx[:kv_end]
+        q_rows, k, v = q_rows.to(work), k[:, :, :kv_end].to(work), v[:, :, :kv_end].to(work)
+        scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
+        if bias is not None:
+            scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
+        allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)  # [B or 1, 1, rows, keys]
+        if score_transform is not None:
+            scores = score_transform(scores, q_rows, k, slice(s, e), slice(0, kv_end), allowed)
+        if allowed is not None:
+            row_any = allowed.any(dim=-1, keepdim=True)
+            scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
+        probs = torch.softmax(scores, dim=-1)  # [B, H, rows, keys]
+        if allowed is not None:
+            probs = probs.masked_fill(~allowed, 0.0)
+        if prob_bias is not None:
+            extra = prob_bias.dense(b, h, q_idx, kv_idx, dtype=work)
+            probs = probs + (extra if allowed is None else extra.masked_fill(~allowed, 0.0))
+        out = torch.matmul(probs, v)  # [B, H, rows, D]
+        if value_term is not None:
+            out = out + value_term(probs, slice(s, e), slice(0, kv_end))
+        return out.to(q.dtype)
+
+    causal = mask is not None and mask.causal
+    parts = [
+        _checkpointed(rows_out, q[:, :, s:e], k, v, s, e, kv_end) for s, e, kv_end in _row_chunks(tq, tk, chunk, causal)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def prob_bias_term(
-    v: Tensor, heads: int, mask: AttentionMask | None, prob_bias: PairwiseBias, q_len: int
+    v: Tensor, heads: int, mask: AttentionMask | None, prob_bias: PairwiseBias, q_len: int, chunk: int | None = None
 ) -> Tensor:
-    """``(B ⊙ allowed) V`` for an after-softmax bias, added to a fused kernel's ``A V``."""
-    v = _repeat_kv(v, heads // v.shape[1])
-    b, _, tk, _ = v.shape
-    q_idx, kv_idx = _indices(q_len, v.device), _indices(tk, v.device)
-    extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)
-    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, tk)
-    if allowed is not None:
-        extra = torch.where(allowed, extra, 0.0)
-    if extra.shape[0] == 1 and b > 1:
-        # One bias for the whole batch: fold the batch into the columns of V instead of letting
-        # matmul expand the [H, Tq, Tk] bias B times (and its gradient with it).
-        d = v.shape[-1]
-        cols = v.permute(1, 2, 0, 3).reshape(heads, tk, b * d)
-        return torch.matmul(extra[0], cols).view(heads, q_len, b, d).permute(2, 0, 1, 3)
-    return torch.matmul(extra, v)
+    """``(B ⊙ allowed) V`` for an after-softmax bias, added to a fused kernel's ``A V``, ``chunk``
+    query rows at a time (each recomputed in the backward pass).
+    ``v [B, Hkv, Tk, D]`` -> ``[B, heads, q_len, D]``."""
+    v = _repeat_kv(v, heads // v.shape[1])  # [B, H, Tk, D]
+    b, _, tk, d = v.shape
+    idx = _indices(max(q_len, tk), v.device)
+    if chunk is None:
+        chunk = chunk_rows(1 if not (prob_bias.per_batch or (mask is not None and mask.per_batch)) else b, heads, tk, q_len)
+
+    def rows_term(v: Tensor, s: int, e: int, kv_end: int) -> Tensor:
+        q_idx, kv_idx = idx[s:e], idx[:kv_end]
+        v = v[:, :, :kv_end]
+        extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)  # [B or 1, H, rows, keys]
+        allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, tk)
+        if allowed is not None:
+            extra = torch.where(allowed, extra, 0.0)
+        if extra.shape[0] == 1 and b > 1:
+            # One bias for the whole batch: fold the batch into the columns of V instead of letting
+            # matmul expand the [H, rows, keys] bias B times (and its gradient with it).
+            cols = v.permute(1, 2, 0, 3).reshape(heads, kv_end, b * d)  # [H, keys, B * D]
+            return torch.matmul(extra[0], cols).view(heads, e - s, b, d).permute(2, 0, 1, 3)
+        return torch.matmul(extra, v)
+
+    causal = mask is not None and mask.causal
+    parts = [_checkpointed(rows_term, v, s, e, kv_end) for s, e, kv_end in _row_chunks(q_len, tk, chunk, causal)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

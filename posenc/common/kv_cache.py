@@ -33,19 +33,22 @@ class LayerKVCache:
             )
         return self.pos[:, -1:] + 1 + torch.arange(length, device=self.pos.device, dtype=self.pos.dtype)
 
+    def peek(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The history with ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]`` appended, leaving
+        the cache as it is."""
+        if self.k is None:
+            return k, v, pos
+        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+            raise ValueError(f"cached keys are {tuple(self.k.shape)}; new keys {tuple(k.shape)} do not match")
+        old = self.pos
+        if pos.shape[0] != old.shape[0]:
+            b = max(pos.shape[0], old.shape[0])
+            pos, old = pos.expand(b, *pos.shape[1:]), old.expand(b, *old.shape[1:])
+        return torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2), torch.cat((old, pos), dim=1)
+
     def append(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]``; return the whole history."""
-        if self.k is None:
-            self.k, self.v, self.pos = k, v, pos
-        else:
-            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-                raise ValueError(f"cached keys are {tuple(self.k.shape)}; new keys {tuple(k.shape)} do not match")
-            if pos.shape[0] != self.pos.shape[0]:
-                b = max(pos.shape[0], self.pos.shape[0])
-                pos, self.pos = pos.expand(b, *pos.shape[1:]), self.pos.expand(b, *self.pos.shape[1:])
-            self.k = torch.cat((self.k, k), dim=2)
-            self.v = torch.cat((self.v, v), dim=2)
-            self.pos = torch.cat((self.pos, pos), dim=1)
+        self.k, self.v, self.pos = self.peek(k, v, pos)
         return self.k, self.v, self.pos
 
 

@@ -60,7 +60,7 @@ class PatchTokensOnly(PositionEncoding):
 
     @property
     def num_heads(self) -> int | None:
-        return getattr(self.inner, "num_heads", None)
+        return self.inner.num_heads
 
     @property
     def has_prob_bias(self) -> bool:

@@ -68,7 +68,7 @@ class _Rope2D(PositionEncoding):
         self.head_dim, self.num_prefix_tokens, self.pairing = head_dim, num_prefix_tokens, pairing
 
     def extra_repr(self) -> str:
-        heads = f", num_heads={self.num_heads}" if hasattr(self, "num_heads") else ""
+        heads = f", num_heads={self.num_heads}" if self.num_heads is not None else ""
         return (f"head_dim={self.head_dim}{heads}, base={self.base}, num_prefix_tokens={self.num_prefix_tokens}, "
                 f"pairing={self.pairing!r}")
 

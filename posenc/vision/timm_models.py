@@ -244,7 +244,7 @@ def _build(name: str, model: VisionTransformer, options: dict[str, Any], per_blo
     if "grid_size" in params:
         extra["grid_size"] = (rows, cols)
     extra.update(options)
-    count = len(model.blocks) if per_block and getattr(info.cls, "per_layer", False) else 1
+    count = len(model.blocks) if per_block and info.cls.per_layer else 1
     return [build(name, dims=dims, **extra) for _ in range(count)]
 
 
@@ -388,7 +388,7 @@ def replace_position_encoding(
 
 
 def _check_prefix(encoding: PositionEncoding, model: VisionTransformer) -> None:
-    built_for = getattr(encoding, "num_prefix_tokens", None)
+    built_for = encoding.num_prefix_tokens
     if built_for is not None and built_for != model.num_prefix_tokens:
         raise ValueError(
             f"the {type(encoding).__name__} instance was built for num_prefix_tokens={built_for}; "

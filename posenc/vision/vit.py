@@ -149,7 +149,7 @@ class ViT(nn.Module):
                 if encoding.causal_only:
                     raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
                 return PatchTokensOnly(encoding, p), None, "1d"
-            built_for = getattr(encoding, "num_prefix_tokens", None)
+            built_for = encoding.num_prefix_tokens
             if built_for is not None and built_for != p:
                 raise ValueError(
                     f"the {type(encoding).__name__} instance was built for num_prefix_tokens={built_for}; "
@@ -190,7 +190,7 @@ class ViT(nn.Module):
             extra["grid_size"] = self.train_grid
         extra.update(options)
         dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=rows * cols)
-        if getattr(info.cls, "per_layer", False):  # e.g. RoPE-Mixed learns its frequencies per block
+        if info.cls.per_layer:  # e.g. RoPE-Mixed learns its frequencies per block
             return [build(encoding, dims=dims, **extra) for _ in range(self.depth)], None, "2d"
         return build(encoding, dims=dims, **extra), None, "2d"
 

@@ -1,0 +1,169 @@
+"""The kernel plan: which path one attention call takes, and why.
+
+:func:`make_plan` is the only place that decides. It reads what the encoding needs
+(:meth:`~posenc.common.encoding.PositionEncoding.attention_needs`), the bias it built, the mask,
+the device, the dtype, whether a gradient is wanted and the sizes, and returns a :class:`Plan`.
+:func:`posenc.common.attention.attend` runs the plan; :func:`posenc.common.attention.plan` and
+:meth:`posenc.MultiheadAttention.plan` return it without running anything, so users, the
+benchmarks and the tests can see the path before (or instead of) timing it.
+
+Rules for ``backend="auto"``:
+
+1. a value term over the probabilities: the fused ``dense`` path when it has the clipped-offset
+   form and the call is causal over consecutive positions (Shaw), else ``math``;
+2. a transform of the whole score matrix (CAPE, CoPE): ``math``;
+3. no score bias: ``sdpa`` -- except on CUDA when the mask is one SDPA could only take as a
+   ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
+4. a score bias: ``flex`` on CUDA, ``dense`` elsewhere.
+
+An after-softmax bias (eRPE) is added beside whichever kernel runs (``+prob_bias``). ``dense``
+and ``math`` work on chunks of ``chunk_rows`` query rows, so no ``T x T`` tensor is alive at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from . import kernels
+from .encoding import NO_NEEDS, AttentionNeeds
+from .masks import AttentionMask
+
+Path = Literal["sdpa", "flex", "dense", "math"]
+Backend = Literal["auto", "sdpa", "flex", "dense", "math"]
+BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flex", "dense", "math")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one attention call runs.
+
+    Attributes:
+        path: the kernel path, ``"sdpa"``, ``"flex"``, ``"dense"`` or ``"math"``.
+        reason: one line saying why.
+        chunk_rows: query rows per chunk on the chunked paths (``dense``, ``math``), else None.
+        prob_bias: an after-softmax bias is added beside the kernel (``(B * mask) V``).
+        offset_values: the value term is computed from the fused kernel's log-sum-exp.
+    """
+
+    path: Path
+    reason: str
+    chunk_rows: int | None = None
+    prob_bias: bool = False
+    offset_values: bool = False
+
+    @property
+    def label(self) -> str:
+        """``path`` plus the extra terms, e.g. ``"sdpa+prob_bias"``."""
+        extras = [name for name, on in (("offset_values", self.offset_values), ("prob_bias", self.prob_bias)) if on]
+        return "+".join([self.path, *extras])
+
+    def __str__(self) -> str:
+        chunk = f" ({self.chunk_rows} rows a chunk)" if self.chunk_rows is not None else ""
+        return f"{self.label}{chunk}: {self.reason}"
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> bool:
+    """A mask SDPA could only take as a dense ``[Tq, Tk]`` tensor."""
+    return mask is not None and not mask.is_empty and not mask.only_causal(q_len, kv_len) and not mask.only_key_padding
+
+
+def make_plan(
+    needs: AttentionNeeds = NO_NEEDS,
+    *,
+    mask: AttentionMask | None,
+    device: torch.device,
+    needs_grad: bool,
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    backend: str = "auto",
+    bias_per_batch: bool = False,
+    bias_learned: bool = False,
+    consecutive_causal: bool = False,
+    what: str = "this encoding",
+) -> Plan:
+    """Decide the kernel path of one call; a forced ``backend`` that cannot honour the hooks is a
+    ValueError naming the alternatives.
+
+    Args:
+        needs: what the encoding asks of attention.
+        needs_grad: q, k or v need a gradient.
+        bias_per_batch: the score bias differs between sequences of the batch.
+        bias_learned: the score bias needs a gradient (learned tables, content-dependent terms).
+        consecutive_causal: the mask is causal only and the positions are one run of consecutive
+            integers, the queries last (:func:`posenc.common.kernels.contiguous_causal`).
+        what: the encoding's name, for error messages.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    on_cuda = device.type == "cuda"
+    grad = needs_grad or bias_learned
+    prob_bias = needs.prob_bias
+    offset_ok = needs.offset_values and needs.score_bias and consecutive_causal and backend in ("auto", "dense")
+    needs_probs = needs.value_term and not offset_ok
+
+    if needs_probs and backend not in ("auto", "math"):
+        raise ValueError(f"backend={backend!r} cannot serve {what}: it needs the attention probabilities; use 'math' or 'auto'")
+    if needs.score_transform and backend not in ("auto", "math"):
+        raise ValueError(f"backend={backend!r} cannot serve {what}: it transforms the whole score matrix; use 'math' or 'auto'")
+    if needs.score_bias and backend == "sdpa":
+        raise ValueError(f"backend='sdpa' cannot apply the score bias of {what}; use 'auto', 'dense', 'flex' or 'math'")
+    if backend == "flex":
+        if not flex_available():
+            raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+        if device.type == "cpu" and grad:
+            raise ValueError(
+                "backend='flex' has no backward pass on CPU; use 'dense' (or 'auto') for training on CPU, "
+                "or call under torch.no_grad()"
+            )
+
+    def dense(reason: str, **extra) -> Plan:
+        per_batch = bias_learned or bias_per_batch or (mask is not None and mask.per_batch)
+        rows = kernels.chunk_rows(batch if per_batch else 1, heads, kv_len, q_len)
+        return Plan("dense", reason, rows, prob_bias=prob_bias, **extra)
+
+    def math(reason: str) -> Plan:
+        return Plan("math", reason, kernels.chunk_rows(batch, heads, kv_len, q_len), prob_bias=False)
+
+    if backend == "math":
+        return math("asked for (backend='math')")
+    if backend == "flex":
+        return Plan("flex", "asked for (backend='flex')", prob_bias=prob_bias)
+    if backend == "sdpa":
+        return Plan("sdpa", "asked for (backend='sdpa')", prob_bias=prob_bias)
+    if backend == "dense":
+        if not needs.score_bias:
+            return Plan("sdpa", "asked for 'dense' with no score bias: the masks go to SDPA as they would anyway",
+                        prob_bias=prob_bias)
+        return dense("asked for (backend='dense')", offset_values=offset_ok)
+
+    # backend == "auto"
+    if offset_ok:
+        return dense(
+            "value term over clipped offsets, causal over consecutive positions: read from the fused "
+            "kernel's log-sum-exp and a few diagonals", offset_values=True,
+        )
+    if needs_probs:
+        return math("the value term needs the attention probabilities")
+    if needs.score_transform:
+        return math("the encoding transforms the whole score matrix")
+    if not needs.score_bias:
+        if on_cuda and _needs_square_mask(mask, q_len, kv_len) and flex_available():
+            return Plan("flex", "a mask SDPA could only take as a T x T tensor: FlexAttention's block mask",
+                        prob_bias=prob_bias)
+        return Plan("sdpa", "nothing touches the scores: SDPA's fused kernel", prob_bias=prob_bias)
+    if on_cuda and flex_available():
+        return Plan("flex", "score bias on CUDA: FlexAttention score_mod", prob_bias=prob_bias)
+    return dense("score bias off CUDA: the bias chunk by chunk into the fused kernel")
