@@ -23,6 +23,23 @@ from torch import Tensor
 PairFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+def is_dense_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> bool:
+    """True when a bias function is called for a whole block of query rows by key columns (the
+    broadcast layout of :meth:`PairwiseBias.dense`: ``q_idx`` varies along dim 2 only, ``kv_idx``
+    along dim 3 only, ``b`` and ``h`` along neither), not with FlexAttention's scalar indices.
+
+    A function is element-wise by contract; content-dependent terms (a ``d``-long dot product per
+    element: Transformer-XL, DeBERTa, TUPE, vector eRPE) use this to compute a block by one matmul
+    over the rows asked for, so that no ``[B, H, T, R]`` table is ever built and the chunked
+    backward only needs gradients of small tensors."""
+    if not all(t.dim() == 4 for t in (b, h, q_idx, kv_idx)):
+        return False
+    return (
+        b.shape[2] == b.shape[3] == h.shape[2] == h.shape[3] == 1
+        and q_idx.shape[3] == 1 and kv_idx.shape[2] == 1
+    )
+
+
 def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     """``table[b, idx]`` for a ``[B or 1, T, ...]`` tensor (positions, segment ids, key validity),
     where a batch of one serves every ``b``. Works densely and inside FlexAttention."""

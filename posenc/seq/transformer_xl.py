@@ -7,17 +7,19 @@
 Two hooks:
 
 * q/k: ``q -> q + u`` gives terms (a) + (c): ``(q + u).k``.
-* score bias: terms (b) + (d) ``= (q + v).W_R R_(i-j)``, a content-dependent per-batch table
-  ``[B, H, Tq, R]`` over the ``R`` distinct distances, gathered by ``i - j``. The bias receives the
-  already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads ``q``, not
-  ``q + u``. The table is listed as ``learned`` so the chunked dense path's backward carries its
-  gradient to ``q``, ``v`` and ``W_R``.
+* score bias: terms (b) + (d) ``= (q + v).W_R R_(i-j)``, content-dependent. ``W_R R`` is
+  projected once for the ``R`` distinct distances (``[R, H, d]``); for each block of query rows
+  the kernel asks for, one matmul gives ``(q + v).W_R R`` over the distances those rows need,
+  gathered by ``i - j``, so no ``[B, H, T, R]`` table (about ``T x 2T``) ever exists. The bias
+  receives the already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads
+  ``q``, not ``q + u``. ``q + v`` and ``W_R R`` are listed as ``learned`` so the chunked dense
+  path's backward carries the gradient to ``q``, ``v`` and ``W_R``.
 
 Memory and masks: there is no segment-level recurrence memory here; the KV cache of
 :class:`posenc.MultiheadAttention` is its analogue (cached keys keep their positions, the queries
 continue after them, and ``i - j`` is taken from those positions). The distances span
 ``min(q_pos) - max(kv_pos) .. max(q_pos) - min(kv_pos)`` (both signs, so bidirectional attention
-works too); with the distance unclipped the table is about as large as ``T x T``, as in the paper.
+works too); the distance is unclipped, as in the paper.
 ``R`` uses posenc's interleaved sin/cos layout; the paper concatenates ``[sin, cos]``, a fixed
 permutation that the learned ``W_R`` absorbs.
 
@@ -30,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
 
@@ -86,11 +88,19 @@ class TransformerXLRelative(PositionEncoding):
         hi = int(q_pos.max()) - int(kv_pos.min())
         dist = torch.arange(lo, hi + 1, device=q.device)
         r = sinusoid_table(dist, self.dim, dtype=self.r_proj.weight.dtype)  # [R, dim]
-        wr = self.r_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # [R, H, d]
-        qv = q + (self.v - self.u).to(q.dtype)[None, :, None, :]
-        table = torch.einsum("bhid,rhd->bhir", qv, wr) * self.head_dim ** -0.5  # [B, H, Tq, R]
+        wr = self.r_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # [R, H, d]: W_R R per distance
+        # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
+        qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return table[b, h, q_idx, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo]
+            rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo  # row of wr, [B or 1, 1, rows, keys]
+            if is_dense_block(b, h, q_idx, kv_idx):
+                # A block of query rows: one matmul against the distances these rows need, then a
+                # gather by distance. Only [B, H, rows, R'] lives, never [B, H, Tq, R].
+                first, last = int(rel.min()), int(rel.max())
+                rows = qv[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                table = torch.matmul(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
+                return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
+            return (qv[b, h, q_idx] * wr[rel, h]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
-        return PairwiseBias(bias, per_batch=True, learned=(table,), name="TransformerXLRelative")
+        return PairwiseBias(bias, per_batch=True, learned=(qv, wr), name="TransformerXLRelative")

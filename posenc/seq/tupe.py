@@ -29,9 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
-from .blocks import is_dense_block
 from .learned import lerp_rows
 
 

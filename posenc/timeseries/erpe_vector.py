@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
 
 
@@ -73,11 +73,19 @@ class ERPEVector(PositionEncoding):
                     f"vector eRPE was built for max_len={self.max_len} (offsets up to {self.max_len - 1}); "
                     f"these positions are {farthest} apart"
                 )
-        # q_i . r_o for every query and offset: [B, H, Tq, 2L-1]; the bias then only indexes it.
-        qr = torch.matmul(q, self.weight.to(q.dtype).transpose(-1, -2)) * self.scale
-        centre = self.max_len - 1
+        # q_i . r_o, computed for each block of query rows the kernel asks for (one matmul over the
+        # offsets those rows need, then a gather): never a [B, H, Tq, 2L-1] table.
+        qs = q * self.scale  # [B, H, Tq, D]
+        weight = self.weight.to(q.dtype)  # [1 or H, 2L-1, D]
+        centre, per_head = self.max_len - 1, self.per_head
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return qr[b, h, q_idx, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre]
+            rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre  # row of the table
+            if is_dense_block(b, h, q_idx, kv_idx):
+                first, last = int(rel.min()), int(rel.max())
+                rows = qs[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, D]
+                table = torch.matmul(rows, weight[:, first : last + 1].transpose(-1, -2))  # [B, H, rows, R']
+                return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
+            return (qs[b, h, q_idx] * weight[h if per_head else h * 0, rel]).sum(-1)  # FlexAttention's score_mod
 
-        return PairwiseBias(bias, per_batch=True, learned=(qr,), name="vector eRPE")
+        return PairwiseBias(bias, per_batch=True, learned=(qs, weight), name="vector eRPE")
