@@ -1,8 +1,14 @@
-"""The attention benchmark at tiny sizes (no timing assertions), its CPU memory tracker and timing loop."""
+"""The attention benchmark at tiny sizes (no timing assertions), its CPU memory tracker, timing
+loop and background load."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +19,7 @@ from posenc.bench import attention as bench_attention
 from posenc.bench.attention import (
     BASELINE, AttentionBenchConfig, candidates, encoding_names, run_benchmark, trace_kernel_paths,
 )
+from posenc.bench.load import background_load
 from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
 from posenc.bench.report import format_table
 from posenc.bench.timing import time_interleaved
@@ -120,6 +127,71 @@ def test_kernel_path_tracing_restores_the_kernels():
         attn(torch.randn(1, 8, 16), mask=posenc.AttentionMask(causal=True))
     assert calls == ["sdpa"]
     assert kernels.sdpa_path is before
+
+
+# --- background load -----------------------------------------------------------------------------
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once ``pid`` has exited (a zombie left to an init that does not reap counts as gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        except OSError:
+            state = None
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@linux_only
+def test_background_load_runs_a_process_for_the_block_only():
+    with background_load(True) as load:
+        assert load.description == "1 busy process" and len(load.pids) == 1
+        proc = load.processes[0]
+        time.sleep(0.2)
+        assert proc.poll() is None  # still spinning
+    assert proc.poll() is not None
+    with background_load(False) as load:
+        assert load.processes == [] and load.description == "off"
+
+
+@linux_only
+def test_background_load_is_stopped_after_an_exception():
+    with pytest.raises(RuntimeError, match="inside"):
+        with background_load(True, processes=2) as load:
+            procs = list(load.processes)
+            assert load.description == "2 busy processes"
+            raise RuntimeError("inside the block")
+    assert all(p.poll() is not None for p in procs)
+
+
+@linux_only
+def test_background_load_exits_when_its_parent_dies_without_cleanup():
+    # A parent that leaves without running the finally (os._exit): the child notices it is orphaned.
+    load_py = Path(bench_attention.__file__).with_name("load.py")
+    script = (
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('load', {str(load_py)!r})\n"
+        "m = sys.modules['load'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "cm = m.background_load(True); load = cm.__enter__()\n"
+        "print(load.pids[0], flush=True)\n"
+        "os._exit(0)\n"
+    )
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    child = int(parent.stdout.split()[0])
+    try:
+        assert _gone(child), f"busy process {child} outlived its parent"
+    finally:
+        if not _gone(child, timeout=0):
+            os.kill(child, 9)
 
 
 # --- the CPU memory tracker --------------------------------------------------------------------
