@@ -17,7 +17,8 @@ import posenc
 from posenc import cli
 from posenc.bench import attention as bench_attention
 from posenc.bench.attention import (
-    BASELINE, AttentionBenchConfig, candidates, encoding_names, run_benchmark, trace_kernel_paths,
+    BASELINE, DEFAULT_ENCODINGS, AttentionBenchConfig, BenchResult, GrowthResult, Row, candidates, config_from_args,
+    encoding_names, render, render_growth, run_benchmark, trace_kernel_paths,
 )
 from posenc.bench.load import background_load
 from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
@@ -25,7 +26,7 @@ from posenc.bench.report import format_table
 from posenc.bench.timing import time_interleaved
 from posenc.common import kernels
 
-TINY = ["--seq-len", "64", "--batch", "1", "--heads", "2", "--head-dim", "16", "--repeats", "1", "--warmup", "0"]
+TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]
 REQUIRED = {"name", "impl", "ms", "ratio", "peak_mb"}
 
 
@@ -41,12 +42,13 @@ def _check_row(row: dict) -> None:
 
 def test_bench_attention_writes_json_with_a_row_per_encoding(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert cli.main(["bench", "attention", *TINY, "--no-peers", "--no-progress", "--json", str(path)]) == 0
+    argv = ["bench", "attention", *TINY, "--no-peers", "--no-progress", "--encodings", "all", "--json", str(path)]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     data = json.loads(path.read_text())
     assert {"config", "rows"} <= set(data)
     cfg = data["config"]
-    assert (cfg["seq_len"], cfg["batch"], cfg["heads"], cfg["head_dim"], cfg["repeats"], cfg["warmup"]) == (64, 1, 2, 16, 1, 0)
+    assert (cfg["seq_len"], cfg["batch"], cfg["heads"], cfg["head_dim"], cfg["repeats"], cfg["warmup"]) == (32, 1, 2, 8, 1, 0)
     rows = data["rows"]
     registered = encoding_names()[1:]  # the 1D encodings (seq and time series)
     assert [r["name"] for r in rows] == [BASELINE, "none", *registered]
@@ -66,12 +68,39 @@ def test_bench_attention_writes_json_with_a_row_per_encoding(tmp_path, capsys):
         assert name in out
 
 
-def test_bench_attention_encoding_subset(tmp_path):
+def test_bench_attention_encoding_subset_under_background_load(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    argv = ["bench", "attention", *TINY, "--no-peers", "--no-progress", "--encodings", "rope", "--json", str(path)]
+    argv = ["bench", "attention", *TINY, "--no-peers", "--no-progress", "--encodings", "rope,alibi",
+            "--background-load", "--plans", "--json", str(path)]
     assert cli.main(argv) == 0
-    rows = json.loads(path.read_text())["rows"]
-    assert [r["name"] for r in rows] == [BASELINE, "rope"]
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert [r["name"] for r in data["rows"]] == [BASELINE, "rope", "alibi"]
+    assert data["config"]["background_load"] == "1 busy process"
+    load = data["config"]["load_average"]
+    assert load is None or (len(load) == 3 and all(v >= 0 for v in load))
+    assert "background load: 1 busy process; load average at the end: " in out
+    plans = out.split("\nplans:\n", 1)[1].splitlines()
+    for row in data["rows"]:
+        line = next(p for p in plans if p.startswith(f"  {row['name']}: "))
+        assert line.startswith(f"  {row['name']}: {row['path']}")
+        if row["reason"]:
+            assert line.endswith(f" -- {row['reason']}")
+
+
+def _parse(argv: list[str]):
+    return cli.build_parser(argv).parse_args(argv)
+
+
+def test_default_encodings_are_registered_and_all_is_the_registry():
+    registered = encoding_names()
+    assert set(DEFAULT_ENCODINGS) <= set(registered)
+    assert AttentionBenchConfig().rows == DEFAULT_ENCODINGS
+    assert config_from_args(_parse(["bench", "attention"])).rows == DEFAULT_ENCODINGS
+    assert config_from_args(_parse(["bench", "attention", "--encodings", "all"])).rows == tuple(registered)
+    assert config_from_args(_parse(["bench", "attention", "--encodings", "rope,none"])).rows == ("rope", "none")
+    args = _parse(["bench", "attention"])
+    assert (args.repeats, args.warmup, args.seq_lens, args.background_processes) == (5, 1, None, 0)
 
 
 def test_failing_rows_are_reported_not_fatal(monkeypatch):
@@ -127,6 +156,104 @@ def test_kernel_path_tracing_restores_the_kernels():
         attn(torch.randn(1, 8, 16), mask=posenc.AttentionMask(causal=True))
     assert calls == ["sdpa"]
     assert kernels.sdpa_path is before
+
+
+def test_path_column_uses_the_attention_plan(monkeypatch):
+    class FakePlan:
+        path, reason, chunk_rows, label = "dense", "because the test says so", 7, "dense+fake"
+
+    calls = []
+
+    def plan(self, x, *, mask=None, q_pos=None, kv_pos=None, context=None):
+        calls.append((tuple(x.shape), mask))
+        return FakePlan()
+
+    monkeypatch.setattr(posenc.MultiheadAttention, "plan", plan, raising=False)
+    config = AttentionBenchConfig(seq_len=16, batch=1, heads=2, head_dim=8, repeats=1, warmup=0,
+                                  encodings=("alibi",), peers=False)
+    result = run_benchmark(config, progress=False)
+    base, alibi = result.rows
+    assert (alibi.path, alibi.reason, alibi.chunk_rows) == ("dense+fake", "because the test says so", 7)
+    assert calls and calls[0][0] == (1, 16, 16) and calls[0][1].causal
+    assert base.path == "sdpa" and base.reason
+    text = render(result, plans=True)
+    assert "  alibi: dense+fake (chunk 7 rows) -- because the test says so" in text.splitlines()
+
+
+# --- --seq-lens: parsing, the growth table, the plot ---------------------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("0,16", "positive integers"), ("16,abc", "integers"), ("32,16", "increasing"), ("16,16", "increasing"),
+    ("", "positive integers"),
+])
+def test_seq_lens_rejects_bad_values(value, expected, capsys):
+    assert cli.main(["bench", "attention", "--seq-lens", value, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--seq-lens" in err and repr(value) in err and expected in err
+
+
+def test_seq_lens_parses_and_excludes_seq_len(capsys):
+    assert _parse(["bench", "attention", "--seq-lens", "1024, 2048,4096"]).seq_lens == [1024, 2048, 4096]
+    assert cli.main(["bench", "attention", "--seq-len", "64", "--seq-lens", "16,32", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--seq-len and --seq-lens" in err
+
+
+def _fake_growth() -> GrowthResult:
+    cfg = dict(batch=1, heads=2, head_dim=8, dim=16, device="cpu", dtype="float32", torch="x", threads=1,
+               warmup=0, background_load="off", load_average=None, cpu_count=2)
+    numbers = {  # name -> [(ms, peak MB) at T=100, 200, 400]
+        BASELINE: [(10.0, 4.0), (20.0, 8.0), (40.0, 16.0)],
+        "alibi": [(10.0, 2.0), (40.0, 8.0), (160.0, 32.0)],
+        "broken": [(5.0, 1.0), (None, None), (None, None)],
+    }
+    results = []
+    for i, t in enumerate((100, 200, 400)):
+        rows = [Row(name, "posenc", ms=v[i][0], peak_mb=v[i][1]) for name, v in numbers.items()]
+        results.append(BenchResult({**cfg, "seq_len": t, "repeats": 3}, rows, []))
+    common = {**cfg, "seq_lens": [100, 200, 400], "repeats_per_length": [3, 3, 3]}
+    return GrowthResult(common, results)
+
+
+def test_growth_table_from_known_numbers():
+    result = _fake_growth()
+    growth = {g.name: g for g in result.growth()}
+    assert growth["alibi"].time_growth == [1.0, 4.0, 16.0]
+    assert growth["alibi"].memory_growth == [1.0, 4.0, 16.0]
+    assert growth[BASELINE].time_growth == [1.0, 2.0, 4.0]
+    assert growth["broken"].time_growth == [1.0, None, None]
+    lines = render_growth(result).splitlines()
+    header = next(line for line in lines if line.startswith("name"))
+    assert header.split() == ["name", "impl", "ms@100", "ms@200", "ms@400", "ms", "200/100", "ms", "400/100",
+                              "MB@100", "MB@200", "MB@400", "MB", "200/100", "MB", "400/100"]
+    alibi = next(line for line in lines if line.startswith("alibi ")).split()
+    assert alibi == ["alibi", "posenc", "10.00", "40.00", "160.00", "4.00", "16.00",
+                     "2.0", "8.0", "32.0", "4.00", "16.00"]
+    broken = next(line for line in lines if line.startswith("broken ")).split()
+    assert broken == ["broken", "posenc", "5.00", "-", "-", "-", "-", "1.0", "-", "-", "-", "-"]
+    data = result.to_json()
+    assert [len(g["ms"]) for g in data["growth"]] == [3, 3, 3] and len(data["lengths"]) == 3
+
+
+def test_seq_lens_writes_json_with_every_length_and_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "growth.json"
+    argv = ["bench", "attention", "--seq-lens", "16,32", "--batch", "1", "--heads", "2", "--head-dim", "8",
+            "--encodings", "none,alibi", "--no-peers", "--repeats", "1", "--warmup", "0", "--no-progress",
+            "--json", str(path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["config"]["seq_lens"] == [16, 32]
+    assert [r["config"]["seq_len"] for r in data["lengths"]] == [16, 32]
+    for length in data["lengths"]:
+        assert [r["name"] for r in length["rows"]] == [BASELINE, "none", "alibi"]
+    assert [g["name"] for g in data["growth"]] == [BASELINE, "none", "alibi"]
+    assert all(g["time_growth"][0] == 1.0 for g in data["growth"])
+    png = tmp_path / "growth.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "growth with T" in out and "ms 32/16" in out and str(png) in out
 
 
 # --- background load -----------------------------------------------------------------------------

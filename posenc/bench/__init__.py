@@ -6,7 +6,8 @@ and is imported only when its subcommand runs. A new benchmark is a module here 
 the table.
 
 Shared pieces: :mod:`.timing` (interleaved timing, progress), :mod:`.memory` (peak memory of one
-step, including a CPU tracker), :mod:`.report` (text tables).
+step, including a CPU tracker), :mod:`.report` (text tables), :mod:`.load` (busy processes for a
+run under background load, and the load average to report with it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
         "posenc.bench.attention",
-        "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory)",
+        "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory; "
+        "growth with --seq-lens)",
     ),
     "extrapolation": (
         "posenc.bench.extrapolation",

@@ -1,5 +1,12 @@
 """``posenc bench attention``: forward + backward of causal self-attention, per encoding.
 
+::
+
+    posenc bench attention                                   # the default set, B=4 H=8 T=1024 D=64
+    posenc bench attention --encodings all --json out.json   # every 1D encoding
+    posenc bench attention --seq-lens 1024,2048,4096 --out results/   # growth with T (table, JSON, PNG)
+    posenc bench attention --background-load --plans         # under one busy process; why each path
+
 Every row times the same unit -- a multi-head attention module with its q/k/v/out projections --
 on ``x [B, T, C]`` (``C = H * D``), forward and backward with a fixed random output gradient:
 
@@ -8,9 +15,11 @@ on ``x [B, T, C]`` (``C = H * D``), forward and backward with a fixed random out
     baseline every ratio is taken against, measured in the same run.
 ``none`` (impl ``posenc``)
     :class:`posenc.MultiheadAttention` with a causal :class:`posenc.AttentionMask`, no encoding.
-one row per registered sequence and time-series encoding (impl ``posenc``)
+one row per selected sequence and time-series encoding (impl ``posenc``)
     built with ``posenc.build(name, dims=ModelDims(C, H, T))``; attention hooks go into the
-    attention module, an input hook is applied to ``x`` first (positions ``0 .. T-1``).
+    attention module, an input hook is applied to ``x`` first (positions ``0 .. T-1``). By default
+    the representative set :data:`DEFAULT_ENCODINGS`; ``--encodings all`` takes every registered
+    one, ``--encodings a,b,c`` those named.
 ``NAME (frozen)`` (impl ``posenc``, with ``--frozen``)
     the same encoding with its parameters frozen (``requires_grad_(False)``), as at inference or
     fine-tuning with a fixed encoding: a learned bias is then a constant for the fused kernel.
@@ -21,8 +30,15 @@ peer rows (impl ``x-transformers`` / ``attention-smithy``)
 
 Rows are timed round robin (see :mod:`.timing`); each row reports its median, the ratio to the
 baseline's median, the peak memory of one step above what was allocated before it (see
-:mod:`.memory`) and the kernel path its attention took. A row that fails is reported with its
-error; the others still run.
+:mod:`.memory`) and the kernel path its attention took, with the reason for it (``--plans``
+prints the reasons). A row that fails is reported with its error; the others still run.
+
+``--seq-lens T1,T2,...`` runs every row at each length (lengths above 1024 with at most
+``--long-repeats`` timed rounds) and adds a growth table -- time and peak memory at each length
+and their ratio to the first length -- and, with ``--json`` or ``--out``, a PNG of both against T.
+``--background-load`` runs one busy process (see :mod:`.load`) for the whole run. The header and
+the JSON say whether it was on, and give the load average at the end of the run: figures differ
+between machines and loads.
 """
 
 from __future__ import annotations
@@ -38,8 +54,9 @@ import os
 import platform
 import sys
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +67,8 @@ from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, available, build
+from ..argtypes import int_list
+from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .report import format_table
 from .timing import Progress, error_text, synchronize, time_interleaved
@@ -58,6 +77,16 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 DEVICES = ("cpu", "cuda")
 BASELINE = "sdpa (bare causal)"
 NO_ENCODING = "none"
+ALL = "all"  # --encodings all: every registered sequence and time-series encoding
+
+# The rows run by default: no encoding, an input encoding, rotary, the score biases (fixed,
+# learned per bucket, learned MLP), the probability bias, and the content-dependent heavy ones.
+DEFAULT_ENCODINGS = (
+    "none", "sinusoidal", "rope", "alibi", "t5", "fire", "erpe", "shaw", "transformer_xl", "deberta", "cape",
+)
+# With --seq-lens: lengths above LONG_SEQ_LEN get at most --long-repeats timed rounds.
+LONG_SEQ_LEN = 1024
+LONG_REPEATS = 3
 
 # Peer libraries: import name, distribution name, and the rows built from each.
 PEERS: dict[str, tuple[str, str]] = {
@@ -69,7 +98,11 @@ PEER_ENCODINGS = ("rope", "alibi")
 
 @dataclass(frozen=True)
 class AttentionBenchConfig:
-    """Sizes and settings of one run; defaults are the issue's B=4, H=8, T=1024, D=64."""
+    """Sizes and settings of one run; defaults are the issue's B=4, H=8, T=1024, D=64.
+
+    ``encodings``: None for :data:`DEFAULT_ENCODINGS`, ``tuple(encoding_names())`` for all.
+    ``background_processes``: busy processes run alongside (0: none; see :mod:`.load`).
+    """
 
     device: str = "cpu"
     dtype: str = "float32"
@@ -77,12 +110,13 @@ class AttentionBenchConfig:
     batch: int = 4
     heads: int = 8
     head_dim: int = 64
-    repeats: int = 10
-    warmup: int = 2
-    encodings: tuple[str, ...] | None = None  # None: "none" and every registered encoding
+    repeats: int = 5
+    warmup: int = 1
+    encodings: tuple[str, ...] | None = None  # None: DEFAULT_ENCODINGS
     peers: bool = True
     seed: int = 0
     frozen: bool = False  # also time every encoding with parameters frozen ("NAME (frozen)" rows)
+    background_processes: int = 0
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in DEVICES:
@@ -94,6 +128,8 @@ class AttentionBenchConfig:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0; got {self.warmup}")
+        if self.background_processes < 0:
+            raise ValueError(f"background_processes must be >= 0; got {self.background_processes}")
         if self.encodings is not None:
             known = encoding_names()
             unknown = [e for e in self.encodings if e not in known]
@@ -107,7 +143,7 @@ class AttentionBenchConfig:
     @property
     def rows(self) -> tuple[str, ...]:
         """The posenc rows after the baseline: "none" and the selected encodings."""
-        return tuple(encoding_names()) if self.encodings is None else self.encodings
+        return DEFAULT_ENCODINGS if self.encodings is None else self.encodings
 
 
 BENCH_MODALITIES = ("seq", "timeseries")  # encodings of 1D positions; 2D and graph ones have their own benches
@@ -120,11 +156,17 @@ def encoding_names() -> list[str]:
 
 @dataclass
 class Row:
-    """One line of the result. ``ms``/``ratio``/``peak_mb`` are None when the row failed."""
+    """One line of the result. ``ms``/``ratio``/``peak_mb`` are None when the row failed.
+
+    ``path`` is the kernel path's label, ``reason`` why that path was taken and ``chunk_rows`` the
+    query rows per chunk of a chunked kernel (None: not chunked, or not known).
+    """
 
     name: str
     impl: str
     path: str = "-"
+    reason: str | None = None
+    chunk_rows: int | None = None
     ms: float | None = None
     ratio: float | None = None
     peak_mb: float | None = None
@@ -155,6 +197,7 @@ class BareCausalAttention(nn.Module):
     """
 
     kernel_path = "sdpa"
+    path_reason = "F.scaled_dot_product_attention(is_causal=True), no bias"
 
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
@@ -186,6 +229,12 @@ class PosencAttention(nn.Module):
         self.mask = AttentionMask(causal=True)
         self.register_buffer("positions", torch.arange(seq_len).unsqueeze(0), persistent=False)
 
+    def plan(self, x: Tensor) -> Any | None:
+        """The attention's plan for ``x`` (``MultiheadAttention.plan``: ``.label``, ``.reason``,
+        ``.chunk_rows``), or None where :class:`MultiheadAttention` has no ``plan``."""
+        plan = getattr(self.attn, "plan", None)
+        return None if plan is None else plan(x, mask=self.mask)
+
     def forward(self, x: Tensor) -> Tensor:
         if self.input_encoding is not None:
             x = self.input_encoding.encode_input(x, self.positions[:, : x.shape[1]])
@@ -206,6 +255,10 @@ class XTransformersAttention(nn.Module):
         if self.rotary is None and self.alibi is None:
             raise ValueError(f"x-transformers rows are {', '.join(PEER_ENCODINGS)}; got {encoding!r}")
         self.kernel_path = "sdpa" if self.rotary is not None else "sdpa+bias"
+        self.path_reason = (
+            "x-transformers Attention(flash=True): SDPA on rotated q/k" if self.rotary is not None
+            else "x-transformers Attention(flash=True): SDPA with the ALiBi bias as an additive mask"
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         if self.rotary is not None:
@@ -217,6 +270,7 @@ class AttentionSmithyAttention(nn.Module):
     """AttentionSmithy's ``MultiheadAttention`` (standard causal method) with its RoPE or ALiBi."""
 
     kernel_path = "math"
+    path_reason = "attention-smithy StandardAttentionMethod: scores, mask and softmax as separate torch ops"
 
     def __init__(self, dim: int, num_heads: int, head_dim: int, encoding: str) -> None:
         super().__init__()
@@ -294,8 +348,42 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
     return rows
 
 
-# --- kernel-path tracing ---------------------------------------------------------------------
+# --- kernel paths ----------------------------------------------------------------------------
 
+
+def _plan_text(label: str, chunk_rows: int | None, reason: str | None) -> str:
+    """``"dense (chunk 128 rows) -- score bias on CPU: chunked flash kernel"``."""
+    chunk = f" (chunk {chunk_rows} rows)" if chunk_rows else ""
+    return f"{label}{chunk}" + (f" -- {reason}" if reason else "")
+
+
+def _checked_step(unit: nn.Module, row: Row, x: Tensor, grad_out: Tensor) -> None:
+    """One untimed step of ``unit``, recording in ``row`` the kernel path and why it was taken.
+
+    posenc rows ask ``MultiheadAttention.plan``; the baseline and peer rows say their own path.
+    """
+    plan_of = getattr(unit, "plan", None)
+    plan = None
+    if plan_of is not None:
+        try:
+            plan = plan_of(x)
+        except Exception as exc:  # the step below still runs; the row says why there is no path
+            row.path, row.reason = "?", f"plan failed: {error_text(exc)}"
+    if plan is not None:
+        row.path, row.reason, row.chunk_rows = plan.label, plan.reason, plan.chunk_rows
+    elif hasattr(unit, "kernel_path"):
+        row.path, row.reason = unit.kernel_path, getattr(unit, "path_reason", None)
+    elif row.reason is None:
+        # Fallback while MultiheadAttention has no plan(): see which kernel runs. Goes with
+        # trace_kernel_paths once plan() lands.
+        with trace_kernel_paths() as calls:
+            unit(x).backward(grad_out)
+        row.path, row.reason = _path_label(calls), "traced (MultiheadAttention.plan not available)"
+        return
+    unit(x).backward(grad_out)
+
+
+# Fallback until MultiheadAttention.plan() exists (then remove trace_kernel_paths and these).
 _KERNEL_LABELS = {
     "sdpa_path": "sdpa",
     "dense_path": "dense",
@@ -307,7 +395,10 @@ _KERNEL_LABELS = {
 
 @contextlib.contextmanager
 def trace_kernel_paths() -> Iterator[list[str]]:
-    """Record which of posenc's kernel paths run inside the block (labels, in call order)."""
+    """Record which of posenc's kernel paths run inside the block (labels, in call order).
+
+    Only used while :class:`MultiheadAttention` has no ``plan()``.
+    """
     calls: list[str] = []
     saved: dict[str, Callable] = {}
 
@@ -356,14 +447,17 @@ def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:
     out["torch"] = torch.__version__
     out["threads"] = torch.get_num_threads()
     out["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    out["cpu_count"] = os.cpu_count()
     out["timing"] = "median of `repeats` timed rounds after `warmup` untimed rounds, rows round robin"
+    out["background_load"] = describe(config.background_processes)
+    out["load_average"] = load_average()  # at the end of the run (1, 5, 15 min)
     if config.peers:
         out["peer_versions"] = _peer_versions()
     return out
 
 
-def run_benchmark(config: AttentionBenchConfig, *, progress: bool = True) -> BenchResult:
-    """Build, check, time and measure every row of ``config``; failures are kept per row."""
+def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
+    """Build, check, time and measure every row of ``config`` (any background load is the caller's)."""
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
@@ -385,9 +479,7 @@ def run_benchmark(config: AttentionBenchConfig, *, progress: bool = True) -> Ben
             torch.manual_seed(config.seed)
             unit = cand.factory().to(device=device, dtype=dtype)
             # One checked step (untimed): catches failures early and records the kernel path.
-            with trace_kernel_paths() as calls:
-                unit(x).backward(grad_out)
-            row.path = getattr(unit, "kernel_path", None) or _path_label(calls)
+            _checked_step(unit, row, x, grad_out)
             units[cand.name] = unit
         except Exception as exc:  # reported in the table
             row.error = error_text(exc)
@@ -446,6 +538,108 @@ def run_benchmark(config: AttentionBenchConfig, *, progress: bool = True) -> Ben
     return BenchResult(_config_json(config, device), rows, notes)
 
 
+def run_benchmark(config: AttentionBenchConfig, *, progress: bool = True) -> BenchResult:
+    """Build, check, time and measure every row of ``config``; failures are kept per row.
+
+    With ``config.background_processes`` > 0 that many busy processes run for the whole call.
+    """
+    n = config.background_processes
+    with background_load(n > 0, max(n, 1)):
+        return _measure(config, progress=progress)
+
+
+def repeats_at(config: AttentionBenchConfig, seq_len: int, long_repeats: int = LONG_REPEATS) -> int:
+    """Timed rounds at ``seq_len`` in a growth run: ``config.repeats``, at most ``long_repeats`` above 1024."""
+    return min(config.repeats, long_repeats) if seq_len > LONG_SEQ_LEN else config.repeats
+
+
+@dataclass
+class GrowthRow:
+    """One encoding across the lengths of a growth run; the growth lists are value / first value."""
+
+    name: str
+    impl: str
+    ms: list[float | None]
+    peak_mb: list[float | None]
+    time_growth: list[float | None]
+    memory_growth: list[float | None]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _growth(values: list[float | None]) -> list[float | None]:
+    first = values[0] if values else None
+    if not first:  # None or 0: no growth factor
+        return [None] * len(values)
+    return [None if v is None else v / first for v in values]
+
+
+@dataclass
+class GrowthResult:
+    """A ``--seq-lens`` run: one :class:`BenchResult` per length, in the order of ``seq_lens``."""
+
+    config: dict
+    results: list[BenchResult]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [r.config["seq_len"] for r in self.results]
+
+    def growth(self) -> list[GrowthRow]:
+        """A row per name (first appearance order), with its time and peak memory at each length."""
+        names: dict[str, str] = {}
+        for result in self.results:
+            for row in result.rows:
+                names.setdefault(row.name, row.impl)
+        by_length = [{row.name: row for row in result.rows} for result in self.results]
+        out = []
+        for name, impl in names.items():
+            cells = [rows.get(name) for rows in by_length]
+            ms = [None if r is None else r.ms for r in cells]
+            mb = [None if r is None else r.peak_mb for r in cells]
+            out.append(GrowthRow(name, impl, ms, mb, _growth(ms), _growth(mb)))
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config,
+            "lengths": [r.to_json() for r in self.results],
+            "growth": [g.to_json() for g in self.growth()],
+        }
+
+
+def run_growth(
+    config: AttentionBenchConfig, seq_lens: Sequence[int], *, long_repeats: int = LONG_REPEATS, progress: bool = True
+) -> GrowthResult:
+    """Every row of ``config`` at each of ``seq_lens`` (same B, H, D; ``config.seq_len`` is ignored).
+
+    Lengths above :data:`LONG_SEQ_LEN` get ``min(config.repeats, long_repeats)`` timed rounds.
+    The background load, if any, runs once for all lengths.
+    """
+    if not seq_lens or any(t < 1 for t in seq_lens):
+        raise ValueError(f"seq_lens must be positive integers; got {list(seq_lens)}")
+    if long_repeats < 1:
+        raise ValueError(f"long_repeats must be a positive integer; got {long_repeats}")
+    n = config.background_processes
+    results = []
+    with background_load(n > 0, max(n, 1)):
+        for t in seq_lens:
+            if progress:
+                print(f"T={t}:", file=sys.stderr, flush=True)
+            one = replace(config, seq_len=t, repeats=repeats_at(config, t, long_repeats))
+            results.append(_measure(one, progress=progress))
+    common = dict(results[0].config)
+    for key in ("seq_len", "repeats", "load_average"):
+        common.pop(key, None)
+    common.update(
+        seq_lens=list(seq_lens), repeats=config.repeats, long_repeats=long_repeats,
+        repeats_per_length=[r.config["repeats"] for r in results],
+        load_average=results[-1].config["load_average"],
+    )
+    return GrowthResult(common, results)
+
+
 # --- output ----------------------------------------------------------------------------------
 
 
@@ -453,13 +647,20 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def render(result: BenchResult) -> str:
-    """The result as text: a header, the aligned table, then failures and notes."""
+def _load_line(cfg: dict) -> str:
+    return (f"background load: {cfg['background_load']}; "
+            f"load average at the end: {format_load_average(cfg.get('load_average'))}; {cfg.get('cpu_count')} CPUs")
+
+
+def render(result: BenchResult, *, plans: bool = False) -> str:
+    """The result as text: a header, the aligned table, then (``plans``) each row's path and
+    reason, failures and notes."""
     cfg = result.config
     lines = [
         f"causal self-attention, forward + backward: B={cfg['batch']} H={cfg['heads']} T={cfg['seq_len']} "
         f"D={cfg['head_dim']} (C={cfg['dim']}), {cfg['device']} {cfg['dtype']}, torch {cfg['torch']}, "
         f"{cfg['threads']} threads",
+        _load_line(cfg),
         f"median of {cfg['repeats']} timed rounds after {cfg['warmup']} warm-up, rows interleaved; "
         f"ratio = row median / '{BASELINE}' median; peak MB above memory allocated before the step",
         "",
@@ -470,12 +671,92 @@ def render(result: BenchResult) -> str:
         for r in result.rows
     ]
     lines.append(format_table(["name", "impl", "path", "ms", "ratio", "peak MB", ""], table, align="lllrrrl"))
+    if plans:
+        lines += ["", "plans:"] + [
+            f"  {r.name}: {_plan_text(r.path, r.chunk_rows, r.reason)}" for r in result.rows if not r.error
+        ]
     failed = [r for r in result.rows if r.error]
     if failed:
         lines += ["", "failures:"] + [f"  {r.name} ({r.impl}): {r.error}" for r in failed]
     if result.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+def render_growth(result: GrowthResult) -> str:
+    """The growth table: ms and peak MB at each length, and each as a multiple of the first length's."""
+    cfg, lens = result.config, result.seq_lens
+    first, later = lens[0], lens[1:]
+    lines = [
+        f"growth with T: B={cfg['batch']} H={cfg['heads']} D={cfg['head_dim']} (C={cfg['dim']}), "
+        f"{cfg['device']} {cfg['dtype']}, T = {', '.join(map(str, lens))}; timed rounds per T: "
+        f"{', '.join(map(str, cfg['repeats_per_length']))}",
+        _load_line(cfg),
+        f"ms and peak MB at each T; 'T/{first}' columns: value at T / value at T={first} "
+        f"(doubling T: x2 for linear cost, x4 for quadratic)",
+        "",
+    ]
+    headers = (["name", "impl"] + [f"ms@{t}" for t in lens] + [f"ms {t}/{first}" for t in later]
+               + [f"MB@{t}" for t in lens] + [f"MB {t}/{first}" for t in later])
+    body = [
+        [g.name, g.impl]
+        + [_num(v, ".2f") for v in g.ms] + [_num(v, ".2f") for v in g.time_growth[1:]]
+        + [_num(v, ".1f") for v in g.peak_mb] + [_num(v, ".2f") for v in g.memory_growth[1:]]
+        for g in result.growth()
+    ]
+    lines.append(format_table(headers, body, align="ll" + "r" * (len(headers) - 2)))
+    return "\n".join(lines)
+
+
+def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
+    """Time and peak memory against T (log-log), one line per row, the baseline in black.
+
+    False (and a message on stderr) without matplotlib.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'posenc[plot]')", file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lens, growth = result.seq_lens, result.growth()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = plt.get_cmap("tab20").colors
+    styles = ("-", "--", "-.", ":")
+    i = 0
+    for g in growth:
+        base = g.name == BASELINE
+        if base:
+            style = dict(color="black", linestyle="--", linewidth=2.0, zorder=3)
+        else:
+            style = dict(color=colors[i % len(colors)], linestyle=styles[(i // len(colors)) % len(styles)], linewidth=1.2)
+            i += 1
+        for ax, values in zip(axes, (g.ms, g.peak_mb)):
+            pts = [(t, v) for t, v in zip(lens, values) if v is not None and v > 0]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                        label=g.name if ax is axes[0] else None, **style)
+    cfg = result.config
+    for ax, ylabel, title in zip(axes, ("ms per step (median)", "peak MB of one step"),
+                                 ("time, forward + backward", "peak memory")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lens, [str(t) for t in lens])
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(
+        f"causal self-attention B={cfg['batch']} H={cfg['heads']} D={cfg['head_dim']}, {cfg['device']} {cfg['dtype']}, "
+        f"background load: {cfg['background_load']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return True
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -501,13 +782,28 @@ _non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _encoding_list(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    """Comma-separated names; ``all`` stands for every registered 1D encoding (and ``none``)."""
     known = encoding_names()
+    names: list[str] = []
+    for n in (n.strip() for n in text.split(",")):
+        if n:
+            names += known if n == ALL else [n]
     unknown = [n for n in names if n not in known]
     if not names or unknown:
         what = f"unknown encoding(s) {', '.join(map(repr, unknown))}" if unknown else f"no encodings in {text!r}"
-        raise argparse.ArgumentTypeError(f"{what}; choose from {', '.join(known)}")
+        raise argparse.ArgumentTypeError(f"{what}; choose from {ALL}, {', '.join(known)}")
     return tuple(dict.fromkeys(names))
+
+
+_positive_ints = int_list(minimum=1)
+
+
+def seq_len_list(text: str) -> list[int]:
+    """``--seq-lens``: comma-separated positive integers, strictly increasing."""
+    values = _positive_ints(text)
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise argparse.ArgumentTypeError(f"expected increasing positive integers (e.g. 1024,2048,4096), got {text!r}")
+    return values
 
 
 def _device(text: str) -> str:
@@ -527,54 +823,121 @@ def _json_path(text: str) -> str:
     return text
 
 
+def _out_dir(text: str) -> str:
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench attention``."""
     d = AttentionBenchConfig()
     parser.add_argument("--device", type=_device, default=d.device, metavar="{cpu,cuda}", help="default: %(default)s")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="default: %(default)s")
-    parser.add_argument("--seq-len", type=_positive_int, default=d.seq_len, metavar="T", help="tokens (default: %(default)s)")
+    parser.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
+    parser.add_argument(
+        "--seq-lens", type=seq_len_list, default=None, metavar="T1,T2,...",
+        help="run every row at each length and add a growth table (and a PNG with --json or --out); "
+             "instead of --seq-len",
+    )
     parser.add_argument("--batch", type=_positive_int, default=d.batch, metavar="B", help="default: %(default)s")
     parser.add_argument("--heads", type=_positive_int, default=d.heads, metavar="H", help="default: %(default)s")
     parser.add_argument("--head-dim", type=_positive_int, default=d.head_dim, metavar="D", help="default: %(default)s")
     parser.add_argument("--repeats", type=_positive_int, default=d.repeats, metavar="N", help="timed rounds (default: %(default)s)")
+    parser.add_argument(
+        "--long-repeats", type=_positive_int, default=LONG_REPEATS, metavar="N",
+        help=f"with --seq-lens: timed rounds at lengths above {LONG_SEQ_LEN}, at most --repeats (default: %(default)s)",
+    )
     parser.add_argument("--warmup", type=_non_negative_int, default=d.warmup, metavar="N", help="untimed rounds first (default: %(default)s)")
     parser.add_argument(
-        "--encodings", type=_encoding_list, default=None, metavar="A,B,...",
-        help="rows to run besides the baseline: 'none' and/or registered encoding names (default: all)",
+        "--encodings", type=_encoding_list, default=None, metavar="A,B,...|all",
+        help=f"rows besides the baseline: 'none' and/or registered encoding names, or 'all' "
+             f"(default: {','.join(DEFAULT_ENCODINGS)})",
     )
-    parser.add_argument("--json", type=_json_path, default=None, metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--json", type=_json_path, default=None, metavar="PATH",
+                        help="also write the result as JSON (and, with --seq-lens, the plot next to it as .png)")
+    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+                        help="write attention.txt, attention.json and, with --seq-lens, attention.png into DIR")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out x-transformers and AttentionSmithy rows")
     parser.add_argument(
         "--frozen", action="store_true",
         help="also time each encoding that has parameters with them frozen, as rows 'NAME (frozen)'",
     )
+    parser.add_argument(
+        "--background-load", dest="background_processes", action="store_const", const=1, default=0,
+        help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON",
+    )
+    parser.add_argument("--plans", action="store_true", help="after the table, each row's kernel path and why it was taken")
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
 
 
 def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
+    seq_len = getattr(args, "seq_len", None)
+    if seq_len is not None and getattr(args, "seq_lens", None) is not None:
+        raise ValueError("--seq-len and --seq-lens: give one of them")
     return AttentionBenchConfig(
-        device=args.device, dtype=args.dtype, seq_len=args.seq_len, batch=args.batch, heads=args.heads,
-        head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup, encodings=args.encodings,
+        device=args.device, dtype=args.dtype, seq_len=seq_len or AttentionBenchConfig.seq_len, batch=args.batch,
+        heads=args.heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup, encodings=args.encodings,
         peers=args.peers, seed=args.seed, frozen=args.frozen,
+        background_processes=getattr(args, "background_processes", 0),
     )
 
 
+def _write(path: Path, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print the table, write JSON. 0 on success, 1 if the baseline failed, 2 on bad input."""
+    """Run the benchmark, print the table(s), write the outputs. 0 on success, 1 if the baseline
+    failed (at any length), 2 on bad input."""
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"posenc bench attention: {exc}", file=sys.stderr)
+        print(f"posenc bench attention: error: {exc}", file=sys.stderr)
         return 2
-    result = run_benchmark(config, progress=args.progress)
-    print(render(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=2)
-            f.write("\n")
-        print(f"\nwrote {args.json}")
-    return 0 if any(r.name == BASELINE and r.ms is not None for r in result.rows) else 1
+    seq_lens = getattr(args, "seq_lens", None)
+    plans = getattr(args, "plans", False)
+    out_dir = Path(args.out) if getattr(args, "out", None) else None
+    if seq_lens:
+        result: BenchResult | GrowthResult = run_growth(
+            config, seq_lens, long_repeats=getattr(args, "long_repeats", LONG_REPEATS), progress=args.progress
+        )
+        singles = result.results
+        text = "\n\n".join([render(r, plans=plans) for r in singles] + [render_growth(result)])
+    else:
+        result = run_benchmark(config, progress=args.progress)
+        singles = [result]
+        text = render(result, plans=plans)
+    print(text)
+    written: list[str] = []
+    json_paths = ([Path(args.json)] if args.json else []) + ([out_dir / "attention.json"] if out_dir else [])
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "attention.txt").write_text(text + "\n")
+        written.append(str(out_dir / "attention.txt"))
+    for path in json_paths:
+        _write(path, result.to_json())
+        written.append(str(path))
+    if isinstance(result, GrowthResult):
+        png_paths = ([_png_next_to(Path(args.json))] if args.json else []) + ([out_dir / "attention.png"] if out_dir else [])
+        if not png_paths:
+            print("\nno plot: pass --json PATH or --out DIR to write one", file=sys.stderr)
+        for path in png_paths:
+            if not plot_growth(result, path):
+                break
+            written.append(str(path))
+    if written:
+        print(f"\nwrote {', '.join(written)}")
+    ok = all(any(r.name == BASELINE and r.ms is not None for r in res.rows) for res in singles)
+    return 0 if ok else 1
+
+
+def _png_next_to(json_path: Path) -> Path:
+    png = json_path.with_suffix(".png")
+    return png if png != json_path else json_path.with_name(json_path.name + ".png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
