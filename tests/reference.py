@@ -272,3 +272,62 @@ def cope_scores(scores: Tensor, q: Tensor, pos_emb: Tensor, allowed: Tensor, npo
     e_hi = e[pos.detach().ceil().long()]
     emb = w[..., None] * e_hi + (1 - w[..., None]) * e_lo
     return scores + torch.einsum("bhid,bhijd->bhij", q.double(), emb) * d ** -0.5
+
+
+# ---- DeBERTa ---------------------------------------------------------------------------------
+
+
+def log_bucket_ref(r: int, bucket_size: int, max_position: int) -> int:
+    """DeBERTa-v2's log bucket of one distance, in plain Python."""
+    mid = bucket_size // 2
+    if -mid < r < mid:
+        return r
+    a = abs(r)
+    if a <= mid:
+        return r
+    log_pos = math.ceil(math.log(a / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return int(math.copysign(log_pos, r))
+
+
+def delta_ref(r: int, span: int, log_buckets: bool, max_position: int) -> int:
+    if log_buckets:
+        r = log_bucket_ref(r, span, max_position)
+    return min(max(r + span, 0), 2 * span - 1)
+
+
+def deberta_scores(q: Tensor, k: Tensor, rel: Tensor, w_q: Tensor, w_k: Tensor, span: int, log_buckets: bool,
+                   max_position: int, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+    """``(Qc.Kc + Qc.Kr[delta(i,j)] + Kc.Qr[delta(j,i)]) / sqrt(3d)`` by explicit index tables,
+    ``[B, H, Tq, Tk]`` (``q`` before DeBERTa's own ``1/sqrt(3)``)."""
+    h, d = q.shape[1], q.shape[-1]
+    k = k.double().repeat_interleave(h // k.shape[1], 1)
+    q = q.double()
+    bsz = max(q_pos.shape[0], kv_pos.shape[0])
+    c_idx = torch.zeros(bsz, q.shape[2], k.shape[2], dtype=torch.long)
+    p_idx = torch.zeros_like(c_idx)
+    for b, i, j, pi, pj in _pairs(q_pos, kv_pos):
+        c_idx[b, i, j] = delta_ref(int(pi - pj), span, log_buckets, max_position)
+        p_idx[b, i, j] = delta_ref(int(pj - pi), span, log_buckets, max_position)
+    c_idx, p_idx = c_idx.expand(q.shape[0], -1, -1), p_idx.expand(q.shape[0], -1, -1)
+    scores = torch.einsum("bhid,bhjd->bhij", q, k)
+    extra = []
+    for head in range(h):
+        kr = rel.double() @ w_k.double()[head * d : (head + 1) * d].T  # [2k, d]
+        qr = rel.double() @ w_q.double()[head * d : (head + 1) * d].T
+        c2p = torch.einsum("bid,bijd->bij", q[:, head], kr[c_idx])
+        p2c = torch.einsum("bjd,bijd->bij", k[:, head], qr[p_idx])
+        extra.append(c2p + p2c)
+    return (scores + torch.stack(extra, 1)) / math.sqrt(3 * d)
+
+
+def vector_erpe_bias(q: Tensor, weight: Tensor, q_pos: Tensor, kv_pos: Tensor, max_len: int, scale: float) -> Tensor:
+    """``q_i . r_(pos_i - pos_j) * scale`` (ConvTran's vector variant), ``[B, H, Tq, Tk]``; ``weight``
+    ``[1 or H, 2L - 1, D]``."""
+    b, h, tq, _ = q.shape
+    out = torch.zeros(b, h, tq, kv_pos.shape[1], dtype=torch.float64)
+    w = weight.double().expand(h, -1, -1)
+    for bb, i, j, pi, pj in _pairs(q_pos, kv_pos):
+        rows = range(b) if max(q_pos.shape[0], kv_pos.shape[0]) == 1 else [bb]
+        for r in rows:
+            out[r, :, i, j] = (q[r, :, i].double() * w[:, int(pi - pj) + max_len - 1]).sum(-1) * scale
+    return out

@@ -335,7 +335,9 @@ from posenc.seq.fire import FIRE  # noqa: E402
 from posenc.seq.kerple import KERPLE  # noqa: E402
 from posenc.seq.shaw import ShawRelative  # noqa: E402
 from posenc.seq.t5 import T5Bias  # noqa: E402
+from posenc.seq.deberta import DeBERTa  # noqa: E402
 from posenc.seq.transformer_xl import TransformerXLRelative  # noqa: E402
+from posenc.timeseries.erpe_vector import ERPEVector  # noqa: E402
 
 TXL_DIM = 16
 
@@ -363,6 +365,16 @@ def _relative_encoding(kind: str, case: Case):
         enc = CoPE(D, max_len=12, npos_max=5)  # small table: the clamp is exercised
         with torch.no_grad():
             enc.pos_emb.normal_(0, 1.0)
+    elif kind.startswith("deberta"):
+        enc = DeBERTa(16, H, D, span=3 if kind == "deberta" else 4, log_buckets=kind == "deberta_log", max_position=9)
+        with torch.no_grad():
+            enc.rel.normal_(0, 0.5)
+    elif kind == "erpe_vector":
+        enc = ERPEVector(H, D, max_len=16, per_head=True, scale=0.4)
+    elif kind == "erpe":
+        enc = ERPE(H, max_len=16)
+        with torch.no_grad():
+            enc.weight.normal_(0, 0.3)
     else:
         raise AssertionError(kind)
     return enc.double()
@@ -394,6 +406,15 @@ def _relative_reference(kind, enc, case, q, k, v):
     if kind == "cope":
         scores = ref.cope_scores(ref.content_scores(q, k), q, enc.pos_emb, allowed, 5)
         return ref.attention_from_scores(scores, v, allowed)
+    if kind.startswith("deberta"):
+        scores = ref.deberta_scores(q, k, enc.rel, enc.pos_q.weight, enc.pos_k.weight, enc.span, enc.log_buckets,
+                                    enc.max_position, q_pos, kv_pos)
+        return ref.attention_from_scores(scores, v, allowed)
+    if kind == "erpe_vector":
+        bias = ref.vector_erpe_bias(q, enc.weight, q_pos, kv_pos, 16, 0.4)
+        return ref.attention(q, k, v, allowed, score_bias=bias)
+    if kind == "erpe":
+        return ref.attention(q, k, v, allowed, prob_bias=ref.erpe_bias(enc.weight, q_pos, kv_pos, 16))
     raise AssertionError(kind)
 
 
@@ -408,6 +429,10 @@ RELATIVE_BACKENDS = {
     "fire": ["auto", "dense", "flex", "math"],
     "cape": ["auto", "math"],  # needs the score matrix
     "cope": ["auto", "math"],
+    "deberta": ["auto", "dense", "flex", "math"],
+    "deberta_log": ["auto", "dense", "math"],
+    "erpe_vector": ["auto", "dense", "flex", "math"],
+    "erpe": ["auto", "dense", "math"],
 }
 CAUSAL_ONLY_KINDS = {"fire", "cope"}
 RELATIVE_PARAMS = [

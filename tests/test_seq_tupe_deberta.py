@@ -132,22 +132,7 @@ def test_tupe_bad_input():
 # ---- DeBERTa ---------------------------------------------------------------------------------
 
 
-def log_bucket_ref(r: int, bucket_size: int, max_position: int) -> int:
-    """DeBERTa-v2's log bucket of one distance, in plain Python."""
-    mid = bucket_size // 2
-    if -mid < r < mid:
-        return r
-    a = abs(r)
-    if a <= mid:
-        return r
-    log_pos = math.ceil(math.log(a / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
-    return int(math.copysign(log_pos, r))
-
-
-def delta_ref(r: int, span: int, log_buckets: bool, max_position: int) -> int:
-    if log_buckets:
-        r = log_bucket_ref(r, span, max_position)
-    return min(max(r + span, 0), 2 * span - 1)
+log_bucket_ref, delta_ref = ref.log_bucket_ref, ref.delta_ref
 
 
 def test_deberta_buckets_known_values():
@@ -163,29 +148,9 @@ def test_deberta_buckets_known_values():
 
 
 def deberta_reference(enc: DeBERTa, q, k, v, q_pos, kv_pos, allowed):
-    """``(Qc.Kc + Qc.Kr[delta(i,j)] + Kc.Qr[delta(j,i)]) / sqrt(3d)`` by explicit index tables."""
-    d, span = enc.head_dim, enc.span
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    P = enc.rel.double()
-    Wq, Wk = enc.pos_q.weight.double(), enc.pos_k.weight.double()
-    bsz = max(q_pos.shape[0], kv_pos.shape[0])
-    c_idx = torch.zeros(bsz, q.shape[2], k.shape[2], dtype=torch.long)
-    p_idx = torch.zeros_like(c_idx)
-    for b in range(bsz):
-        for i in range(q.shape[2]):
-            for j in range(k.shape[2]):
-                r = int(q_pos[b if q_pos.shape[0] > 1 else 0, i]) - int(kv_pos[b if kv_pos.shape[0] > 1 else 0, j])
-                c_idx[b, i, j] = delta_ref(r, span, enc.log_buckets, enc.max_position)
-                p_idx[b, i, j] = delta_ref(-r, span, enc.log_buckets, enc.max_position)
-    scores = q @ k.transpose(-1, -2)
-    for h in range(q.shape[1]):
-        kr = P @ Wk[h * d : (h + 1) * d].T  # [2k, d]
-        qr = P @ Wq[h * d : (h + 1) * d].T
-        c2p = torch.einsum("bid,bijd->bij", q[:, h], kr[c_idx])
-        p2c = torch.einsum("bjd,bijd->bij", k[:, h], qr[p_idx])
-        scores = scores.index_add(1, torch.tensor([h]), (c2p + p2c)[:, None])
-    return softmax_attention(scores / math.sqrt(3 * d), v, allowed)
+    scores = ref.deberta_scores(q, k, enc.rel, enc.pos_q.weight, enc.pos_k.weight, enc.span, enc.log_buckets,
+                                enc.max_position, q_pos, kv_pos)
+    return softmax_attention(scores, v, allowed)
 
 
 @pytest.mark.parametrize("backend", ["auto", "dense", "math"])

@@ -95,3 +95,105 @@ class PairwiseBias:
         if out.dim() != 4:
             raise ValueError(f"{self.name}: fn must broadcast to 4 dims (b, h, q, k), got shape {tuple(out.shape)}")
         return out if dtype is None else out.to(dtype)
+
+
+class _DeferredTableGrad(torch.autograd.Function):
+    """Ties a table to a zero-size handle. Reads of the table (:class:`SharedGradTable`) take the
+    handle as an input and add their gradients into one shared buffer; when autograd reaches this
+    node (after every read, since each depends on the handle) it hands the buffer on as the
+    table's gradient, once."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, sink: dict) -> Tensor:
+        ctx.sink = sink
+        return table.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _unused: Tensor):
+        return ctx.sink.pop("grad", None), None
+
+
+def _sink_buffer(sink: dict, shape, dtype, device) -> Tensor:
+    if "grad" not in sink:
+        sink["grad"] = torch.zeros(shape, dtype=dtype, device=device)
+    return sink["grad"]
+
+
+class _GatherColumns(torch.autograd.Function):
+    """``table[..., :width].gather(2, index)``; the backward adds into the shared buffer."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, width: int, index: Tensor, sink: dict, handle: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.width, ctx.sink, ctx.table_shape, ctx.table_dtype = width, sink, table.shape, table.dtype
+        return table[..., :width].gather(2, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
+        acc[..., : ctx.width].scatter_add_(2, index, grad.to(ctx.table_dtype))
+        return None, None, None, None, grad.new_zeros(0)
+
+
+class _SliceRows(torch.autograd.Function):
+    """``table[:, :, start:stop]``; the backward adds into the shared buffer."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, start: int, stop: int, sink: dict, handle: Tensor) -> Tensor:
+        ctx.start, ctx.stop, ctx.sink, ctx.table_shape, ctx.table_dtype = start, stop, sink, table.shape, table.dtype
+        return table[:, :, start:stop]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
+        acc[:, :, ctx.start : ctx.stop] += grad.to(ctx.table_dtype)
+        return None, None, None, None, grad.new_zeros(0)
+
+
+class SharedGradTable:
+    """A tensor ``[B', H', R, K]`` that bias blocks read piece by piece -- a slice of rows (the
+    queries of a chunk) or a gather along the rows (DeBERTa's key-indexed p2c term) -- with one
+    gradient buffer for all the pieces.
+
+    Through plain autograd every chunk's read would give a gradient of the full tensor's size (a
+    fresh zero tensor, filled sparsely, then added to the others): for many chunks that is most
+    of the backward pass. Here every read adds into one buffer instead, which reaches the tensor
+    as its gradient once. Put :attr:`learned` (not the tensor) in the :class:`PairwiseBias`'s
+    ``learned``: it is what the chunked backward differentiates."""
+
+    def __init__(self, table: Tensor) -> None:
+        if table.dim() != 4:
+            raise ValueError(f"a shared-gradient table is [B, H, rows, keys]; got shape {tuple(table.shape)}")
+        self.table = table
+        self._values = table.detach()
+        self._sink: dict = {}
+        self.handle = _DeferredTableGrad.apply(table, self._sink) if table.requires_grad else None
+
+    @property
+    def learned(self) -> tuple[Tensor, ...]:
+        return () if self.handle is None else (self.handle,)
+
+    def _tracked(self) -> bool:
+        return self.handle is not None and torch.is_grad_enabled()
+
+    def gather(self, index: Tensor) -> Tensor:
+        """``[B', H', rows, keys]`` with ``out[b, h, i, j] = table[b, h, index[b, h, i, j], j]`` for
+        ``keys <= K`` leading columns; ``index`` has the output's shape (``B', H'`` the table's)."""
+        width = index.shape[-1]
+        if index.shape[:2] != self.table.shape[:2]:
+            raise ValueError(f"index {tuple(index.shape)} must match the table {tuple(self.table.shape)} in its first two axes")
+        if not self._tracked():
+            return self._values[..., :width].gather(2, index)
+        return _GatherColumns.apply(self._values, width, index, self._sink, self.handle)
+
+    def rows(self, idx: Tensor) -> Tensor:
+        """``table[:, :, idx]`` for indices ``idx`` (any shape, flattened) that form one run
+        ``start .. stop - 1`` (a chunk of query rows); other indices are read by plain indexing."""
+        flat = idx.reshape(-1)
+        start, stop = int(flat[0]), int(flat[-1]) + 1
+        if stop - start != flat.numel() or not torch.equal(flat, torch.arange(start, stop, device=flat.device)):
+            return self.table[:, :, flat]
+        if not self._tracked():
+            return self._values[:, :, start:stop]
+        return _SliceRows.apply(self._values, start, stop, self._sink, self.handle)

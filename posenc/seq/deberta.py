@@ -17,9 +17,12 @@ Hooks: q/k transform (``q / sqrt(3)``, so the core's ``1/sqrt(d)`` gives the con
 query rows (the dense path feeds SDPA's fused kernel chunk by chunk), computes the block's c2p
 rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gathers them at ``delta(i,j)`` (under
 FlexAttention, per element, as a ``d``-long dot product). No ``[B, H, T, T]`` tensor is kept.
-``q``, ``Kr`` and ``p2c`` are listed in ``learned``: the dense path's chunked backward returns
-their gradients, which flow on into q, k, ``P`` and the projections. (The p2c table's gradient
-is full-size for every chunk of rows, which dominates the backward on CPU.)
+``q``, ``Kr`` and ``p2c`` are what the dense path's chunked backward differentiates; the
+gradients flow on into q, k, ``P`` and the projections. A block reads ``p2c`` bucket-major
+(``[B, H, 2k, Tk]``, gathered along the buckets) and ``q`` a chunk of rows at a time, each
+through a :class:`~posenc.common.pairwise.SharedGradTable` whose gradient every block adds into
+one buffer, so the backward never builds a full-size gradient per chunk of rows. ``p2c`` holds
+``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at ``T = 4k``.
 Positions must be integers.
 """
 
@@ -31,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, is_dense_block, take
+from ..common.pairwise import SharedGradTable, PairwiseBias, is_dense_block, take
 from ..common.registry import register
 
 
@@ -110,17 +113,17 @@ class DeBERTa(PositionEncoding):
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``c2p [B, H, Tq, 2k]`` from the transformed ``q`` (``q/sqrt(3)``) and ``p2c [B, H, Tk, 2k]``,
         both already scaled by ``1/sqrt(3d)``."""
-        kr, p2c = self._parts(q, k)
-        return torch.matmul(q, kr.unsqueeze(0).transpose(-1, -2)), p2c
+        kr, p2c_t = self._parts(q, k)
+        return torch.matmul(q, kr.unsqueeze(0).transpose(-1, -2)), p2c_t.transpose(-1, -2)
 
     def _parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``Kr / sqrt(d)`` ``[H, 2k, d]`` (c2p is ``q_t . Kr / sqrt(d)`` with ``q_t = q/sqrt(3)``) and
-        the p2c table ``k Qr^T / sqrt(3d)`` ``[B, H, Tk, 2k]``."""
+        the p2c table bucket-major, ``Qr k^T / sqrt(3d)`` ``[B, H, 2k, Tk]``."""
         d = self.head_dim
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
         qr = self._relative(self.pos_q).to(k.dtype)
-        return kr, torch.matmul(k, qr.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
+        return kr, torch.matmul(qr, k.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
@@ -132,20 +135,29 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
-        kr, p2c = self._parts(q, k)
+        kr, p2c_t = self._parts(q, k)
+        p2c = p2c_t.transpose(-1, -2)  # [B, H, Tk, 2k], a view
+        # p2c by bucket then key, [B, H, 2k, Tk]: a block of rows gathers it along the buckets, and
+        # every block's gradient adds into one buffer (SharedGradTable), not a full-size one each.
+        p2c_by_bucket = SharedGradTable(p2c_t)
+        q_rows = SharedGradTable(q)
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
             c = deberta_index(rel, span, log_buckets, max_position)
             p = deberta_index(-rel, span, log_buckets, max_position)
-            if is_dense_block(b, h, q_idx, kv_idx):
-                # A dense block of rows x keys: the c2p rows by one matmul, then gathered by bucket.
-                rows = q[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+            if is_dense_block(b, h, q_idx, kv_idx) and int(kv_idx[0, 0, 0, 0]) == 0:
+                # A dense block of rows x keys 0 .. n-1: the c2p rows by one matmul, gathered by
+                # bucket; the p2c entries gathered from the bucket-major table.
+                rows = q_rows.rows(q_idx)  # [B, H, rows, d]
                 c2p_rows = torch.matmul(rows, kr[h[..., 0, 0]].transpose(-1, -2))  # [B, H, rows, 2k]
                 c2p = torch.gather(c2p_rows, -1, c.expand(*c2p_rows.shape[:2], *c.shape[2:]))
-            else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
-                c2p = (q[b, h, q_idx] * kr[h, c]).sum(-1)
-            return c2p + p2c[b, h, kv_idx, p]
+                return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
+            # scalar indices (FlexAttention's score_mod) or any other broadcast
+            return (q[b, h, q_idx] * kr[h, c]).sum(-1) + p2c[b, h, kv_idx, p]
 
-        return PairwiseBias(bias, per_batch=True, learned=(q, kr, p2c), name="DeBERTa")
+        # Not q or p2c themselves: their handles stand for them (listing both would send every
+        # chunk's gradient through the handles early).
+        learned = (*q_rows.learned, kr, *p2c_by_bucket.learned)
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa")

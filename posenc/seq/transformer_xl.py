@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
 
@@ -91,6 +91,7 @@ class TransformerXLRelative(PositionEncoding):
         wr = self.r_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # [R, H, d]: W_R R per distance
         # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
+        qv_rows = SharedGradTable(qv)  # read a chunk of rows at a time, one gradient buffer
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo  # row of wr, [B or 1, 1, rows, keys]
@@ -98,9 +99,9 @@ class TransformerXLRelative(PositionEncoding):
                 # A block of query rows: one matmul against the distances these rows need, then a
                 # gather by distance. Only [B, H, rows, R'] lives, never [B, H, Tq, R].
                 first, last = int(rel.min()), int(rel.max())
-                rows = qv[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
+                rows = qv_rows.rows(q_idx)  # [B, H, rows, d]
                 table = torch.matmul(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qv[b, h, q_idx] * wr[rel, h]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
-        return PairwiseBias(bias, per_batch=True, learned=(qv, wr), name="TransformerXLRelative")
+        return PairwiseBias(bias, per_batch=True, learned=(*qv_rows.learned, wr), name="TransformerXLRelative")

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
 
 
@@ -76,6 +76,7 @@ class ERPEVector(PositionEncoding):
         # q_i . r_o, computed for each block of query rows the kernel asks for (one matmul over the
         # offsets those rows need, then a gather): never a [B, H, Tq, 2L-1] table.
         qs = q * self.scale  # [B, H, Tq, D]
+        qs_rows = SharedGradTable(qs)  # read a chunk of rows at a time, one gradient buffer
         weight = self.weight.to(q.dtype)  # [1 or H, 2L-1, D]
         centre, per_head = self.max_len - 1, self.per_head
 
@@ -83,9 +84,9 @@ class ERPEVector(PositionEncoding):
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre  # row of the table
             if is_dense_block(b, h, q_idx, kv_idx):
                 first, last = int(rel.min()), int(rel.max())
-                rows = qs[b[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, D]
+                rows = qs_rows.rows(q_idx)  # [B, H, rows, D]
                 table = torch.matmul(rows, weight[:, first : last + 1].transpose(-1, -2))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qs[b, h, q_idx] * weight[h if per_head else h * 0, rel]).sum(-1)  # FlexAttention's score_mod
 
-        return PairwiseBias(bias, per_batch=True, learned=(qs, weight), name="vector eRPE")
+        return PairwiseBias(bias, per_batch=True, learned=(*qs_rows.learned, weight), name="vector eRPE")
