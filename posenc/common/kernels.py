@@ -442,17 +442,21 @@ def math_path(
     a causal mask a chunk's keys stop at its last visible key (the rest are masked anyway).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # [B, Hq, Tk, D]
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    # Compact once: q, k, v usually arrive as transposed views of the projections, and every
+    # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
+    q = q.to(work).contiguous()
+    k, v = _repeat_kv(k.to(work), groups).contiguous(), _repeat_kv(v.to(work), groups).contiguous()  # [B, Hq, Tk, D]
     b, h, tq, _ = q.shape
     tk = k.shape[2]
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     idx = _indices(max(tq, tk), q.device)
     if chunk is None:
         chunk = chunk_rows(b, h, tk, tq)
 
     def rows_out(q_rows: Tensor, k: Tensor, v: Tensor, s: int, e: int, kv_end: int) -> Tensor:
         q_idx, kv_idx = idx[s:e], idx[:kv_end]
-        q_rows, k, v = q_rows.to(work), k[:, :, :kv_end].to(work), v[:, :, :kv_end].to(work)
+        k, v = k[:, :, :kv_end], v[:, :, :kv_end]
         scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
         if bias is not None:
             scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
@@ -471,7 +475,7 @@ def math_path(
         out = torch.matmul(probs, v)  # [B, H, rows, D]
         if value_term is not None:
             out = out + value_term(probs, slice(s, e), slice(0, kv_end))
-        return out.to(q.dtype)
+        return out.to(dtype)
 
     causal = mask is not None and mask.causal
     parts = [
