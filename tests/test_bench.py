@@ -18,13 +18,12 @@ from posenc import cli
 from posenc.bench import attention as bench_attention
 from posenc.bench.attention import (
     BASELINE, DEFAULT_ENCODINGS, AttentionBenchConfig, BenchResult, GrowthResult, Row, candidates, config_from_args,
-    encoding_names, render, render_growth, run_benchmark, trace_kernel_paths,
+    encoding_names, render, render_growth, run_benchmark,
 )
 from posenc.bench.load import background_load
 from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
 from posenc.bench.report import format_table
 from posenc.bench.timing import time_interleaved
-from posenc.common import kernels
 
 TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]
 REQUIRED = {"name", "impl", "ms", "ratio", "peak_mb"}
@@ -147,15 +146,6 @@ def test_config_validation_names_the_argument():
         AttentionBenchConfig(dtype="float64")
     with pytest.raises(ValueError, match="unknown encoding"):
         AttentionBenchConfig(encodings=("no_such_encoding",))
-
-
-def test_kernel_path_tracing_restores_the_kernels():
-    before = kernels.sdpa_path
-    attn = posenc.MultiheadAttention(16, 2)
-    with trace_kernel_paths() as calls:
-        attn(torch.randn(1, 8, 16), mask=posenc.AttentionMask(causal=True))
-    assert calls == ["sdpa"]
-    assert kernels.sdpa_path is before
 
 
 def test_path_column_uses_the_attention_plan(monkeypatch):

@@ -44,7 +44,6 @@ between machines and loads.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gc
 import importlib.metadata
@@ -56,13 +55,12 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common import kernels
 from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
@@ -373,57 +371,7 @@ def _checked_step(unit: nn.Module, row: Row, x: Tensor, grad_out: Tensor) -> Non
         row.path, row.reason, row.chunk_rows = plan.label, plan.reason, plan.chunk_rows
     elif hasattr(unit, "kernel_path"):
         row.path, row.reason = unit.kernel_path, getattr(unit, "path_reason", None)
-    elif row.reason is None:
-        # Fallback while MultiheadAttention has no plan(): see which kernel runs. Goes with
-        # trace_kernel_paths once plan() lands.
-        with trace_kernel_paths() as calls:
-            unit(x).backward(grad_out)
-        row.path, row.reason = _path_label(calls), "traced (MultiheadAttention.plan not available)"
-        return
     unit(x).backward(grad_out)
-
-
-# Fallback until MultiheadAttention.plan() exists (then remove trace_kernel_paths and these).
-_KERNEL_LABELS = {
-    "sdpa_path": "sdpa",
-    "dense_path": "dense",
-    "flex_path": "flex",
-    "math_path": "math",
-    "prob_bias_term": "prob_bias",
-}
-
-
-@contextlib.contextmanager
-def trace_kernel_paths() -> Iterator[list[str]]:
-    """Record which of posenc's kernel paths run inside the block (labels, in call order).
-
-    Only used while :class:`MultiheadAttention` has no ``plan()``.
-    """
-    calls: list[str] = []
-    saved: dict[str, Callable] = {}
-
-    def recording(fn: Callable, label: str) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            calls.append(label)
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    for attr, label in _KERNEL_LABELS.items():
-        fn = getattr(kernels, attr, None)
-        if callable(fn):
-            saved[attr] = fn
-            setattr(kernels, attr, recording(fn, label))
-    try:
-        yield calls
-    finally:
-        for attr, fn in saved.items():
-            setattr(kernels, attr, fn)
-
-
-def _path_label(calls: list[str]) -> str:
-    return "+".join(dict.fromkeys(calls)) or "-"
 
 
 # --- the run ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
-from .encoding import NO_NEEDS, Hook, PositionEncoding
+from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
