@@ -106,6 +106,16 @@ def make_plan(
             integers, the queries last (:func:`posenc.common.kernels.contiguous_causal`).
         what: the encoding's name, for error messages.
     """
+    plan = _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch,
+                   bias_learned, consecutive_causal, what)
+    if plan.prob_bias:
+        reason = plan.reason + "; the after-softmax bias is added beside it, (B * mask) V in row chunks"
+        plan = Plan(plan.path, reason, plan.chunk_rows, plan.prob_bias, plan.offset_values)
+    return plan
+
+
+def _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch, bias_learned,
+            consecutive_causal, what) -> Plan:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     on_cuda = device.type == "cuda"
