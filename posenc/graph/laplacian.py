@@ -16,7 +16,9 @@ remaining columns are zero (PyG returns fewer columns there, which cannot be bat
 
 Computation: batched dense ``torch.linalg.eigh`` for small graphs (graphs of equal size share one
 call), ``scipy.sparse.linalg.eigsh`` for large graphs on CPU and ``torch.lobpcg`` on an
-accelerator; all on the device of ``edge_index``.
+accelerator; all on the device of ``edge_index``. On CPU the chunks of equal-size graphs and the
+large graphs of a batch are spread over torch's threads with one intra-op thread each
+(:mod:`posenc.graph._threads`).
 
 Eigenvectors are defined up to sign: :func:`random_sign_flip` flips them at random per training
 step, or :class:`~posenc.graph.signnet.SignNet` makes the model invariant to the sign.
@@ -24,7 +26,8 @@ step, or :class:`~posenc.graph.signnet.SignNet` makes the model invariant to the
 
 from __future__ import annotations
 
-from typing import Literal
+from functools import partial
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -32,12 +35,17 @@ from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
 from .edges import dense_adjacency_stack, require_undirected
+from ._threads import positions_by_part, run_items, single_threaded
 
 Normalization = Literal["sym", "rw"] | None
 Method = Literal["auto", "dense", "sparse", "lobpcg"]
 
 #: Graphs with at least this many nodes use the sparse eigensolver under ``method="auto"``.
 SPARSE_MIN_NODES = 400
+
+#: The graphs of one size in a batch are solved in chunks of at most this many matrix entries
+#: (graphs x size^2, at least one graph): independent pieces of work for the threads.
+CHUNK_ENTRIES = 1 << 16
 
 
 _NORMALIZATIONS = ("sym", "rw", None)
@@ -253,47 +261,85 @@ def laplacian_pe_batch(
 ) -> tuple[Tensor, Tensor]:
     """LapPE of every graph of a batch at once (a PyG ``Batch``: ``data.edge_index``, ``data.batch``).
 
-    Graphs of equal size share one batched ``eigh`` call (no padding, so no foreign eigenpairs);
-    graphs of :data:`SPARSE_MIN_NODES` nodes or more (``method="auto"``) go to the sparse solver
-    one by one. Arguments as in :func:`laplacian_pe`; ``batch [N]`` sorted graph ids.
+    Graphs of equal size share one batched ``eigh`` call (in chunks of at most
+    :data:`CHUNK_ENTRIES` matrix entries; no padding, so no foreign eigenpairs); graphs of
+    :data:`SPARSE_MIN_NODES` nodes or more (``method="auto"``) go to the sparse solver one by one.
+    On CPU the chunks and large graphs are spread over torch's threads, each running its
+    operations on one intra-op thread. Arguments as in :func:`laplacian_pe`; ``batch [N]`` sorted
+    graph ids.
 
     Returns:
         ``(vecs [N, k], vals [G, k])`` float32; per-node eigenvalues are ``vals[batch]``.
     """
     _check_options(k, normalization, method)
-    num_graphs = check_batch(batch, num_graphs)
-    num_nodes = batch.numel()
-    edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
-    check_same_graph(edge_index, batch)
     device = edge_index.device
-    sizes = graph_sizes(batch, num_graphs)
-    local = local_index(batch, sizes)
-    vecs_out = torch.zeros(num_nodes, k, dtype=torch.float32, device=device)
-    vals_out = torch.zeros(num_graphs, k, dtype=torch.float32, device=device)
-    edge_graph = batch[edge_index[0]]
-    node_size = sizes[batch]
-    for n in torch.unique(sizes).tolist():
-        if n == 0:
-            continue
-        graphs = (sizes == n).nonzero().squeeze(1)
-        if method in ("sparse", "lobpcg") or (method == "auto" and n >= SPARSE_MIN_NODES):
-            if n > 3 * (k + 1):
-                for g in graphs.tolist():
-                    nodes = (batch == g).nonzero().squeeze(1)
-                    sel = edge_graph == g
-                    vals, vecs = _sparse_eigen(
-                        local[edge_index[:, sel]], edge_weight[sel], n, k, normalization, method
-                    )
-                    vecs_out[nodes] = vecs.to(torch.float32)
-                    vals_out[g] = vals.to(torch.float32)
+    with single_threaded(device) as count:
+        num_graphs = check_batch(batch, num_graphs)
+        num_nodes = batch.numel()
+        edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
+        check_same_graph(edge_index, batch)
+        sizes = graph_sizes(batch, num_graphs)
+        local = local_index(batch, sizes)
+
+        # Parts: ("sparse", graph) for a large graph, ("dense", size, graphs) for a chunk of the
+        # graphs of one size; every graph with nodes belongs to one.
+        parts: list[tuple] = []
+        part_of = [0] * num_graphs
+        by_size: dict[int, list[int]] = {}
+        for g, n in enumerate(sizes.tolist()):
+            if n == 0:
                 continue
-        adj, slot = dense_adjacency_stack(
-            edge_index, edge_weight, batch, local, graphs, n, num_graphs, dtype=torch.float64
-        )
-        vals, vecs = _dense_eigen(adj, k, normalization)
-        nodes = (node_size == n).nonzero().squeeze(1)
-        vecs_out[nodes] = vecs[slot[batch[nodes]], local[nodes]].to(torch.float32)
-        vals_out[graphs] = vals.to(torch.float32)
+            sparse = method in ("sparse", "lobpcg") or (method == "auto" and n >= SPARSE_MIN_NODES)
+            if sparse and n > 3 * (k + 1):
+                part_of[g] = len(parts)
+                parts.append(("sparse", g))
+            else:
+                by_size.setdefault(n, []).append(g)
+        for n, graphs in sorted(by_size.items()):
+            per_chunk = max(1, CHUNK_ENTRIES // (n * n))
+            for c in range(0, len(graphs), per_chunk):
+                chunk = graphs[c : c + per_chunk]
+                for g in chunk:
+                    part_of[g] = len(parts)
+                parts.append(("dense", n, chunk))
+        vecs_out = torch.zeros(num_nodes, k, dtype=torch.float32, device=device)
+        vals_out = torch.zeros(num_graphs, k, dtype=torch.float32, device=device)
+        if not parts:
+            return vecs_out, vals_out
+        graph_part = torch.tensor(part_of, dtype=torch.long, device=device)
+        edges_of = positions_by_part(graph_part[batch[edge_index[0]]], len(parts))
+        nodes_of = positions_by_part(graph_part[batch], len(parts))
+
+        def dense_part(n: int, ids: Tensor, edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+            adj, slot = dense_adjacency_stack(
+                edge_index[:, edges], edge_weight[edges], batch, local, ids, n, num_graphs, dtype=torch.float64
+            )
+            vals, vecs = _dense_eigen(adj, k, normalization)
+            return vecs[slot[batch[nodes]], local[nodes]], vals
+
+        def sparse_part(g: int, edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+            first = int(nodes[0])  # a graph's nodes are contiguous (sorted batch)
+            vals, vecs = _sparse_eigen(
+                edge_index[:, edges] - first, edge_weight[edges], nodes.numel(), k, normalization, method
+            )
+            return vecs, vals[None]
+
+        tasks: list[tuple[float, Tensor, Tensor, Callable]] = []  # (cost, nodes, graphs, compute)
+        for part, edges, nodes in zip(parts, edges_of, nodes_of):
+            if part[0] == "dense":
+                _, n, graphs = part
+                ids = torch.tensor(graphs, dtype=torch.long, device=device)
+                tasks.append((len(graphs) * float(n) ** 3, nodes, ids, partial(dense_part, n, ids, edges, nodes)))
+            else:
+                g = part[1]
+                cost = float(nodes.numel()) * (edges.numel() + nodes.numel()) * (k + 1)
+                ids = torch.tensor([g], dtype=torch.long, device=device)
+                tasks.append((cost, nodes, ids, partial(sparse_part, g, edges, nodes)))
+        tasks.sort(key=lambda task: -task[0])  # the largest first: the threads end together
+        results = run_items([task[3] for task in tasks], count)
+        for (_, nodes, ids, _), (vecs, vals) in zip(tasks, results):
+            vecs_out[nodes] = vecs.to(torch.float32)
+            vals_out[ids] = vals.to(torch.float32)
     return vecs_out, vals_out
 
 

@@ -20,18 +20,24 @@ Computation, on the device of ``edge_index``, from ``(P^k)_uu = sum_j (P^a)_uj (
   symmetric and similar to ``P`` (same diagonal powers), so ``(S^2m)_uu = ||X_m e_u||^2`` and
   ``(S^(2m+1))_uu = <X_m e_u, X_(m+1) e_u>``: ``K/2`` products per block instead of ``K``. A
   directed graph runs a second chain with ``P^T`` for the rows of ``P^a`` (``K`` products).
+
+On CPU the size-bucket chunks and node blocks are independent items of work, spread over torch's
+threads with one intra-op thread each (:mod:`posenc.graph._threads`: thousands of small
+multi-threaded operations stall on a machine where another process holds a core).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from functools import partial
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, dense_adjacency_stack
 from .edges import graph_sizes, is_undirected, local_index
+from ._threads import positions_by_part, run_items, single_threaded
 
 Method = Literal["auto", "dense", "sparse"]
 
@@ -46,6 +52,10 @@ SIZE_BUCKET = 8
 #: columns take half the CPU time of 2,048), with at least :data:`MIN_BLOCK` columns.
 BLOCK_BYTES = 8 << 20
 MIN_BLOCK = 64
+
+#: A size bucket of a batch is computed in chunks of at most this many adjacency entries
+#: (graphs x size^2, at least one graph): independent pieces of work for the threads.
+CHUNK_ENTRIES = 1 << 16
 
 _METHODS = ("auto", "dense", "sparse")
 
@@ -109,58 +119,91 @@ def _csr(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
         return torch.sparse_csr_tensor(crow, cols, vals, (n, n), check_invariants=False)
 
 
-def _sparse_rwse(
-    edge_index: Tensor, w: Tensor, deg: Tensor, num_nodes: int, walk_length: int, symmetric: bool,
-    block_size: int | None,
-) -> Tensor:
-    """Blocked sparse RWSE of one graph ``[N, K]``: for a block ``B`` of nodes, ``X_m = M^m E_B``
-    (``E_B`` the identity columns of ``B``) by sparse x dense products; the diagonal entries come
-    from column inner products (module docstring). Only two or three ``[N, |B|]`` blocks are alive."""
-    n = num_nodes
-    row, col = edge_index
-    if symmetric:
-        inv = deg.rsqrt()
-        val = inv[row] * w * inv[col]
-    else:
-        val = w / deg[row]
-    fwd = _csr(row, col, val, n)
-    bwd = None if symmetric else _csr(col, row, val, n)  # M^T, for the rows of M^a
-    if block_size is None:
-        block_size = max(1, min(n, max(MIN_BLOCK, BLOCK_BYTES // (4 * n))))
-    top = (walk_length + 1) // 2
-    out = torch.empty(n, walk_length, device=edge_index.device)
-    for start in range(0, n, block_size):
-        end = min(n, start + block_size)
-        width = end - start
-        # First power by scattering the edges that end in the block (no product needed).
-        sel = (col >= start) & (col < end)
-        first = torch.zeros(n, width, device=edge_index.device)
-        first.index_put_((row[sel], col[sel] - start), val[sel], accumulate=True)
+class _SparseWalk:
+    """The operator ``M`` of one large graph (CSR, and ``M^T`` for a directed graph) and its edges
+    sorted by target, from which the blocks of :meth:`block` are computed independently."""
+
+    def __init__(self, edge_index: Tensor, w: Tensor, deg: Tensor, num_nodes: int, symmetric: bool):
+        n = self.num_nodes = num_nodes
+        row, col = edge_index
+        self.symmetric = symmetric
+        self.device = edge_index.device
         if symmetric:
+            inv = deg.rsqrt()
+            val = inv[row] * w * inv[col]
+        else:
+            val = w / deg[row]
+        self.fwd = _csr(row, col, val, n)
+        self.bwd = None if symmetric else _csr(col, row, val, n)  # M^T, for the rows of M^a
+        # Edges by target (for the first power of a block) and, directed, by source (its rows).
+        by_col = torch.argsort(col, stable=True)
+        self.by_col = (row[by_col], col[by_col], val[by_col])
+        if not symmetric:
+            by_row = torch.argsort(row, stable=True)
+            self.by_row = (row[by_row], col[by_row], val[by_row])
+
+    def _first(self, edges: tuple[Tensor, Tensor, Tensor], key: int, start: int, end: int) -> Tensor:
+        """``[N, end - start]``: the columns ``start .. end`` of ``M`` (``key`` 1) or ``M^T`` (0)."""
+        row, col, val = edges
+        sorted_key = edges[key]
+        bounds = torch.searchsorted(sorted_key, torch.tensor([start, end], device=self.device)).tolist()
+        sl = slice(bounds[0], bounds[1])
+        out = torch.zeros(self.num_nodes, end - start, device=self.device)
+        other = col if key == 0 else row
+        out.index_put_((other[sl], sorted_key[sl] - start), val[sl], accumulate=True)
+        return out
+
+    def block(self, start: int, end: int, walk_length: int) -> Tensor:
+        """RWSE ``[end - start, K]`` of the nodes ``start .. end``: ``X_m = M^m E_B`` by sparse x
+        dense products, the diagonal entries from column inner products (module docstring). Only
+        two or three ``[N, |B|]`` blocks are alive."""
+        width = end - start
+        top = (walk_length + 1) // 2
+        out = torch.empty(width, walk_length, device=self.device)
+        # First power by scattering the edges that end in the block (no product needed).
+        first = self._first(self.by_col, 1, start, end)
+        if self.symmetric:
             cols_prev, rows_prev = first, first
         else:
-            sel_t = (row >= start) & (row < end)
-            rows_prev = torch.zeros(n, width, device=edge_index.device)  # columns of (M^T)^1 = rows of M
-            rows_prev.index_put_((col[sel_t], row[sel_t] - start), val[sel_t], accumulate=True)
+            rows_prev = self._first(self.by_row, 0, start, end)  # columns of (M^T)^1 = rows of M
             cols_prev = first
-        block = torch.arange(width, device=edge_index.device)
-        out[start:end, 0] = first[start + block, block]
+        block = torch.arange(width, device=self.device)
+        out[:, 0] = first[start + block, block]
         for m in range(1, top + 1):
             # k = 2m: <rows of M^m, columns of M^m>; k = 2m + 1: <rows of M^m, columns of M^(m+1)>.
             if 2 * m <= walk_length:
-                out[start:end, 2 * m - 1] = (rows_prev * cols_prev).sum(0)
+                out[:, 2 * m - 1] = (rows_prev * cols_prev).sum(0)
             if 2 * m + 1 > walk_length:
                 break
-            cols_next = fwd @ cols_prev
-            out[start:end, 2 * m] = (rows_prev * cols_next).sum(0)
-            if symmetric:
+            cols_next = self.fwd @ cols_prev
+            out[:, 2 * m] = (rows_prev * cols_next).sum(0)
+            if self.symmetric:
                 rows_prev = cols_prev = cols_next
             else:
                 if 2 * m + 2 <= walk_length:
-                    rows_prev = bwd @ rows_prev
+                    rows_prev = self.bwd @ rows_prev
                 cols_prev = cols_next
             del cols_next
-    return out
+        return out
+
+
+def _block_size(num_nodes: int, block_size: int | None) -> int:
+    if block_size is None:
+        block_size = max(MIN_BLOCK, BLOCK_BYTES // (4 * max(num_nodes, 1)))
+    return max(1, min(num_nodes, block_size))
+
+
+def _sparse_items(
+    edge_index: Tensor, w: Tensor, deg: Tensor, num_nodes: int, walk_length: int, symmetric: bool,
+    block_size: int | None,
+) -> list[tuple[int, int, Callable[[], Tensor]]]:
+    """The blocks of the sparse RWSE of one graph, as ``(start, end, compute -> [end - start, K])``."""
+    walk = _SparseWalk(edge_index, w, deg, num_nodes, symmetric)
+    size = _block_size(num_nodes, block_size)
+    return [
+        (s, min(num_nodes, s + size), partial(walk.block, s, min(num_nodes, s + size), walk_length))
+        for s in range(0, num_nodes, size)
+    ]
 
 
 def random_walk_se(
@@ -181,7 +224,8 @@ def random_walk_se(
         edge_weight: optional ``[E]`` non-negative weights.
         method: "dense", "sparse" or "auto" (sparse from :data:`SPARSE_MIN_NODES` nodes).
         block_size: nodes per block of the sparse path (default: blocks of about
-            :data:`BLOCK_BYTES`; two or three blocks are alive at a time, four for a directed graph).
+            :data:`BLOCK_BYTES`; two or three blocks are alive per CPU thread at a time, four for a
+            directed graph).
 
     Returns:
         ``[N, K]`` float32 on the device of ``edge_index``.
@@ -189,10 +233,15 @@ def random_walk_se(
     _check_options(walk_length, method, block_size)
     check_edge_index(edge_index, num_nodes)
     check_edge_weight(edge_weight, edge_index.shape[1])
-    w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
     if method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES):
-        symmetric = is_undirected(edge_index, num_nodes, edge_weight)
-        return _sparse_rwse(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
+        # The blocks are independent: spread over threads with one intra-op thread each (_threads).
+        with single_threaded(edge_index.device) as count:
+            w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
+            symmetric = is_undirected(edge_index, num_nodes, edge_weight)
+            items = _sparse_items(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
+            blocks = run_items([fn for _, _, fn in items], count)
+        return torch.cat(blocks) if blocks else torch.zeros(0, walk_length, device=edge_index.device)
+    w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
     adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
     adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
     return _dense_rwse(adj, walk_length, symmetric=False)  # one graph: the symmetry check would cost more
@@ -210,41 +259,75 @@ def random_walk_se_batch(
     """RWSE of every graph of a batch at once (``data.edge_index``, ``data.batch`` of a PyG ``Batch``).
 
     Small graphs are padded with isolated nodes (harmless: they add no walk) to a multiple of
-    :data:`SIZE_BUCKET` nodes and each size bucket is one chain of batched products; graphs of
-    :data:`SPARSE_MIN_NODES` nodes or more (``method="auto"``) take the blocked sparse path.
+    :data:`SIZE_BUCKET` nodes and each size bucket, in chunks of at most :data:`CHUNK_ENTRIES`
+    adjacency entries, is one chain of batched products; graphs of :data:`SPARSE_MIN_NODES` nodes
+    or more (``method="auto"``) take the blocked sparse path. On CPU the chunks and blocks are
+    spread over torch's threads, each running its operations on one intra-op thread.
 
     Returns:
         ``[N, K]`` float32.
     """
     _check_options(walk_length, method, None)
-    num_graphs = check_batch(batch, num_graphs)
-    num_nodes = batch.numel()
-    check_edge_index(edge_index, num_nodes)
-    check_edge_weight(edge_weight, edge_index.shape[1])
-    check_same_graph(edge_index, batch)
     device = edge_index.device
-    w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
-    sizes = graph_sizes(batch, num_graphs)
-    local = local_index(batch, sizes)
-    out = torch.zeros(num_nodes, walk_length, device=device)
-    large = sizes >= SPARSE_MIN_NODES if method == "auto" else torch.full_like(sizes, method == "sparse", dtype=torch.bool)
-    edge_graph = batch[edge_index[0]]
-    large_ids = large.nonzero().squeeze(1).tolist()
-    symmetric = is_undirected(edge_index, num_nodes, edge_weight)  # once for the whole batch
-    for g in large_ids:
-        nodes = (batch == g).nonzero().squeeze(1)
-        sel = edge_graph == g
-        n = int(sizes[g])
-        out[nodes] = _sparse_rwse(local[edge_index[:, sel]], w[sel], deg[nodes], n, walk_length, symmetric, None)
-    bucket = (sizes + SIZE_BUCKET - 1) // SIZE_BUCKET * SIZE_BUCKET
-    bucket = torch.where(large | (sizes == 0), 0, bucket)
-    node_bucket = bucket[batch]
-    for size in torch.unique(bucket).tolist():
-        if size == 0:
-            continue
-        graphs = (bucket == size).nonzero().squeeze(1)
-        adj, slot = dense_adjacency_stack(edge_index, w, batch, local, graphs, size, num_graphs)
-        pe = _dense_rwse(adj, walk_length, symmetric)
-        nodes = (node_bucket == size).nonzero().squeeze(1)
-        out[nodes] = pe[slot[batch[nodes]], local[nodes]]
+    with single_threaded(device) as count:
+        num_graphs = check_batch(batch, num_graphs)
+        num_nodes = batch.numel()
+        check_edge_index(edge_index, num_nodes)
+        check_edge_weight(edge_weight, edge_index.shape[1])
+        check_same_graph(edge_index, batch)
+        w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
+        sizes = graph_sizes(batch, num_graphs)
+        local = local_index(batch, sizes)
+        symmetric = is_undirected(edge_index, num_nodes, edge_weight)  # once for the whole batch
+
+        # Parts: ("sparse", graph) for a large graph, ("dense", padded size, graphs) for a chunk of
+        # a size bucket; every graph with nodes belongs to one.
+        size_list = sizes.tolist()
+        parts: list[tuple] = []
+        part_of = [0] * num_graphs
+        buckets: dict[int, list[int]] = {}
+        for g, n in enumerate(size_list):
+            if n == 0:
+                continue
+            if method == "sparse" or (method == "auto" and n >= SPARSE_MIN_NODES):
+                part_of[g] = len(parts)
+                parts.append(("sparse", g))
+            else:
+                buckets.setdefault(-(-n // SIZE_BUCKET) * SIZE_BUCKET, []).append(g)
+        for size, graphs in sorted(buckets.items()):
+            per_chunk = max(1, CHUNK_ENTRIES // (size * size))
+            for c in range(0, len(graphs), per_chunk):
+                chunk = graphs[c : c + per_chunk]
+                for g in chunk:
+                    part_of[g] = len(parts)
+                parts.append(("dense", size, chunk))
+        out = torch.zeros(num_nodes, walk_length, device=device)
+        if not parts:
+            return out
+        graph_part = torch.tensor(part_of, dtype=torch.long, device=device)
+        edges_of = positions_by_part(graph_part[batch[edge_index[0]]], len(parts))
+        nodes_of = positions_by_part(graph_part[batch], len(parts))
+
+        def dense_part(size: int, graphs: list[int], edges: Tensor, nodes: Tensor) -> Tensor:
+            ids = torch.tensor(graphs, dtype=torch.long, device=device)
+            adj, slot = dense_adjacency_stack(edge_index[:, edges], w[edges], batch, local, ids, size, num_graphs)
+            pe = _dense_rwse(adj, walk_length, symmetric)
+            return pe[slot[batch[nodes]], local[nodes]]
+
+        tasks: list[tuple[float, Tensor | slice, Callable[[], Tensor]]] = []  # (cost, nodes, compute)
+        for part, edges, nodes in zip(parts, edges_of, nodes_of):
+            if part[0] == "dense":
+                _, size, graphs = part
+                cost = len(graphs) * float(size) ** 3
+                tasks.append((cost, nodes, partial(dense_part, size, graphs, edges, nodes)))
+                continue
+            first, n = int(nodes[0]), nodes.numel()  # a graph's nodes are contiguous (sorted batch)
+            for s, t, fn in _sparse_items(
+                local[edge_index[:, edges]], w[edges], deg[first : first + n], n, walk_length, symmetric, None
+            ):
+                tasks.append(((t - s) * float(edges.numel() + n), slice(first + s, first + t), fn))
+        tasks.sort(key=lambda task: -task[0])  # the largest first: the threads end together
+        results = run_items([fn for _, _, fn in tasks], count)
+        for (_, nodes, _), pe in zip(tasks, results):
+            out[nodes] = pe
     return out
