@@ -373,3 +373,57 @@ def test_bad_options_and_batch_errors():
         laplacian_pe_batch(torch.empty(2, 0, dtype=torch.long), torch.tensor([1, 0, 1]), 2)
     with pytest.raises(TypeError, match="batch must have dtype torch.long"):
         random_walk_se_batch(e, torch.zeros(3), 2)
+
+
+# ---- CPU threads --------------------------------------------------------------------------------
+
+def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
+    from posenc.graph import _threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with _threads.single_threaded(torch.device("cpu")) as count:
+            assert count == 2 and torch.get_num_threads() == 1
+            items = [lambda i=i: (i, torch.get_num_threads()) for i in range(7)]
+            assert _threads.run_items(items, 3) == [(i, 1) for i in range(7)]
+            assert _threads.run_items([], 3) == []
+
+            def boom():
+                raise RuntimeError("item failed")
+
+            with pytest.raises(RuntimeError, match="item failed"):
+                _threads.run_items([items[0], boom, items[1]], 2)
+        assert torch.get_num_threads() == 2
+        key = torch.tensor([2, 0, 2, 1, 0])
+        assert [p.tolist() for p in _threads.positions_by_part(key, 4)] == [[1, 4], [3], [0, 2], []]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_batched_and_blocked_paths_do_not_depend_on_the_thread_count():
+    sizes, k = [30, 9, 16, 30, 3, 17, 9], 6
+    edges, offset = [], 0
+    for i, n in enumerate(sizes):
+        edges.append(random_graph(n, 2 * n, seed=60 + i) + offset)
+        offset += n
+    e = torch.cat(edges, 1)
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    big = random_graph(300, 900, seed=5)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            outs.append([
+                *laplacian_pe_batch(e, batch, 4, num_graphs=len(sizes) + 1),
+                *laplacian_pe_batch(e, batch, 2, method="sparse"),
+                random_walk_se_batch(e, batch, k, num_graphs=len(sizes) + 2),
+                random_walk_se_batch(e, batch, k, method="sparse"),
+                random_walk_se(big, 300, 9, method="sparse", block_size=37),
+            ])
+            assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(before)
+    for one, many in zip(*outs):
+        assert torch.equal(one, many)
