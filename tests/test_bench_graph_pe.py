@@ -74,3 +74,35 @@ def test_bench_graph_pe_bad_arguments(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     assert cli.main(["bench", "graph-pe", "--out", str(f), "--no-progress"]) == 2
+
+
+def test_bench_graph_pe_background_load(tmp_path, capsys, monkeypatch):
+    started = []
+    real = graph_pe.background_load
+
+    def recording(enabled, processes=1):
+        cm = real(enabled, processes)
+
+        class Wrapper:
+            def __enter__(self):
+                load = cm.__enter__()
+                started.append(load)
+                return load
+
+            def __exit__(self, *exc):
+                return cm.__exit__(*exc)
+
+        return Wrapper()
+
+    monkeypatch.setattr(graph_pe, "background_load", recording)
+    out = tmp_path / "res"
+    args = [*TINY, "--workloads", "molecules", "--graphs", "4"]
+    assert cli.main(["bench", "graph-pe", *args, "--background-load", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    env = json.loads((out / "graph_pe.json").read_text())["environment"]
+    assert env["background_load"] == "1 busy process"
+    assert len(env["load_average"]) == 3
+    assert "background load: 1 busy process; load average at the end:" in text
+    assert started[0].count == 1 and all(p.poll() is not None for p in started[0].processes)  # stopped
+    assert cli.main(["bench", "graph-pe", *args]) == 0
+    assert "background load: off" in capsys.readouterr().out

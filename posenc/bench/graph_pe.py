@@ -27,7 +27,11 @@ inside a repeated eigenvalue (molecules have many).
 
 ``--threads N`` sets torch's thread count for the whole run (PyG's child process too). On a
 shared, oversubscribed machine many small multi-threaded operations wait for descheduled
-threads; one thread can then be much faster, for PyG and posenc alike.
+threads; one thread can then be much faster (posenc's batched and blocked paths run their
+operations on one intra-op thread each and spread independent parts over the threads instead).
+``--background-load`` runs one busy process (a Python loop on one core, see :mod:`.load`) for the
+whole run, to measure exactly that; the header and the JSON say whether it was on and give the
+load average at the end of the run.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..argtypes import positive_float, positive_int
+from .load import background_load, describe, format_load_average, load_average
 from .report import format_table
 from .timing import Progress, error_text
 
@@ -67,6 +72,7 @@ class GraphPEBenchConfig:
     workloads: tuple[str, ...] = ("molecules", "large")
     threads: int | None = None  # None: torch's default
     seed: int = 0
+    background_processes: int = 0  # busy processes run alongside (see .load)
 
 
 @dataclass
@@ -421,8 +427,10 @@ def run_benchmark(config: GraphPEBenchConfig, *, progress: bool = True) -> Bench
     threads_before = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    n = config.background_processes
     try:
-        return _run(config, progress)
+        with background_load(n > 0, max(n, 1)):
+            return _run(config, progress)  # the load average is read inside, with the load still on
     finally:
         torch.set_num_threads(threads_before)
 
@@ -436,10 +444,11 @@ def _run(config: GraphPEBenchConfig, progress: bool) -> BenchResult:
     if "large" in config.workloads:
         bench_large(config, rows, notes, progress)
     _speedups(rows)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load = load_average()
     environment = {
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "platform": platform.platform(), "load_average": None if load is None else [round(v, 2) for v in load],
+        "platform": platform.platform(), "background_load": describe(config.background_processes),
+        "load_average": None if load is None else list(load),
     }
     return BenchResult(config, rows, notes, environment)
 
@@ -461,12 +470,19 @@ def render(result: BenchResult) -> str:
         wall = r.error if r.error else _fmt(r.wall_s)
         table.append([r.workload, r.encoding, r.impl, wall, _fmt(r.cpu_s), speed, r.check])
     env = result.environment
-    lines = [format_table(headers, table, align="lllrrrl"), ""]
+    lines = [
+        f"graph PE precomputation, posenc against PyG: torch {env['torch']}, {env['threads']} threads, "
+        f"{env['cpus']} CPUs",
+        f"background load: {env['background_load']}; load average at the end: "
+        f"{format_load_average(env['load_average'])}",
+        "",
+        format_table(headers, table, align="lllrrrl"),
+        "",
+    ]
     lines += [f"note: {n}" for n in result.notes]
     lines.append(
         f"note: wall = median of {result.config.repeats} interleaved rounds after a warm-up (one round on the large "
-        f"graph); cpu = process CPU time (user + sys, {env['threads']} threads); load average at the end "
-        f"{env['load_average']}"
+        f"graph); cpu = process CPU time (user + sys, {env['threads']} threads)"
     )
     return "\n".join(lines)
 
@@ -500,6 +516,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: both")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads for the whole run (default: torch's default)")
+    parser.add_argument(
+        "--background-load", dest="background_processes", action="store_const", const=1, default=0,
+        help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write graph_pe.json and graph_pe.txt (the table) into DIR")
@@ -519,6 +539,7 @@ def run(args: argparse.Namespace) -> int:
         graphs=args.graphs, nodes=args.nodes, edges=args.edges, lap_k=args.lap_k, walk_length=args.walk_length,
         repeats=args.repeats, pyg_timeout=args.pyg_timeout, pyg_memory_gb=args.pyg_memory_gb,
         workloads=args.workloads, threads=args.threads, seed=args.seed,
+        background_processes=args.background_processes,
     )
     result = run_benchmark(config, progress=args.progress)
     text = render(result)
