@@ -401,6 +401,28 @@ def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
         torch.set_num_threads(before)
 
 
+def test_blas_limit_is_restored_after_nested_and_concurrent_use():
+    from posenc.graph import _threads
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import scipy.sparse.linalg  # noqa: F401  (scipy's BLAS loaded)
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    seen = []
+
+    def item():
+        with _threads.blas_single_threaded():
+            with _threads.blas_single_threaded():
+                seen.append(blas_threads())
+
+    _threads.run_items([item] * 4, 2)
+    assert all(set(s) <= {1} for s in seen)
+    assert blas_threads() == before and _threads._blas_users == 0
+
+
 def test_batched_and_blocked_paths_do_not_depend_on_the_thread_count():
     sizes, k = [30, 9, 16, 30, 3, 17, 9], 6
     edges, offset = [], 0

@@ -93,3 +93,38 @@ def positions_by_part(key: torch.Tensor, count: int) -> list[torch.Tensor]:
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=count).tolist() if key.numel() else [0] * count
     return list(torch.split(order, counts))
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limiter = None
+_blas_controller = None
+
+
+@contextmanager
+def blas_single_threaded() -> Iterator[None]:
+    """Run the body with one BLAS thread in the libraries numpy and scipy load (OpenBLAS; through
+    ``threadpoolctl`` when it is installed, else a no-op). ARPACK (``scipy.sparse.linalg.eigsh``)
+    makes many small BLAS calls; multi-threaded, their threads spin for nothing on a quiet machine
+    and stall on a busy one. Safe to nest and to enter from several threads: the first entry sets
+    the limit, the last exit restores the previous setting."""
+    global _blas_users, _blas_limiter, _blas_controller
+    with _blas_lock:
+        if _blas_users == 0:
+            try:
+                if _blas_controller is None:
+                    from threadpoolctl import ThreadpoolController
+
+                    _blas_controller = ThreadpoolController()  # inspects the loaded libraries once
+                _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
+            except Exception:  # threadpoolctl missing or failing: run as is
+                _blas_limiter = None
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_limiter is not None:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
 from .edges import dense_adjacency_stack, require_undirected
-from ._threads import positions_by_part, run_items, single_threaded
+from ._threads import blas_single_threaded, positions_by_part, run_items, single_threaded
 
 Normalization = Literal["sym", "rw"] | None
 Method = Literal["auto", "dense", "sparse", "lobpcg"]
@@ -185,7 +185,8 @@ def _sparse_eigen(
             (val.numpy().astype(np.float32), (idx[0].numpy(), idx[1].numpy())), shape=(num_nodes, num_nodes)
         ).tocsr()
         v0 = np.random.default_rng(0).uniform(0.5, 1.5, num_nodes).astype(np.float32)  # reproducible output
-        vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=0, ncv=min(num_nodes, max(2 * want + 1, 20)))
+        with blas_single_threaded():  # ARPACK's many small BLAS calls gain nothing from threads
+            vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=0, ncv=min(num_nodes, max(2 * want + 1, 20)))
         order = np.argsort(vals_np)
         vals = torch.from_numpy(vals_np[order].astype(np.float64))
         vecs = torch.from_numpy(vecs_np[:, order].astype(np.float64))
@@ -237,7 +238,11 @@ def laplacian_pe(
     edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
     sparse = method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
     if sparse and num_nodes > 3 * (k + 1):
-        vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
+        if method == "lobpcg":
+            vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
+        else:  # eigsh on CPU: single-threaded ARPACK, whose torch set-up gains nothing from threads
+            with single_threaded(edge_index.device):
+                vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
     else:
         adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
         adj.index_put_(
