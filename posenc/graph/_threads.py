@@ -107,7 +107,9 @@ def blas_single_threaded() -> Iterator[None]:
     ``threadpoolctl`` when it is installed, else a no-op). ARPACK (``scipy.sparse.linalg.eigsh``)
     makes many small BLAS calls; multi-threaded, their threads spin for nothing on a quiet machine
     and stall on a busy one. Safe to nest and to enter from several threads: the first entry sets
-    the limit, the last exit restores the previous setting."""
+    the limit, the last exit restores the previous setting. The OpenBLAS of numpy and scipy (0.3.31
+    here) did not take a limit set from a new thread (one set by the main thread holds in all), so
+    enter it in the calling thread around :func:`run_items` as well."""
     global _blas_users, _blas_limiter, _blas_controller
     with _blas_lock:
         if _blas_users == 0:

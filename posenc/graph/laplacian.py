@@ -26,6 +26,7 @@ step, or :class:`~posenc.graph.signnet.SignNet` makes the model invariant to the
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Literal
 
@@ -341,7 +342,10 @@ def laplacian_pe_batch(
                 ids = torch.tensor([g], dtype=torch.long, device=device)
                 tasks.append((cost, nodes, ids, partial(sparse_part, g, edges, nodes)))
         tasks.sort(key=lambda task: -task[0])  # the largest first: the threads end together
-        results = run_items([task[3] for task in tasks], count)
+        # The BLAS limit for eigsh is set here: OpenBLAS did not take one set from a worker thread.
+        eigsh_parts = device.type == "cpu" and method != "lobpcg" and any(p[0] == "sparse" for p in parts)
+        with blas_single_threaded() if eigsh_parts else nullcontext():
+            results = run_items([task[3] for task in tasks], count)
         for (_, nodes, ids, _), (vecs, vals) in zip(tasks, results):
             vecs_out[nodes] = vecs.to(torch.float32)
             vals_out[ids] = vals.to(torch.float32)
