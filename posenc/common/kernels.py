@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from . import chunk_pool
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 
@@ -220,13 +221,18 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         out = q.new_empty(q.shape)  # [B, H, Tq, D]
         lse = q.new_empty((b, h, tq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
         idx = _indices(max(tq, tk), q.device)
-        for s, e, kv_end in _row_chunks(tq, tk, chunk, causal):
+
+        def run(chunk_rows: tuple[int, int, int]) -> None:
+            s, e, kv_end = chunk_rows
             # block [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
             block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
             o, chunk_lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
             del block
-            out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)
+            out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)  # chunks own disjoint rows
             lse[:, :, s:e] = chunk_lse
+
+        for _ in chunk_pool.ordered_map(run, _row_chunks(tq, tk, chunk, causal)):
+            pass
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.bias, ctx.mask, ctx.scale, ctx.chunk, ctx.learned = bias, mask, scale, chunk, learned
         return out, lse
@@ -245,11 +251,11 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         causal = mask is not None and mask.causal
         fused_backward = q.device.type == "cpu"
         dq = torch.empty_like(q)
-        dk = dv = None
-        # Last chunk first: with a causal mask it spans every key, so its gradients become dk, dv
-        # without a zero-filled buffer beside them.
         idx = _indices(max(tq, tk), q.device)
-        for s, e, kv_end in reversed(list(_row_chunks(tq, tk, chunk, causal))):
+
+        def run(chunk_rows: tuple[int, int, int]):
+            """One chunk's gradients: writes its rows of dq, returns ``(kv_end, dk part, dv part, learned grads)``."""
+            s, e, kv_end = chunk_rows
             live = None
             chunk_grad_lse = None if grad_lse is None else grad_lse[:, :, s:e]
             if learned:  # evaluate the bias once, attached to the tensors that need its gradient
@@ -262,28 +268,34 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             g = grad_out[:, :, s:e]  # [B, H, rows, D]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
+            grads: list[Tensor | None] = []
             if learned or chunk_grad_lse is not None or not fused_backward:
                 gq, gk, gv, grads = _chunk_backward_with_bias_grad(
                     learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
                     lse[:, :, s:e], g, scale, live, chunk_grad_lse,
                 )
-                for i, grad in zip(wanted, grads):
-                    if grad is not None:
-                        learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
             else:
                 gq, gk, gv = cpu_flash_backward(
                     g, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e], lse[:, :, s:e], block, scale,
                 )
-            del block, live
-            dq[:, :, s:e] = gq
+            dq[:, :, s:e] = gq  # chunks own disjoint rows
+            return kv_end, gk, gv, grads
+
+        # Last chunk first: with a causal mask it spans every key, so its gradients become dk, dv
+        # without a zero-filled buffer beside them. Parts are added in this fixed order.
+        dk = dv = None
+        for kv_end, gk, gv, grads in chunk_pool.ordered_map(run, reversed(list(_row_chunks(tq, tk, chunk, causal)))):
+            for i, grad in zip(wanted, grads):
+                if grad is not None:
+                    learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
+            if dk is None and kv_end == tk:
+                dk, dv = gk.to(k.dtype), gv.to(v.dtype)
+                continue
             if dk is None:
-                if kv_end == tk:
-                    dk, dv = gk.to(k.dtype), gv.to(v.dtype)
-                    continue
                 dk, dv = torch.zeros_like(k), torch.zeros_like(v)
             dk[:, :, :kv_end] += gk
             dv[:, :, :kv_end] += gv
-            del gq, gk, gv  # before the next chunk's kernel allocates its own
+            del gk, gv
         return (dq, dk, dv, None, None, None, None, *learned_grads)
 
 

@@ -14,6 +14,7 @@ what both uses support.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -114,9 +115,10 @@ class _DeferredTableGrad(torch.autograd.Function):
 
 
 def _sink_buffer(sink: dict, shape, dtype, device) -> Tensor:
-    if "grad" not in sink:
-        sink["grad"] = torch.zeros(shape, dtype=dtype, device=device)
-    return sink["grad"]
+    with sink["lock"]:  # chunks may run their backward on several threads
+        if "grad" not in sink:
+            sink["grad"] = torch.zeros(shape, dtype=dtype, device=device)
+        return sink["grad"]
 
 
 class _GatherColumns(torch.autograd.Function):
@@ -132,7 +134,8 @@ class _GatherColumns(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (index,) = ctx.saved_tensors
         acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
-        acc[..., : ctx.width].scatter_add_(2, index, grad.to(ctx.table_dtype))
+        with ctx.sink["lock"]:  # chunks overlap in a gathered table
+            acc[..., : ctx.width].scatter_add_(2, index, grad.to(ctx.table_dtype))
         return None, None, None, None, grad.new_zeros(0)
 
 
@@ -147,7 +150,7 @@ class _SliceRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
-        acc[:, :, ctx.start : ctx.stop] += grad.to(ctx.table_dtype)
+        acc[:, :, ctx.start : ctx.stop] += grad.to(ctx.table_dtype)  # chunks own disjoint rows
         return None, None, None, None, grad.new_zeros(0)
 
 
@@ -167,7 +170,7 @@ class SharedGradTable:
             raise ValueError(f"a shared-gradient table is [B, H, rows, keys]; got shape {tuple(table.shape)}")
         self.table = table
         self._values = table.detach()
-        self._sink: dict = {}
+        self._sink: dict = {"lock": threading.Lock()}
         self.handle = _DeferredTableGrad.apply(table, self._sink) if table.requires_grad else None
 
     @property

@@ -1,0 +1,85 @@
+"""The worker pool of the chunked paths: order, errors, grad mode, thread settings, determinism."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import posenc
+from posenc.common import chunk_pool, kernels
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_results_come_in_the_order_of_the_items(two_threads):
+    names = []
+
+    def work(i):
+        names.append(threading.current_thread().name)
+        return i * i
+
+    assert list(chunk_pool.ordered_map(work, range(20))) == [i * i for i in range(20)]
+    assert all(n.startswith("posenc-chunks-") for n in names)
+
+
+def test_an_error_in_an_item_is_raised_to_the_caller(two_threads):
+    def work(i):
+        if i == 3:
+            raise ValueError("item 3 is bad")
+        return i
+
+    with pytest.raises(ValueError, match="item 3 is bad"):
+        list(chunk_pool.ordered_map(work, range(8)))
+    assert list(chunk_pool.ordered_map(lambda i: i, range(4))) == [0, 1, 2, 3]  # the pool still works
+
+
+def test_workers_take_the_callers_grad_mode_and_one_thread_each(two_threads):
+    seen = list(chunk_pool.ordered_map(lambda _: (torch.is_grad_enabled(), torch.get_num_threads()), range(4)))
+    assert seen == [(True, 1)] * 4
+    with torch.no_grad():
+        assert [g for g, _ in chunk_pool.ordered_map(lambda _: (torch.is_grad_enabled(), 0), range(4))] == [False] * 4
+    # the caller, and threads started later, keep torch's setting
+    assert torch.get_num_threads() == 2
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert later == [2]
+
+
+def test_one_thread_runs_inline():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        names = list(chunk_pool.ordered_map(lambda _: threading.current_thread().name, range(3)))
+    finally:
+        torch.set_num_threads(before)
+    assert names == [threading.current_thread().name] * 3
+
+
+def test_chunked_backward_on_workers_is_bitwise_reproducible(two_threads, monkeypatch):
+    """The parts of dk, dv and the learned gradients are added in a fixed order, whichever worker
+    finished first."""
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 2 * 4 * 8 * 96)
+    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    dims = posenc.ModelDims(dim=32, num_heads=4, max_len=96)
+    for name in ("t5", "transformer_xl", "alibi"):
+        torch.manual_seed(0)
+        attn = posenc.MultiheadAttention(32, 4, encoding=posenc.build(name, dims=dims))
+        x = torch.randn(2, 96, 32, requires_grad=True)
+        grads = []
+        for _ in range(3):
+            attn.zero_grad()
+            x.grad = None
+            attn(x, mask=posenc.AttentionMask(causal=True)).square().sum().backward()
+            grads.append([x.grad.clone()] + [p.grad.clone() for p in attn.parameters() if p.grad is not None])
+        for again in grads[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(grads[0], again)), name
