@@ -236,21 +236,23 @@ def laplacian_pe(
         of ``I - D^-1 A``, normalised to unit norm), each with its largest-magnitude entry positive.
     """
     _check_options(k, normalization, method)
-    edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
-    sparse = method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
-    if sparse and num_nodes > 3 * (k + 1):
-        if method == "lobpcg":
+    valid = isinstance(num_nodes, int) and isinstance(edge_index, Tensor)  # else _prepare raises
+    sparse = valid and num_nodes > 3 * (k + 1) and (
+        method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
+    )
+    # eigsh: single-threaded ARPACK, whose torch set-up (checks, sorts) gains nothing from threads.
+    with single_threaded(edge_index.device) if sparse and method != "lobpcg" else nullcontext():
+        edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
+        if sparse:
             vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
-        else:  # eigsh on CPU: single-threaded ARPACK, whose torch set-up gains nothing from threads
-            with single_threaded(edge_index.device):
-                vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
-    else:
-        adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
-        adj.index_put_(
-            (torch.zeros_like(edge_index[0]), edge_index[0], edge_index[1]), edge_weight.to(torch.float64), accumulate=True
-        )
-        vals, vecs = _dense_eigen(adj, k, normalization)
-        vals, vecs = vals[0], vecs[0]
+        else:
+            adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
+            adj.index_put_(
+                (torch.zeros_like(edge_index[0]), edge_index[0], edge_index[1]), edge_weight.to(torch.float64),
+                accumulate=True,
+            )
+            vals, vecs = _dense_eigen(adj, k, normalization)
+            vals, vecs = vals[0], vecs[0]
     return vecs.to(torch.float32), vals.to(torch.float32)
 
 

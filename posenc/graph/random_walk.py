@@ -231,16 +231,19 @@ def random_walk_se(
         ``[N, K]`` float32 on the device of ``edge_index``.
     """
     _check_options(walk_length, method, block_size)
-    check_edge_index(edge_index, num_nodes)
-    check_edge_weight(edge_weight, edge_index.shape[1])
-    if method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES):
+    valid = isinstance(num_nodes, int) and isinstance(edge_index, Tensor)  # else check_edge_index raises
+    if valid and (method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)):
         # The blocks are independent: spread over threads with one intra-op thread each (_threads).
         with single_threaded(edge_index.device) as count:
+            check_edge_index(edge_index, num_nodes)
+            check_edge_weight(edge_weight, edge_index.shape[1])
             w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
             symmetric = is_undirected(edge_index, num_nodes, edge_weight)
             items = _sparse_items(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
             blocks = run_items([fn for _, _, fn in items], count)
         return torch.cat(blocks) if blocks else torch.zeros(0, walk_length, device=edge_index.device)
+    check_edge_index(edge_index, num_nodes)
+    check_edge_weight(edge_weight, edge_index.shape[1])
     w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
     adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
     adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
