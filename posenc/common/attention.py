@@ -51,6 +51,7 @@ class _Prepared:
     score_transform: kernels.ScoreTransform | None = None
     value_term: kernels.ValueTerm | None = None
     offset_table: Tensor | None = None
+    transform_inputs: tuple[Tensor, ...] = ()
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -85,6 +86,8 @@ def _prepare(
         prep.score_transform = score_transform
     if needs.prob_bias:
         prep.prob_bias = encoding.prob_bias(q_pos, kv_pos)
+    if needs.score_transform or needs.value_term:
+        prep.transform_inputs = tuple(encoding.math_parameters())
     if needs.value_term:
 
         def value_term(probs: Tensor, rows: slice, keys: slice) -> Tensor:
@@ -109,7 +112,8 @@ def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
     hq, tq = q.shape[1], q.shape[2]
     if plan.path == "math":
         return kernels.math_path(
-            q, k, v, mask, prep.bias, scale, prep.prob_bias, prep.value_term, prep.score_transform, plan.chunk_rows
+            q, k, v, mask, prep.bias, scale, prep.prob_bias, prep.value_term, prep.score_transform, plan.chunk_rows,
+            transform_inputs=prep.transform_inputs,
         )
     if plan.offset_values:
         out, lse = kernels.dense_path(q, k, v, mask, prep.bias, scale, plan.chunk_rows, return_lse=True)

@@ -135,6 +135,14 @@ class PositionEncoding(nn.Module):
         """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]``."""
         raise TypeError(f"{type(self).__name__} has no value term")
 
+    def math_parameters(self) -> tuple[Tensor, ...]:
+        """The tensors :meth:`transform_scores` and :meth:`value_term` read directly that may need
+        a gradient (the math path differentiates each chunk against them). Default: every
+        parameter. An encoding whose score bias is built from some of its parameters must leave
+        those out (Shaw: only the value table), or their gradient would be counted twice: the
+        bias's ``learned`` tensors already carry it."""
+        return tuple(self.parameters())
+
     def offset_values(self) -> Tensor | None:
         """Optional fast form of :meth:`value_term`: a table ``W [2K + 1, Dv]`` such that the
         value term is ``sum_j P_ij W[clip(pos_j - pos_i, -K, K) + K]`` (Shaw). None (the

@@ -11,9 +11,12 @@
 ``flex``   FlexAttention with the bias as ``score_mod`` and the mask as a ``BlockMask``
            (compiled on CUDA; eager elsewhere, forward only on CPU).
 ``math``   explicit ``softmax(QK^T * scale + bias) V``, row chunk by row chunk, each chunk
-           recomputed in the backward pass (activation checkpointing): the only path that exposes
+           recomputed and differentiated alone in the backward pass: the only path that exposes
            the scores and probabilities, for encodings with a score transform or a value term,
            and still no ``T x T`` tensor alive at once.
+
+The chunks of ``dense`` (on CPU) and ``math`` run on a pool of single-threaded workers
+(:mod:`.chunk_pool`), so that a busy core elsewhere does not stall every small operation.
 
 Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
 Shapes: ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]``; a ``block`` is a bias or mask over
@@ -29,7 +32,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from . import chunk_pool
 from .masks import AttentionMask
@@ -424,12 +426,95 @@ ScoreTransform = Callable[[Tensor, Tensor, Tensor, slice, slice, "Tensor | None"
 ValueTerm = Callable[[Tensor, slice, slice], Tensor]
 
 
-def _checkpointed(fn: Callable[..., Tensor], *args) -> Tensor:
-    """``fn(*args)``; when a gradient is wanted, its intermediates are dropped and recomputed in
-    the backward pass, so a chunk's ``[B, H, rows, keys]`` tensors never outlive it."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)
+class _RowChunks(torch.autograd.Function):
+    """``rows_fn(s, e, kv_end, rows, keys) -> [B, H, e - s, Dout]`` for each chunk of query rows,
+    concatenated, with the chunks on the worker pool in both passes and nothing but the inputs
+    kept between them: each chunk is recomputed in the backward pass and differentiated alone.
+
+    Inputs: ``n_rows`` tensors sliced to the chunk's rows (``[..., s:e, :]``), ``n_keys`` tensors
+    sliced to its visible keys (``[..., :kv_end, :]``), then ``others``: the tensors ``rows_fn``
+    reads by closure that may need a gradient (a bias's ``learned``, an encoding's parameters).
+    They must not depend on one another, or a gradient would be counted twice. Gradients are
+    added up in chunk order (bitwise reproducible)."""
+
+    @staticmethod
+    def forward(ctx, rows_fn, chunks, n_rows, n_keys, *tensors):
+        ctx.set_materialize_grads(False)
+        rows_in, keys_in = tensors[:n_rows], tensors[n_rows : n_rows + n_keys]
+
+        def run(chunk):
+            s, e, kv_end = chunk
+            return rows_fn(s, e, kv_end, [t[:, :, s:e] for t in rows_in], [t[:, :, :kv_end] for t in keys_in])
+
+        parts = list(chunk_pool.ordered_map(run, chunks))
+        ctx.rows_fn, ctx.chunks, ctx.n_rows, ctx.n_keys = rows_fn, chunks, n_rows, n_keys
+        ctx.others = tensors[n_rows + n_keys :]  # the captured objects themselves: autograd.grad targets
+        ctx.save_for_backward(*tensors[: n_rows + n_keys])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if grad_out is None:
+            return (None,) * (4 + ctx.n_rows + ctx.n_keys + len(ctx.others))
+        saved = ctx.saved_tensors
+        rows_in, keys_in = saved[: ctx.n_rows], saved[ctx.n_rows :]
+        needs = ctx.needs_input_grad[4:]
+        others = ctx.others
+
+        def run(chunk):
+            s, e, kv_end = chunk
+            with torch.enable_grad():
+                rows = [t[:, :, s:e].detach().requires_grad_(need) for t, need in zip(rows_in, needs)]
+                keys = [t[:, :, :kv_end].detach().requires_grad_(need) for t, need in zip(keys_in, needs[ctx.n_rows :])]
+                out = ctx.rows_fn(s, e, kv_end, rows, keys)
+                targets = [t for t in (*rows, *keys) if t.requires_grad]
+                targets += [t for t, need in zip(others, needs[ctx.n_rows + ctx.n_keys :]) if need]
+                if not targets or not out.requires_grad:
+                    return s, e, kv_end, [None] * (len(rows) + len(keys) + len(others))
+                found = iter(torch.autograd.grad(out, targets, grad_out[:, :, s:e], allow_unused=True))
+            grads = [next(found) if t.requires_grad else None for t in (*rows, *keys)]
+            grads += [next(found) if need else None for need in needs[ctx.n_rows + ctx.n_keys :]]
+            return s, e, kv_end, grads
+
+        total: list[Tensor | None] = [None] * len(needs)
+        for s, e, kv_end, grads in chunk_pool.ordered_map(run, ctx.chunks):
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                if i < ctx.n_rows + ctx.n_keys:
+                    source = saved[i]
+                    if total[i] is None:
+                        total[i] = torch.zeros_like(source)
+                    if i < ctx.n_rows:
+                        total[i][:, :, s:e] = g
+                    else:
+                        total[i][:, :, :kv_end] += g
+                else:
+                    total[i] = g if total[i] is None else total[i] + g
+        return (None, None, None, None, *total)
+
+
+def _row_chunked(rows_fn, chunks, rows_in: list[Tensor], keys_in: list[Tensor], others: list[Tensor]) -> Tensor:
+    """:class:`_RowChunks`, or, while ``torch.compile`` traces (which plans memory itself), the
+    same chunks as plain differentiable operations."""
+    if torch.compiler.is_compiling():
+        parts = [
+            rows_fn(s, e, kv_end, [t[:, :, s:e] for t in rows_in], [t[:, :, :kv_end] for t in keys_in])
+            for s, e, kv_end in chunks
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    return _RowChunks.apply(rows_fn, chunks, len(rows_in), len(keys_in), *rows_in, *keys_in, *others)
+
+
+def _frontier(*groups) -> list[Tensor]:
+    """The tensors of ``groups`` that may need a gradient, each once."""
+    seen, out = set(), []
+    for group in groups:
+        for t in group:
+            if isinstance(t, Tensor) and t.requires_grad and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
 
 
 def math_path(
@@ -443,6 +528,7 @@ def math_path(
     value_term: ValueTerm | None = None,
     score_transform: ScoreTransform | None = None,
     chunk: int | None = None,
+    transform_inputs: tuple[Tensor, ...] = (),
 ) -> Tensor:
     """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
     ``out = (P + prob_bias) V + value_term(P)``, ``chunk`` query rows at a time (default: the
@@ -452,13 +538,15 @@ def math_path(
     ``[B, H, rows, keys]`` of query rows ``rows`` (a slice) and keys ``keys`` at every pair; the
     mask is applied to its result. ``value_term(probs, rows, keys)`` -> ``[B, H, rows, Dv]``. With
     a causal mask a chunk's keys stop at its last visible key (the rest are masked anyway).
+    ``transform_inputs``: the tensors ``score_transform`` and ``value_term`` read that may need a
+    gradient (the encoding's :meth:`~posenc.common.encoding.PositionEncoding.math_parameters`).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     # Compact once: q, k, v usually arrive as transposed views of the projections, and every
     # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
-    q = q.to(work).contiguous()
+    q = q.to(work).contiguous()  # [B, Hq, Tq, D]
     k, v = _repeat_kv(k.to(work), groups).contiguous(), _repeat_kv(v.to(work), groups).contiguous()  # [B, Hq, Tk, D]
     b, h, tq, _ = q.shape
     tk = k.shape[2]
@@ -466,9 +554,9 @@ def math_path(
     if chunk is None:
         chunk = chunk_rows(b, h, tk, tq)
 
-    def rows_out(q_rows: Tensor, k: Tensor, v: Tensor, s: int, e: int, kv_end: int) -> Tensor:
+    def rows_out(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
+        (q_rows,), (k, v) = rows, keys  # [B, H, rows, D], [B, H, kv_end, D] x2
         q_idx, kv_idx = idx[s:e], idx[:kv_end]
-        k, v = k[:, :, :kv_end], v[:, :, :kv_end]
         scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
         if bias is not None:
             scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
@@ -490,17 +578,18 @@ def math_path(
         return out.to(dtype)
 
     causal = mask is not None and mask.causal
-    parts = [
-        _checkpointed(rows_out, q[:, :, s:e], k, v, s, e, kv_end) for s, e, kv_end in _row_chunks(tq, tk, chunk, causal)
-    ]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    chunks = list(_row_chunks(tq, tk, chunk, causal))
+    others = _frontier(
+        bias.learned if bias is not None else (), prob_bias.learned if prob_bias is not None else (), transform_inputs
+    )
+    return _row_chunked(rows_out, chunks, [q], [k, v], others)
 
 
 def prob_bias_term(
     v: Tensor, heads: int, mask: AttentionMask | None, prob_bias: PairwiseBias, q_len: int, chunk: int | None = None
 ) -> Tensor:
     """``(B ⊙ allowed) V`` for an after-softmax bias, added to a fused kernel's ``A V``, ``chunk``
-    query rows at a time (each recomputed in the backward pass).
+    query rows at a time (each recomputed and differentiated alone in the backward pass).
     ``v [B, Hkv, Tk, D]`` -> ``[B, heads, q_len, D]``."""
     v = _repeat_kv(v, heads // v.shape[1])  # [B, H, Tk, D]
     b, _, tk, d = v.shape
@@ -508,9 +597,9 @@ def prob_bias_term(
     if chunk is None:
         chunk = chunk_rows(1 if not (prob_bias.per_batch or (mask is not None and mask.per_batch)) else b, heads, tk, q_len)
 
-    def rows_term(v: Tensor, s: int, e: int, kv_end: int) -> Tensor:
+    def rows_term(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
+        (v,) = keys  # [B, H, kv_end, D]
         q_idx, kv_idx = idx[s:e], idx[:kv_end]
-        v = v[:, :, :kv_end]
         extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)  # [B or 1, H, rows, keys]
         allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, tk)
         if allowed is not None:
@@ -523,5 +612,5 @@ def prob_bias_term(
         return torch.matmul(extra, v)
 
     causal = mask is not None and mask.causal
-    parts = [_checkpointed(rows_term, v, s, e, kv_end) for s, e, kv_end in _row_chunks(q_len, tk, chunk, causal)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    chunks = list(_row_chunks(q_len, tk, chunk, causal))
+    return _row_chunked(rows_term, chunks, [], [v], _frontier(prob_bias.learned))

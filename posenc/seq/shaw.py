@@ -93,6 +93,10 @@ class ShawRelative(PositionEncoding):
 
         return PairwiseBias(bias, per_batch=True, learned=(table,), name="ShawRelative keys")
 
+    def math_parameters(self) -> tuple[Tensor, ...]:
+        """Only ``aV``: the key table reaches the scores through the bias's ``learned`` table."""
+        return () if self.value_table is None else (self.value_table,)
+
     def offset_values(self) -> Tensor | None:
         """``aV``: the value term is ``sum_j a_ij aV[clip(j - i, -k, k) + k]``."""
         return self.value_table

@@ -66,6 +66,9 @@ class PatchTokensOnly(PositionEncoding):
     def has_prob_bias(self) -> bool:
         return self.inner.has_prob_bias
 
+    def math_parameters(self):
+        return self.inner.math_parameters()
+
     def _check(self, length: int) -> None:
         if length < self.num_prefix_tokens:
             raise ValueError(f"got {length} tokens; this encoding skips {self.num_prefix_tokens} prefix tokens")
