@@ -5,9 +5,11 @@
 all heads (as in the paper). ``i, j`` are the query and key positions.
 
 Key term: a content-dependent bias. Per call the table ``q @ aK^T / sqrt(d)`` ``[B, H, Tq, 2k+1]``
-is built once and gathered by the clipped offset inside the pairwise function (no
-``[B, H, Tq, Tk]`` tensor of it); it is listed as ``learned`` so the chunked dense path's backward
-gives its gradient (and through it those of ``q`` and ``aK``).
+is built once; a block of query rows takes its rows and gathers them by the clipped offset (no
+``[B, H, Tq, Tk]`` tensor of it). It is read through a
+:class:`~posenc.common.pairwise.SharedGradTable`, whose handle is listed as ``learned``, so the
+chunked backward adds every chunk's gradient into one buffer (and through it reaches ``q`` and
+``aK``).
 
 Value term (``values=True``): ``sum_j a_ij aV[c(i, j)] = sum_r M_ir aV[r]``, where ``M_ir`` is the
 probability mass of query ``i`` on keys at clipped offset ``r``.
@@ -34,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
 
 
@@ -85,13 +87,17 @@ class ShawRelative(PositionEncoding):
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
         table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]
+        rows_of = SharedGradTable(table)  # a chunk's rows, with one gradient buffer for all chunks
         kmax = self.max_relative
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             slot = (take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx)).clamp(-kmax, kmax) + kmax
-            return table[b, h, q_idx, slot]
+            if is_dense_block(b, h, q_idx, kv_idx):
+                rows = rows_of.rows(q_idx)  # [B, H, rows, 2k+1]
+                return rows.gather(-1, slot.expand(rows.shape[0], rows.shape[1], -1, -1))
+            return table[b, h, q_idx, slot]  # scalar indices (FlexAttention's score_mod)
 
-        return PairwiseBias(bias, per_batch=True, learned=(table,), name="ShawRelative keys")
+        return PairwiseBias(bias, per_batch=True, learned=rows_of.learned, name="ShawRelative keys")
 
     def math_parameters(self) -> tuple[Tensor, ...]:
         """Only ``aV``: the key table reaches the scores through the bias's ``learned`` table."""
