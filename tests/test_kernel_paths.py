@@ -277,6 +277,16 @@ def test_sinusoidal_input_hook_on_every_path_matches_reference(backend):
     torch.testing.assert_close(out, stack.norm(h), rtol=1e-9, atol=1e-9)
 
 
+def _mask_on(case: Case, device: torch.device) -> posenc.AttentionMask:
+    mask = case.mask()
+    return posenc.AttentionMask(
+        causal=mask.causal, window=mask.window,
+        key_valid=None if mask.key_valid is None else mask.key_valid.to(device),
+        q_segments=None if mask.q_segments is None else mask.q_segments.to(device),
+        kv_segments=None if mask.kv_segments is None else mask.kv_segments.to(device),
+    )
+
+
 # Collected only where CUDA exists (scripts/gpu_checks.sh runs them on the device machine).
 CUDA_PARAMS = PARAMS if torch.cuda.is_available() else []
 
@@ -297,13 +307,7 @@ def test_cuda_path_matches_float64_reference(kind, backend, case):
     want = torch.autograd.grad(expected, leaves, grad)
     enc_dev = None if enc is None else enc.float().to(dev)
     qc, kc, vc = (t.float().to(dev).requires_grad_() for t in (q, k, v))
-    mask = case.mask()
-    mask = posenc.AttentionMask(
-        causal=mask.causal, window=mask.window,
-        key_valid=None if mask.key_valid is None else mask.key_valid.to(dev),
-        q_segments=None if mask.q_segments is None else mask.q_segments.to(dev),
-        kv_segments=None if mask.kv_segments is None else mask.kv_segments.to(dev),
-    )
+    mask = _mask_on(case, dev)
     out = attend(qc, kc, vc, q_pos=q_pos.to(dev), kv_pos=kv_pos.to(dev), encoding=enc_dev, mask=mask, backend=backend)
     torch.testing.assert_close(out.double().cpu(), expected.detach(), rtol=2e-3, atol=2e-3)
     got = torch.autograd.grad(out, [qc, kc, vc], grad.float().to(dev))
@@ -503,13 +507,7 @@ def test_cuda_relative_encoding_path_matches_float64_reference(kind, backend, ca
     want = torch.autograd.grad(expected, params, grad, allow_unused=True)
     enc_dev = enc.float().to(dev)
     qc, kc, vc = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v))
-    mask = case.mask()
-    mask = posenc.AttentionMask(
-        causal=mask.causal, window=mask.window,
-        key_valid=None if mask.key_valid is None else mask.key_valid.to(dev),
-        q_segments=None if mask.q_segments is None else mask.q_segments.to(dev),
-        kv_segments=None if mask.kv_segments is None else mask.kv_segments.to(dev),
-    )
+    mask = _mask_on(case, dev)
     if kind == "shaw" and backend == "dense" and not kernels.contiguous_causal(
         case.mask(), q_pos, kv_pos, case.q_len, case.kv_len
     ):
