@@ -3,6 +3,7 @@ PyG's transforms and the definitions, invariances, batched == per graph, sparse 
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -388,6 +389,20 @@ def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
             items = [lambda i=i: (i, torch.get_num_threads()) for i in range(7)]
             assert _threads.run_items(items, 3) == [(i, 1) for i in range(7)]
             assert _threads.run_items([], 3) == []
+            started = threading.Event()  # the two items run at once, on two threads
+
+            def first():
+                return started.wait(10), threading.current_thread().name
+
+            def second():
+                started.set()
+                return True, threading.current_thread().name
+
+            (ok, one), (_, two) = _threads.run_items([first, second], 2)
+            assert ok and one != two
+        assert _threads.run_items([lambda: threading.current_thread().name] * 4, 2) == [
+            threading.current_thread().name] * 4  # outside single_threaded: no helpers
+        with _threads.single_threaded(torch.device("cpu")) as count:
 
             def boom():
                 raise RuntimeError("item failed")
@@ -401,7 +416,7 @@ def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
         torch.set_num_threads(before)
 
 
-def test_blas_limit_is_restored_after_nested_and_concurrent_use():
+def test_blas_limit_is_set_by_the_main_thread_and_restored():
     from posenc.graph import _threads
 
     threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -414,14 +429,19 @@ def test_blas_limit_is_restored_after_nested_and_concurrent_use():
     seen = []
 
     def item():
-        with _threads.blas_single_threaded():
-            with _threads.blas_single_threaded():
-                seen.append(blas_threads())
+        with _threads.blas_single_threaded():  # nested; a no-op in a helper thread
+            seen.append(blas_threads())
 
-    with _threads.blas_single_threaded():  # set by the calling thread (OpenBLAS ignored new threads)
-        _threads.run_items([item] * 4, 2)
-    assert seen == [[1] * len(before)] * 4
-    _threads.run_items([item] * 4, 2)  # entered from the workers only
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with _threads.single_threaded(torch.device("cpu")) as count:
+            with _threads.blas_single_threaded():
+                _threads.run_items([item] * 4, count)
+            assert seen == [[1] * len(before)] * 4  # the main thread's limit holds in the helpers
+            _threads.run_items([item] * 4, count)
+    finally:
+        torch.set_num_threads(threads)
     assert blas_threads() == before and _threads._blas_users == 0
 
 

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
-from .edges import dense_adjacency_stack, require_undirected
-from ._threads import blas_single_threaded, positions_by_part, run_items, single_threaded
+from .edges import require_undirected
+from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
 
 Normalization = Literal["sym", "rw"] | None
 Method = Literal["auto", "dense", "sparse", "lobpcg"]
@@ -289,43 +289,19 @@ def laplacian_pe_batch(
         sizes = graph_sizes(batch, num_graphs)
         local = local_index(batch, sizes)
 
-        # Parts: ("sparse", graph) for a large graph, ("dense", size, graphs) for a chunk of the
-        # graphs of one size; every graph with nodes belongs to one.
-        parts: list[tuple] = []
-        part_of = [0] * num_graphs
-        by_size: dict[int, list[int]] = {}
-        for g, n in enumerate(sizes.tolist()):
-            if n == 0:
-                continue
-            sparse = method in ("sparse", "lobpcg") or (method == "auto" and n >= SPARSE_MIN_NODES)
-            if sparse and n > 3 * (k + 1):
-                part_of[g] = len(parts)
-                parts.append(("sparse", g))
-            else:
-                by_size.setdefault(n, []).append(g)
-        for n, graphs in sorted(by_size.items()):
-            per_chunk = max(1, CHUNK_ENTRIES // (n * n))
-            for c in range(0, len(graphs), per_chunk):
-                chunk = graphs[c : c + per_chunk]
-                for g in chunk:
-                    part_of[g] = len(parts)
-                parts.append(("dense", n, chunk))
+        def sparse(n: int) -> bool:
+            chosen = method in ("sparse", "lobpcg") or (method == "auto" and n >= SPARSE_MIN_NODES)
+            return chosen and n > 3 * (k + 1)
+
+        split = batch_parts(edge_index, batch, local, sizes.tolist(), sparse, lambda n: n, CHUNK_ENTRIES)
         vecs_out = torch.zeros(num_nodes, k, dtype=torch.float32, device=device)
         vals_out = torch.zeros(num_graphs, k, dtype=torch.float32, device=device)
-        if not parts:
-            return vecs_out, vals_out
-        graph_part = torch.tensor(part_of, dtype=torch.long, device=device)
-        edges_of = positions_by_part(graph_part[batch[edge_index[0]]], len(parts))
-        nodes_of = positions_by_part(graph_part[batch], len(parts))
 
-        def dense_part(n: int, ids: Tensor, edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
-            adj, slot = dense_adjacency_stack(
-                edge_index[:, edges], edge_weight[edges], batch, local, ids, n, num_graphs, dtype=torch.float64
-            )
-            vals, vecs = _dense_eigen(adj, k, normalization)
-            return vecs[slot[batch[nodes]], local[nodes]], vals
+        def dense_part(p: int) -> tuple[Tensor, Tensor]:
+            vals, vecs = _dense_eigen(split.dense_stack(p, edge_weight, torch.float64), k, normalization)
+            return vecs.reshape(-1, k)[split.node_flat[split.nodes[p]]], vals
 
-        def sparse_part(g: int, edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+        def sparse_part(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
             first = int(nodes[0])  # a graph's nodes are contiguous (sorted batch)
             vals, vecs = _sparse_eigen(
                 edge_index[:, edges] - first, edge_weight[edges], nodes.numel(), k, normalization, method
@@ -333,19 +309,18 @@ def laplacian_pe_batch(
             return vecs, vals[None]
 
         tasks: list[tuple[float, Tensor, Tensor, Callable]] = []  # (cost, nodes, graphs, compute)
-        for part, edges, nodes in zip(parts, edges_of, nodes_of):
+        for p, (part, edges, nodes) in enumerate(zip(split.parts, split.edges, split.nodes)):
             if part[0] == "dense":
                 _, n, graphs = part
                 ids = torch.tensor(graphs, dtype=torch.long, device=device)
-                tasks.append((len(graphs) * float(n) ** 3, nodes, ids, partial(dense_part, n, ids, edges, nodes)))
+                tasks.append((len(graphs) * float(n) ** 3, nodes, ids, partial(dense_part, p)))
             else:
-                g = part[1]
                 cost = float(nodes.numel()) * (edges.numel() + nodes.numel()) * (k + 1)
-                ids = torch.tensor([g], dtype=torch.long, device=device)
-                tasks.append((cost, nodes, ids, partial(sparse_part, g, edges, nodes)))
+                ids = torch.tensor([part[1]], dtype=torch.long, device=device)
+                tasks.append((cost, nodes, ids, partial(sparse_part, edges, nodes)))
         tasks.sort(key=lambda task: -task[0])  # the largest first: the threads end together
-        # The BLAS limit for eigsh is set here: OpenBLAS did not take one set from a worker thread.
-        eigsh_parts = device.type == "cpu" and method != "lobpcg" and any(p[0] == "sparse" for p in parts)
+        # The BLAS limit for eigsh is set here, in the calling thread (_threads.blas_single_threaded).
+        eigsh_parts = device.type == "cpu" and method != "lobpcg" and any(p[0] == "sparse" for p in split.parts)
         with blas_single_threaded() if eigsh_parts else nullcontext():
             results = run_items([task[3] for task in tasks], count)
         for (_, nodes, ids, _), (vecs, vals) in zip(tasks, results):

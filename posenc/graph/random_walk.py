@@ -35,9 +35,9 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, dense_adjacency_stack
+from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph
 from .edges import graph_sizes, is_undirected, local_index
-from ._threads import positions_by_part, run_items, single_threaded
+from ._threads import batch_parts, run_items, single_threaded
 
 Method = Literal["auto", "dense", "sparse"]
 
@@ -283,46 +283,22 @@ def random_walk_se_batch(
         local = local_index(batch, sizes)
         symmetric = is_undirected(edge_index, num_nodes, edge_weight)  # once for the whole batch
 
-        # Parts: ("sparse", graph) for a large graph, ("dense", padded size, graphs) for a chunk of
-        # a size bucket; every graph with nodes belongs to one.
-        size_list = sizes.tolist()
-        parts: list[tuple] = []
-        part_of = [0] * num_graphs
-        buckets: dict[int, list[int]] = {}
-        for g, n in enumerate(size_list):
-            if n == 0:
-                continue
-            if method == "sparse" or (method == "auto" and n >= SPARSE_MIN_NODES):
-                part_of[g] = len(parts)
-                parts.append(("sparse", g))
-            else:
-                buckets.setdefault(-(-n // SIZE_BUCKET) * SIZE_BUCKET, []).append(g)
-        for size, graphs in sorted(buckets.items()):
-            per_chunk = max(1, CHUNK_ENTRIES // (size * size))
-            for c in range(0, len(graphs), per_chunk):
-                chunk = graphs[c : c + per_chunk]
-                for g in chunk:
-                    part_of[g] = len(parts)
-                parts.append(("dense", size, chunk))
+        sparse = (lambda n: True) if method == "sparse" else (lambda n: method == "auto" and n >= SPARSE_MIN_NODES)
+        split = batch_parts(
+            edge_index, batch, local, sizes.tolist(), sparse, lambda n: -(-n // SIZE_BUCKET) * SIZE_BUCKET,
+            CHUNK_ENTRIES,
+        )
         out = torch.zeros(num_nodes, walk_length, device=device)
-        if not parts:
-            return out
-        graph_part = torch.tensor(part_of, dtype=torch.long, device=device)
-        edges_of = positions_by_part(graph_part[batch[edge_index[0]]], len(parts))
-        nodes_of = positions_by_part(graph_part[batch], len(parts))
 
-        def dense_part(size: int, graphs: list[int], edges: Tensor, nodes: Tensor) -> Tensor:
-            ids = torch.tensor(graphs, dtype=torch.long, device=device)
-            adj, slot = dense_adjacency_stack(edge_index[:, edges], w[edges], batch, local, ids, size, num_graphs)
-            pe = _dense_rwse(adj, walk_length, symmetric)
-            return pe[slot[batch[nodes]], local[nodes]]
+        def dense_part(p: int) -> Tensor:
+            pe = _dense_rwse(split.dense_stack(p, w, torch.float32), walk_length, symmetric)
+            return pe.reshape(-1, walk_length)[split.node_flat[split.nodes[p]]]
 
         tasks: list[tuple[float, Tensor | slice, Callable[[], Tensor]]] = []  # (cost, nodes, compute)
-        for part, edges, nodes in zip(parts, edges_of, nodes_of):
+        for p, (part, edges, nodes) in enumerate(zip(split.parts, split.edges, split.nodes)):
             if part[0] == "dense":
                 _, size, graphs = part
-                cost = len(graphs) * float(size) ** 3
-                tasks.append((cost, nodes, partial(dense_part, size, graphs, edges, nodes)))
+                tasks.append((len(graphs) * float(size) ** 3, nodes, partial(dense_part, p)))
                 continue
             first, n = int(nodes[0]), nodes.numel()  # a graph's nodes are contiguous (sorted batch)
             for s, t, fn in _sparse_items(
