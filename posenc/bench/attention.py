@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common import chunk_pool
 from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
@@ -481,6 +482,12 @@ def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
     for row in rows:
         if row.ms is not None and base:
             row.ratio = row.ms / base
+    if device.type == "cpu":
+        notes.append(
+            "CPU peak memory is measured with each chunked path's chunks on the calling thread (the profiler sees "
+            f"only that one); run on the {chunk_pool.workers()} workers, up to one chunk's working set per worker "
+            "is alive at once"
+        )
     if not base:
         notes.append(f"the baseline row failed ({by_name[BASELINE].error}); no ratios")
     return BenchResult(_config_json(config, device), rows, notes)

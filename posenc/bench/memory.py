@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..common import chunk_pool
+
 MB = 1024 * 1024
 
 
@@ -161,7 +163,10 @@ def peak_memory_bytes(step: Callable[[], object], device: torch.device | str) ->
     """Run ``step()`` once and return the peak bytes it allocated above what was allocated before it.
 
     On CUDA: ``max_memory_allocated`` after a peak reset, minus ``memory_allocated`` before.
-    On CPU: :class:`CPUPeakMemory`. Other devices are a ValueError.
+    On CPU: :class:`CPUPeakMemory`, with the chunks of the chunked kernel paths run on the calling
+    thread (:func:`posenc.common.chunk_pool.inline`): the profiler sees no other thread. With the
+    worker pool, up to one chunk's working set per worker is alive at once instead of one in all.
+    Other devices are a ValueError.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -172,7 +177,8 @@ def peak_memory_bytes(step: Callable[[], object], device: torch.device | str) ->
         torch.cuda.synchronize(device)
         return max(0, torch.cuda.max_memory_allocated(device) - before)
     if device.type == "cpu":
-        with CPUPeakMemory() as mem:
+        # The profiler only sees the calling thread: run the chunked paths' chunks there too.
+        with chunk_pool.inline(), CPUPeakMemory() as mem:
             step()
         assert mem.peak_bytes is not None
         return mem.peak_bytes

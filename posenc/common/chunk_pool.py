@@ -18,6 +18,7 @@ the items run inline on the calling thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import threading
@@ -77,9 +78,20 @@ def _get_pool(size: int) -> _Pool:
 
 def workers() -> int:
     """How many workers :func:`ordered_map` would use now (1: inline)."""
-    if getattr(_local, "in_worker", False) or torch.compiler.is_compiling():
+    if getattr(_local, "in_worker", False) or getattr(_local, "inline", 0) or torch.compiler.is_compiling():
         return 1
     return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def inline() -> Iterator[None]:
+    """Run every chunk on the calling thread inside the block (for tools that only see that
+    thread, such as the profiler-based CPU memory tracker of ``posenc bench``)."""
+    _local.inline = getattr(_local, "inline", 0) + 1
+    try:
+        yield
+    finally:
+        _local.inline -= 1
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
