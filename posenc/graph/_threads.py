@@ -34,35 +34,46 @@ import torch
 
 T = TypeVar("T")
 
+#: A single graph with fewer nodes runs its dense path on one intra-op thread: its operations are
+#: too small for threads to pay (2 cores, quiet: equal times below 64 nodes, threads ahead above),
+#: and MKL's threaded small products and eigensolvers stall under load (per molecule, another
+#: session's busy process: 2.5 ms per 20 x 20 product).
+SMALL_GRAPH_NODES = 64
+
 _call_lock = threading.RLock()  # one call at a time changes torch's thread count
 _pool_lock = threading.Lock()
 _pool_jobs: queue.SimpleQueue | None = None
 _pool_size = 0
 
 
-def workers(device: torch.device) -> int:
-    """Threads to spread items over: torch's intra-op thread count on CPU, 1 elsewhere (an
-    accelerator runs the operations asynchronously anyway)."""
-    return torch.get_num_threads() if device.type == "cpu" else 1
+class single_threaded:
+    """``with single_threaded(device) as count:`` runs the body with one intra-op thread on CPU and
+    gives the number of threads for :func:`run_items` (torch's count before; 1 on an accelerator,
+    whose operations run asynchronously anyway). torch's setting is process-wide: it is restored
+    at the end, and other threads' calls wait meanwhile. (A class: entered once per small graph,
+    it must cost little.)"""
 
+    __slots__ = ("_device", "_count")
 
-@contextmanager
-def single_threaded(device: torch.device) -> Iterator[int]:
-    """Run the body with one intra-op thread on CPU (torch's setting is process-wide; restored at
-    the end, and other calls wait meanwhile); yields the number of threads for :func:`run_items`."""
-    if workers(device) == 1:
-        yield 1
-        return
-    with _call_lock:
-        count = torch.get_num_threads()
-        if count == 1:  # another thread's call set it meanwhile (re-entry): run on this one
-            yield 1
-            return
+    def __init__(self, device: torch.device) -> None:
+        self._device, self._count = device, 1
+
+    def __enter__(self) -> int:
+        if self._device.type != "cpu":
+            return 1
+        count = torch.get_num_threads()  # this thread's count: 1 inside a call of its own already
+        if count == 1:
+            return 1
+        _call_lock.acquire()
         torch.set_num_threads(1)
-        try:
-            yield count
-        finally:
-            torch.set_num_threads(count)
+        self._count = count
+        return count
+
+    def __exit__(self, *exc) -> None:
+        if self._count > 1:
+            torch.set_num_threads(self._count)
+            self._count = 1
+            _call_lock.release()
 
 
 def _helper_loop(jobs: queue.SimpleQueue) -> None:

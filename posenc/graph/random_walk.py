@@ -29,6 +29,7 @@ multi-threaded operations stall on a machine where another process holds a core)
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Literal
 
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph
 from .edges import graph_sizes, is_undirected, local_index
-from ._threads import batch_parts, run_items, single_threaded
+from ._threads import SMALL_GRAPH_NODES, batch_parts, run_items, single_threaded
 
 Method = Literal["auto", "dense", "sparse"]
 
@@ -243,12 +244,14 @@ def random_walk_se(
             items = _sparse_items(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
             blocks = run_items([fn for _, _, fn in items], count)
         return torch.cat(blocks) if blocks else torch.zeros(0, walk_length, device=edge_index.device)
-    check_edge_index(edge_index, num_nodes)
-    check_edge_weight(edge_weight, edge_index.shape[1])
-    w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
-    adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
-    adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
-    return _dense_rwse(adj, walk_length, symmetric=False)  # one graph: the symmetry check would cost more
+    # A small graph: operations too small for threads (_threads.SMALL_GRAPH_NODES).
+    with single_threaded(edge_index.device) if valid and num_nodes < SMALL_GRAPH_NODES else nullcontext():
+        check_edge_index(edge_index, num_nodes)
+        check_edge_weight(edge_weight, edge_index.shape[1])
+        w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
+        adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
+        adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
+        return _dense_rwse(adj, walk_length, symmetric=False)  # one graph: the symmetry check would cost more
 
 
 def random_walk_se_batch(
