@@ -386,6 +386,9 @@ def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
         torch.set_num_threads(2)
         with _threads.single_threaded(torch.device("cpu")) as count:
             assert count == 2 and torch.get_num_threads() == 1
+            with _threads.single_threaded(torch.device("cpu")) as inner:  # nested: stays at one
+                assert inner == 1
+            assert torch.get_num_threads() == 1
             items = [lambda i=i: (i, torch.get_num_threads()) for i in range(7)]
             assert _threads.run_items(items, 3) == [(i, 1) for i in range(7)]
             assert _threads.run_items([], 3) == []
@@ -471,3 +474,57 @@ def test_batched_and_blocked_paths_do_not_depend_on_the_thread_count():
         torch.set_num_threads(before)
     for one, many in zip(*outs):
         assert torch.equal(one, many)
+
+
+def test_rwse_row_blocks_of_a_mid_size_graph_equal_one_piece():
+    from posenc.graph.random_walk import ROW_BLOCK_MIN_NODES
+
+    n, k = ROW_BLOCK_MIN_NODES + 9, 9
+    e = random_graph(n, 3 * n, seed=7)
+    small = random_graph(10, 20, seed=8) + n
+    batch = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(10, dtype=torch.long)])
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):  # one piece (M = P), then row blocks of M = D^-1/2 A D^-1/2
+            torch.set_num_threads(threads)
+            outs.append((random_walk_se(e, n, k, method="dense"), random_walk_se_batch(torch.cat([e, small], 1), batch, k)))
+    finally:
+        torch.set_num_threads(before)
+    (one, one_b), (rows, rows_b) = outs
+    torch.testing.assert_close(rows, one, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rows_b, one_b, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rows, pyg_rwse(e, n, k), atol=1e-6, rtol=1e-5)
+
+
+def test_concurrent_batched_calls_restore_the_thread_count():
+    sizes = [12, 30, 7, 30, 19]
+    edges, offset = [], 0
+    for i, n in enumerate(sizes):
+        edges.append(random_graph(n, 2 * n, seed=80 + i) + offset)
+        offset += n
+    e = torch.cat(edges, 1)
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    expected = random_walk_se_batch(e, batch, 8)
+    before = torch.get_num_threads()
+    results, counts = [], []
+
+    def call():
+        for _ in range(5):
+            results.append(random_walk_se_batch(e, batch, 8))
+            laplacian_pe_batch(e, batch, 3)
+        counts.append(torch.get_num_threads())
+
+    try:
+        torch.set_num_threads(2)
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        call()
+        for t in threads:
+            t.join()
+        assert torch.get_num_threads() == 2
+        assert len(counts) == 4 and len(results) == 20
+        assert all(torch.equal(r, expected) for r in results)
+    finally:
+        torch.set_num_threads(before)

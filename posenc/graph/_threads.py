@@ -34,12 +34,6 @@ import torch
 
 T = TypeVar("T")
 
-#: A single graph with fewer nodes runs its dense path on one intra-op thread: its operations are
-#: too small for threads to pay (2 cores, quiet: equal times below 64 nodes, threads ahead above),
-#: and MKL's threaded small products and eigensolvers stall under load (per molecule, another
-#: session's busy process: 2.5 ms per 20 x 20 product).
-SMALL_GRAPH_NODES = 64
-
 _call_lock = threading.RLock()  # one call at a time changes torch's thread count
 _pool_lock = threading.Lock()
 _pool_jobs: queue.SimpleQueue | None = None

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
 from .edges import require_undirected
-from ._threads import SMALL_GRAPH_NODES, batch_parts, blas_single_threaded, run_items, single_threaded
+from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
 
 Normalization = Literal["sym", "rw"] | None
 Method = Literal["auto", "dense", "sparse", "lobpcg"]
@@ -240,10 +240,10 @@ def laplacian_pe(
     sparse = valid and num_nodes > 3 * (k + 1) and (
         method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
     )
-    # eigsh: single-threaded ARPACK, whose torch set-up (checks, sorts) gains nothing from threads;
-    # a small graph: operations too small for threads (_threads.SMALL_GRAPH_NODES).
-    serial = (sparse and method != "lobpcg") or (valid and num_nodes < SMALL_GRAPH_NODES)
-    with single_threaded(edge_index.device) if serial else nullcontext():
+    # On one intra-op thread (_threads): eigsh is single-threaded ARPACK, whose torch set-up gains
+    # nothing from threads; MKL's multi-threaded dense eigh gains at most 1.4x on a quiet machine
+    # (2 cores, 399 nodes) and stalls when another process holds a core (5 s instead of 16 ms).
+    with single_threaded(edge_index.device) if valid and not (sparse and method == "lobpcg") else nullcontext():
         edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
         if sparse:
             vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)

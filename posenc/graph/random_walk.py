@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph
 from .edges import graph_sizes, is_undirected, local_index
-from ._threads import SMALL_GRAPH_NODES, batch_parts, run_items, single_threaded
+from ._threads import batch_parts, run_items, single_threaded
 
 Method = Literal["auto", "dense", "sparse"]
 
@@ -54,6 +54,12 @@ SIZE_BUCKET = 8
 #: columns 3.6 s), with at least :data:`MIN_BLOCK` columns.
 BLOCK_BYTES = 2 << 20
 MIN_BLOCK = 32
+
+#: An undirected dense graph with at least this many nodes alone (one graph, or alone in its size
+#: bucket) is split into row blocks for the CPU threads; smaller ones run in one piece on one
+#: thread (2 cores, quiet: row blocks pay from about 192 nodes; 999 nodes: 0.11 s, one thread
+#: 0.22 s, MKL's two threads 0.12 s, which stall under load: 0.14 s for a 64-node graph).
+ROW_BLOCK_MIN_NODES = 192
 
 #: A size bucket of a batch is computed in chunks of at most this many adjacency entries
 #: (graphs x size^2, at least one graph): independent pieces of work for the threads.
@@ -79,19 +85,29 @@ def _transition_weights(edge_index: Tensor, num_nodes: int, edge_weight: Tensor 
     return w, deg.clamp(min=1.0)
 
 
-def _diag_of_products(powers: list[Tensor], walk_length: int, symmetric: bool) -> Tensor:
+def _diag_of_products(powers: list[Tensor], walk_length: int, symmetric: bool, offset: int = 0) -> Tensor:
     """``[..., n, K]`` with ``(M^k)_uu = sum_j (M^a)_uj (M^b)_ju``, ``a = k // 2``, ``b = k - a``,
     from ``powers[m - 1] = M^m``, ``m = 1 .. ceil(K/2)`` (a dense stack); for a symmetric ``M``
-    ``(M^b)_ju = (M^b)_uj`` needs no transpose."""
+    ``(M^b)_ju = (M^b)_uj`` needs no transpose. ``powers`` may be the rows ``offset ..`` of a
+    symmetric ``M``'s powers (:func:`_dense_rows`)."""
     out = []
     for k in range(1, walk_length + 1):
         a, b = k // 2, k - k // 2
         if a == 0:
-            out.append(torch.diagonal(powers[0], dim1=-2, dim2=-1))
+            out.append(torch.diagonal(powers[0], offset=offset, dim1=-2, dim2=-1))
         else:
             right = powers[b - 1] if symmetric else powers[b - 1].transpose(-1, -2)
             out.append((powers[a - 1] * right).sum(-1))
     return torch.stack(out, dim=-1)
+
+
+def _walk_matrix(adj: Tensor, symmetric: bool) -> Tensor:
+    """``M = D'^-1/2 A D'^-1/2`` (symmetric) or ``P = D'^-1 A`` from adjacency ``[..., n, n]``."""
+    deg = adj.sum(-1).clamp(min=1.0)
+    if symmetric:
+        inv = deg.rsqrt()
+        return inv.unsqueeze(-1) * adj * inv.unsqueeze(-2)
+    return adj / deg.unsqueeze(-1)
 
 
 def _dense_rwse(adj: Tensor, walk_length: int, symmetric: bool) -> Tensor:
@@ -99,16 +115,30 @@ def _dense_rwse(adj: Tensor, walk_length: int, symmetric: bool) -> Tensor:
     the powers ``M^1 .. M^ceil(K/2)`` by batched products, then each diagonal from two of them.
     ``M = D'^-1/2 A D'^-1/2`` for an undirected graph (symmetric, no transposes needed), else
     ``M = P``."""
-    deg = adj.sum(-1).clamp(min=1.0)
-    if symmetric:
-        inv = deg.rsqrt()
-        mat = inv.unsqueeze(-1) * adj * inv.unsqueeze(-2)
-    else:
-        mat = adj / deg.unsqueeze(-1)
+    mat = _walk_matrix(adj, symmetric)
     powers = [mat]
     for _ in range((walk_length + 1) // 2 - 1):
         powers.append(powers[-1] @ mat)
     return _diag_of_products(powers, walk_length, symmetric)
+
+
+def _dense_rows(mat: Tensor, start: int, end: int, walk_length: int) -> Tensor:
+    """RWSE ``[end - start, K]`` of the nodes ``start .. end`` of one graph from its symmetric
+    ``M [n, n]``: the rows ``start .. end`` of ``M^m`` by row-block products (independent of the
+    other rows), then the diagonals as in :func:`_dense_rwse`."""
+    rows = [mat[start:end]]
+    for _ in range((walk_length + 1) // 2 - 1):
+        rows.append(rows[-1] @ mat)
+    return _diag_of_products(rows, walk_length, True, offset=start)
+
+
+def _row_items(mat: Tensor, num_nodes: int, walk_length: int, count: int) -> list[tuple[int, int, Callable[[], Tensor]]]:
+    """One mid-size graph's dense RWSE (symmetric ``M``) as ``2 count`` row blocks of its first
+    ``num_nodes`` rows, ``(start, end, compute -> [end - start, K])``: work for ``count`` threads
+    instead of one multi-threaded product per power."""
+    pieces = min(num_nodes, 2 * count)
+    cuts = [num_nodes * i // pieces for i in range(pieces + 1)]
+    return [(s, t, partial(_dense_rows, mat, s, t, walk_length)) for s, t in zip(cuts[:-1], cuts[1:]) if t > s]
 
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
@@ -244,14 +274,19 @@ def random_walk_se(
             items = _sparse_items(edge_index, w, deg, num_nodes, walk_length, symmetric, block_size)
             blocks = run_items([fn for _, _, fn in items], count)
         return torch.cat(blocks) if blocks else torch.zeros(0, walk_length, device=edge_index.device)
-    # A small graph: operations too small for threads (_threads.SMALL_GRAPH_NODES).
-    with single_threaded(edge_index.device) if valid and num_nodes < SMALL_GRAPH_NODES else nullcontext():
+    # Dense, on one intra-op thread (_threads): in one piece, or in row blocks for the threads
+    # (ROW_BLOCK_MIN_NODES).
+    with single_threaded(edge_index.device) if valid else nullcontext(1) as count:
         check_edge_index(edge_index, num_nodes)
         check_edge_weight(edge_weight, edge_index.shape[1])
         w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
         adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
         adj.index_put_((edge_index[0], edge_index[1]), w, accumulate=True)
-        return _dense_rwse(adj, walk_length, symmetric=False)  # one graph: the symmetry check would cost more
+        if count > 1 and num_nodes >= ROW_BLOCK_MIN_NODES and torch.equal(adj, adj.T):
+            items = _row_items(_walk_matrix(adj, True), num_nodes, walk_length, count)
+            return torch.cat(run_items([fn for _, _, fn in items], count))
+        # A small or directed graph: M = P (for a small one a symmetry check would cost more).
+        return _dense_rwse(adj, walk_length, symmetric=False)
 
 
 def random_walk_se_batch(
@@ -302,6 +337,13 @@ def random_walk_se_batch(
         for p, (part, edges, nodes) in enumerate(zip(split.parts, split.edges, split.nodes)):
             if part[0] == "dense":
                 _, size, graphs = part
+                n, first = nodes.numel(), int(nodes[0])
+                if count > 1 and symmetric and len(graphs) == 1 and n >= ROW_BLOCK_MIN_NODES:
+                    # One mid-size graph alone: row blocks of it for the threads.
+                    mat = _walk_matrix(split.dense_stack(p, w, torch.float32)[0], True)
+                    for s, t, fn in _row_items(mat, n, walk_length, count):
+                        tasks.append(((t - s) * float(size) ** 2, slice(first + s, first + t), fn))
+                    continue
                 tasks.append((len(graphs) * float(size) ** 3, nodes, partial(dense_part, p)))
                 continue
             first, n = int(nodes[0]), nodes.numel()  # a graph's nodes are contiguous (sorted batch)
