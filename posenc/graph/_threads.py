@@ -89,15 +89,6 @@ def _helpers(count: int) -> queue.SimpleQueue:
         return _pool_jobs
 
 
-def _reset_after_fork() -> None:  # the child has none of the parent's threads
-    global _call_lock, _pool_lock, _pool_jobs, _pool_size
-    _call_lock, _pool_lock, _pool_jobs, _pool_size = threading.RLock(), threading.Lock(), None, 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
 def run_items(items: Sequence[Callable[[], T]], count: int) -> list[T]:
     """Results of the callables, in order, computed by ``count`` threads (the calling thread and
     ``count - 1`` pool helpers) that take the next unstarted item in turn. Helpers are used only
@@ -276,3 +267,13 @@ def blas_single_threaded() -> Iterator[None]:
             if _blas_users == 0 and _blas_limiter is not None:
                 _blas_limiter.restore_original_limits()
                 _blas_limiter = None
+
+
+def _reset_after_fork() -> None:  # the child has none of the parent's threads; no lock is held
+    global _call_lock, _pool_lock, _pool_jobs, _pool_size, _blas_lock, _blas_users, _blas_limiter
+    _call_lock, _pool_lock, _pool_jobs, _pool_size = threading.RLock(), threading.Lock(), None, 0
+    _blas_lock, _blas_users, _blas_limiter = threading.Lock(), 0, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
