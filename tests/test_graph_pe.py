@@ -413,6 +413,8 @@ def test_thread_helper_runs_items_in_order_on_one_intra_op_thread_each():
             with pytest.raises(RuntimeError, match="item failed"):
                 _threads.run_items([items[0], boom, items[1]], 2)
         assert torch.get_num_threads() == 2
+        with _threads.single_threaded(torch.device("cuda")) as count:  # an accelerator: unchanged
+            assert count == 1 and torch.get_num_threads() == 2
         key = torch.tensor([2, 0, 2, 1, 0])
         assert [p.tolist() for p in _threads.positions_by_part(key, 4)] == [[1, 4], [3], [0, 2], []]
     finally:
