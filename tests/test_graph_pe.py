@@ -45,6 +45,17 @@ def random_graph(n: int, m: int, seed: int, *, directed: bool = False, self_loop
     return torch.unique(e, dim=1)
 
 
+def random_batch(sizes: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Random graphs of the given sizes (graph ``i`` seeded ``seed + i``, ``2 n`` pairs each) as one
+    batch: the edge index with node offsets, the batch vector, and each graph's offset edges."""
+    edges, offset = [], 0
+    for i, n in enumerate(sizes):
+        edges.append(random_graph(n, 2 * n, seed=seed + i) + offset)
+        offset += n
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    return torch.cat(edges, 1), batch, edges
+
+
 def path_edges(n: int, offset: int = 0) -> torch.Tensor:
     a = torch.arange(offset, offset + n - 1)
     return torch.cat([torch.stack([a, a + 1]), torch.stack([a + 1, a])], 1)
@@ -179,12 +190,7 @@ def test_lap_pe_permutation_equivariant():
 def test_lap_pe_batched_equals_per_graph():
     sizes = [12, 5, 12, 1, 30, 3, 5]  # repeated sizes share one eigh; n = 1, 3 <= k padded
     k = 4
-    edges, offset = [], 0
-    for i, n in enumerate(sizes):
-        edges.append(random_graph(n, 2 * n, seed=i) + offset)
-        offset += n
-    e = torch.cat(edges, 1)
-    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    e, batch, edges = random_batch(sizes, seed=0)
     vecs, vals = laplacian_pe_batch(e, batch, k)
     assert vecs.shape == (sum(sizes), k) and vals.shape == (len(sizes), k)
     offset = 0
@@ -452,12 +458,7 @@ def test_blas_limit_is_set_by_the_main_thread_and_restored():
 
 def test_batched_and_blocked_paths_do_not_depend_on_the_thread_count():
     sizes, k = [30, 9, 16, 30, 3, 17, 9], 6
-    edges, offset = [], 0
-    for i, n in enumerate(sizes):
-        edges.append(random_graph(n, 2 * n, seed=60 + i) + offset)
-        offset += n
-    e = torch.cat(edges, 1)
-    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    e, batch, _ = random_batch(sizes, seed=60)
     big = random_graph(300, 900, seed=5)
     before = torch.get_num_threads()
     outs = []
@@ -501,12 +502,7 @@ def test_rwse_row_blocks_of_a_mid_size_graph_equal_one_piece():
 
 def test_concurrent_batched_calls_restore_the_thread_count():
     sizes = [12, 30, 7, 30, 19]
-    edges, offset = [], 0
-    for i, n in enumerate(sizes):
-        edges.append(random_graph(n, 2 * n, seed=80 + i) + offset)
-        offset += n
-    e = torch.cat(edges, 1)
-    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    e, batch, _ = random_batch(sizes, seed=80)
     expected = random_walk_se_batch(e, batch, 8)
     before = torch.get_num_threads()
     results, counts = [], []
