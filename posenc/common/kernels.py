@@ -426,6 +426,12 @@ ScoreTransform = Callable[[Tensor, Tensor, Tensor, slice, slice, "Tensor | None"
 ValueTerm = Callable[[Tensor, slice, slice], Tensor]
 
 
+def _call_rows(rows_fn, chunk: tuple[int, int, int], rows_in, keys_in) -> Tensor:
+    """``rows_fn`` on one chunk: the row inputs sliced to its rows, the key inputs to its keys."""
+    s, e, kv_end = chunk
+    return rows_fn(s, e, kv_end, [t[:, :, s:e] for t in rows_in], [t[:, :, :kv_end] for t in keys_in])
+
+
 class _RowChunks(torch.autograd.Function):
     """``rows_fn(s, e, kv_end, rows, keys) -> [B, H, e - s, Dout]`` for each chunk of query rows,
     concatenated, with the chunks on the worker pool in both passes and nothing but the inputs
@@ -441,12 +447,7 @@ class _RowChunks(torch.autograd.Function):
     def forward(ctx, rows_fn, chunks, n_rows, n_keys, *tensors):
         ctx.set_materialize_grads(False)
         rows_in, keys_in = tensors[:n_rows], tensors[n_rows : n_rows + n_keys]
-
-        def run(chunk):
-            s, e, kv_end = chunk
-            return rows_fn(s, e, kv_end, [t[:, :, s:e] for t in rows_in], [t[:, :, :kv_end] for t in keys_in])
-
-        parts = list(chunk_pool.ordered_map(run, chunks))
+        parts = list(chunk_pool.ordered_map(lambda chunk: _call_rows(rows_fn, chunk, rows_in, keys_in), chunks))
         ctx.rows_fn, ctx.chunks, ctx.n_rows, ctx.n_keys = rows_fn, chunks, n_rows, n_keys
         ctx.others = tensors[n_rows + n_keys :]  # the captured objects themselves: autograd.grad targets
         ctx.save_for_backward(*tensors[: n_rows + n_keys])
@@ -498,10 +499,7 @@ def _row_chunked(rows_fn, chunks, rows_in: list[Tensor], keys_in: list[Tensor], 
     """:class:`_RowChunks`, or, while ``torch.compile`` traces (which plans memory itself), the
     same chunks as plain differentiable operations."""
     if torch.compiler.is_compiling():
-        parts = [
-            rows_fn(s, e, kv_end, [t[:, :, s:e] for t in rows_in], [t[:, :, :kv_end] for t in keys_in])
-            for s, e, kv_end in chunks
-        ]
+        parts = [_call_rows(rows_fn, chunk, rows_in, keys_in) for chunk in chunks]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return _RowChunks.apply(rows_fn, chunks, len(rows_in), len(keys_in), *rows_in, *keys_in, *others)
 
