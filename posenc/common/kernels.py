@@ -244,6 +244,10 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
+        # Compact once: q, k, v usually arrive as transposed views of the projections, and each
+        # chunk's matmuls would otherwise copy its keys and values again (half the dense
+        # backward's memory traffic at T = 1024).
+        q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[7:]) if need]
         learned = [ctx.learned[i] for i in wanted]
