@@ -519,3 +519,18 @@ def test_cuda_relative_encoding_path_matches_float64_reference(kind, backend, ca
     for name, g, w in zip(names, got, want):
         assert g is not None and torch.isfinite(g).all(), name
         torch.testing.assert_close(g.double().cpu(), w, rtol=5e-3, atol=5e-3, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("table_heads", [3, 1])
+def test_rows_times_table_equals_the_broadcast_matmul_with_gradients(table_heads):
+    from posenc.common.pairwise import rows_times_table
+
+    gen = torch.Generator().manual_seed(3)
+    # rows as a chunk of a transposed view, the way the dense blocks read them
+    full = torch.randn(2, 7, 3, 5, generator=gen, dtype=torch.float64).transpose(1, 2)  # [B, H, T, d]
+    rows = full[:, :, 2:6].detach().requires_grad_()
+    table = torch.randn(table_heads, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = rows_times_table(rows, table)
+    assert out.shape == (2, 3, 4, 4)
+    torch.testing.assert_close(out, torch.matmul(rows, table), rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(rows_times_table, (rows, table))

@@ -41,6 +41,19 @@ def is_dense_block(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> bool:
     )
 
 
+def rows_times_table(rows: Tensor, table: Tensor) -> Tensor:
+    """``rows [B, H, r, d] @ table [H or 1, d, R]`` -> ``[B, H, r, R]`` (a view of a
+    ``[H, B, r, R]`` tensor): one matmul per head over all the batch's rows. A plain broadcast
+    matmul would copy the table once per batch element in the forward pass and sum that many
+    gradients in the backward pass, for every block of rows."""
+    b, h, r, d = rows.shape
+    if table.shape[0] == 1 and h > 1:
+        out = torch.matmul(rows.reshape(1, b * h * r, d), table)  # [1, B*H*r, R]
+        return out.view(b, h, r, -1)
+    out = torch.matmul(rows.transpose(0, 1).reshape(h, b * r, d), table)  # [H, B*r, R]
+    return out.view(h, b, r, -1).transpose(0, 1)
+
+
 def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     """``table[b, idx]`` for a ``[B or 1, T, ...]`` tensor (positions, segment ids, key validity),
     where a batch of one serves every ``b``. Works densely and inside FlexAttention."""

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import SharedGradTable, PairwiseBias, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
 
 
@@ -122,8 +122,8 @@ class DeBERTa(PositionEncoding):
         d = self.head_dim
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
-        qr = self._relative(self.pos_q).to(k.dtype)
-        return kr, torch.matmul(qr, k.transpose(-1, -2)) * (1 / math.sqrt(3 * d))
+        qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))  # scaled here: [H, 2k, d], not [B, H, 2k, Tk]
+        return kr, torch.matmul(qr, k.transpose(-1, -2))
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
@@ -142,6 +142,7 @@ class DeBERTa(PositionEncoding):
         p2c_by_bucket = SharedGradTable(p2c_t)
         q_rows = SharedGradTable(q)
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
+        kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
@@ -151,7 +152,7 @@ class DeBERTa(PositionEncoding):
                 # A dense block of rows x keys 0 .. n-1: the c2p rows by one matmul, gathered by
                 # bucket; the p2c entries gathered from the bucket-major table.
                 rows = q_rows.rows(q_idx)  # [B, H, rows, d]
-                c2p_rows = torch.matmul(rows, kr[h[..., 0, 0]].transpose(-1, -2))  # [B, H, rows, 2k]
+                c2p_rows = rows_times_table(rows, kr_by_dim)  # [B, H, rows, 2k]
                 c2p = torch.gather(c2p_rows, -1, c.expand(*c2p_rows.shape[:2], *c.shape[2:]))
                 return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
             # scalar indices (FlexAttention's score_mod) or any other broadcast

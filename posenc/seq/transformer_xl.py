@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
 
@@ -100,7 +100,7 @@ class TransformerXLRelative(PositionEncoding):
                 # gather by distance. Only [B, H, rows, R'] lives, never [B, H, Tq, R].
                 first, last = int(rel.min()), int(rel.max())
                 rows = qv_rows.rows(q_idx)  # [B, H, rows, d]
-                table = torch.matmul(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
+                table = rows_times_table(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qv[b, h, q_idx] * wr[rel, h]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
 
 
@@ -85,7 +85,7 @@ class ERPEVector(PositionEncoding):
             if is_dense_block(b, h, q_idx, kv_idx):
                 first, last = int(rel.min()), int(rel.max())
                 rows = qs_rows.rows(q_idx)  # [B, H, rows, D]
-                table = torch.matmul(rows, weight[:, first : last + 1].transpose(-1, -2))  # [B, H, rows, R']
+                table = rows_times_table(rows, weight[:, first : last + 1].transpose(-1, -2))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qs[b, h, q_idx] * weight[h if per_head else h * 0, rel]).sum(-1)  # FlexAttention's score_mod
 
