@@ -244,10 +244,6 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        # Compact once: q, k, v usually arrive as transposed views of the projections, and each
-        # chunk's matmuls would otherwise copy its keys and values again (half the dense
-        # backward's memory traffic at T = 1024).
-        q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[7:]) if need]
         learned = [ctx.learned[i] for i in wanted]
@@ -313,7 +309,11 @@ def dense_path(
     :func:`chunk_rows` budget). ``return_lse``: also the differentiable log-sum-exp ``[B, H, Tq]``
     of each query row's scores. ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # [B, Hq, Tk, D]
+    # Compact once (and save the compact copies for the backward, so the views' storage can go):
+    # q, k, v usually arrive as transposed views of the projections, and every chunk's backward
+    # matmuls would otherwise copy its keys and values again.
+    q = q.contiguous()  # [B, Hq, Tq, D]
+    k, v = _repeat_kv(k, groups).contiguous(), _repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
     if chunk is None:
