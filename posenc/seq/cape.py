@@ -67,6 +67,7 @@ class CAPE(PositionEncoding):
         idx = torch.arange(max(tq, tk), device=scores.device)
         static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
         static = static.expand(b, -1, -1, -1)
-        pairs = torch.cat((scores, static), dim=1).permute(0, 2, 3, 1)  # [B, Tq, Tk, 2H]
-        adapt = self.mlp(pairs.to(self.mlp[0].weight.dtype)).to(scores.dtype)
+        # Built channel-last directly (the MLP acts on the last axis): one copy, not two.
+        pairs = torch.cat((scores.permute(0, 2, 3, 1), static.permute(0, 2, 3, 1)), dim=-1)  # [B, Tq, Tk, 2H]
+        adapt = self.mlp(pairs.to(self.mlp[0].weight.dtype)).to(scores.dtype)  # [B, Tq, Tk, H]
         return scores + static + adapt.permute(0, 3, 1, 2)
