@@ -55,6 +55,21 @@ def test_workers_take_the_callers_grad_mode_and_one_thread_each(two_threads):
     assert later == [2]
 
 
+def test_the_caller_consumes_results_on_one_thread_and_gets_its_setting_back(two_threads):
+    """While results come in, the caller's own work runs beside the workers: one torch thread,
+    restored afterwards, also when the caller stops early or an item fails."""
+    seen = [torch.get_num_threads() for _ in chunk_pool.ordered_map(lambda i: i, range(6))]
+    assert seen == [1] * 6 and torch.get_num_threads() == 2
+    results = chunk_pool.ordered_map(lambda i: i, range(6))
+    next(results)
+    assert torch.get_num_threads() == 1
+    results.close()
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="bad"):
+        list(chunk_pool.ordered_map(lambda i: i if i < 2 else int("bad"), range(6)))
+    assert torch.get_num_threads() == 2
+
+
 def test_one_thread_runs_inline():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
