@@ -275,6 +275,7 @@ def test_background_load_runs_a_process_for_the_block_only():
         proc = load.processes[0]
         time.sleep(0.2)
         assert proc.poll() is None  # still spinning
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)  # a session of its own, like another terminal's
     assert proc.poll() is not None
     with background_load(False) as load:
         assert load.processes == [] and load.description == "off"

@@ -820,7 +820,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--background-load", dest="background_processes", action="store_const", const=1, default=0,
-        help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON",
+        help="run one busy process (a Python loop on one core, in its own session) for the whole run; noted in the header and JSON",
     )
     parser.add_argument("--plans", action="store_true", help="after the table, each row's kernel path and why it was taken")
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")

@@ -518,7 +518,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads for the whole run (default: torch's default)")
     parser.add_argument(
         "--background-load", dest="background_processes", action="store_const", const=1, default=0,
-        help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON",
+        help="run one busy process (a Python loop on one core, in its own session) for the whole run; noted in the header and JSON",
     )
     parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",

@@ -12,8 +12,9 @@ so it takes one core and nothing else. The processes are stopped when the block 
 ends normally, by an exception or by Ctrl-C: terminated, then killed if one has not exited within
 ``timeout`` seconds. A parent that dies without running its ``finally`` (killed, ``os._exit``)
 cannot stop them, so each child also checks every ~0.1 s that its parent is still the process that
-started it (``os.getppid()``) and exits when it is not. The children ignore SIGINT: Ctrl-C in a
-terminal reaches the whole process group, and the parent stops them itself.
+started it (``os.getppid()``) and exits when it is not. Each child runs in a session of its own
+(as a program started from another terminal would), so Ctrl-C in the terminal does not reach it
+and the parent stops it itself; it ignores SIGINT as well.
 
 This module imports only the standard library (a child never imports posenc or torch).
 """
@@ -74,6 +75,10 @@ def start_busy_process() -> subprocess.Popen:
         [sys.executable, "-c", BUSY_LOOP, str(os.getpid())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True,
+        # Its own session, as a program started from another terminal would be: where the
+        # scheduler groups processes by session (Linux autogroups), it then competes with the
+        # benchmark as a peer instead of as one of the benchmark's own threads, the harsher case.
+        start_new_session=True,
     )
 
 
