@@ -116,6 +116,7 @@ def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
             transform_inputs=prep.transform_inputs,
         )
     if plan.offset_values:
+        q, k = q.contiguous(), k.contiguous()  # compacted once for both terms
         out, lse = kernels.dense_path(q, k, v, mask, prep.bias, scale, plan.chunk_rows, return_lse=True)
         out = out + kernels.offset_value_term(q, k, prep.bias, lse, prep.offset_table, scale)
     elif plan.path == "flex":

@@ -357,44 +357,42 @@ def offset_value_term(
     ``K`` diagonals, and every other visible key shares the clipped slot 0. As each visible row's
     probabilities sum to one, ``z_i = W_0 + sum_t P_(i, i' - K + 1 + t) (W_(t+1) - W_0)``, where
     ``i' = i + Tk - Tq`` and ``P_ij = exp(S_ij - lse_i)`` needs only the scores on those diagonals
-    (a banded product per chunk of rows). Exact, and differentiable in ``q, k``, the bias, ``lse``
-    and ``table``. ``q [B, H, Tq, D]``, ``k [B, Hkv, Tk, D]``, ``lse [B, H, Tq]``,
-    ``table [2K + 1, Dv]`` -> ``[B, H, Tq, Dv]``.
+    (a banded product per chunk of rows, on the worker pool like the other chunked terms). Exact,
+    and differentiable in ``q, k``, the bias's ``learned``, ``lse`` and ``table``.
+    ``q [B, H, Tq, D]``, ``k [B, Hkv, Tk, D]``, ``lse [B, H, Tq]``, ``table [2K + 1, Dv]`` ->
+    ``[B, H, Tq, Dv]``.
     """
-    k = _repeat_kv(k, q.shape[1] // k.shape[1])
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    q = q.to(work).contiguous()  # [B, H, Tq, D]
+    k = _repeat_kv(k.to(work), q.shape[1] // k.shape[1]).contiguous()  # [B, H, Tk, D]
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     kmax = (table.shape[0] - 1) // 2
     offset = tk - tq
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    # k padded with K - 1 rows in front: the keys of query i's diagonals are rows i' .. i' + K - 1.
-    kpad = torch.nn.functional.pad(k.to(work), (0, 0, kmax - 1, 0))
+    idx = _indices(max(tq, tk), q.device)
     slots = _indices(kmax, q.device)
-    w = table.to(work)
-    steps = w[1 : kmax + 1] - w[0]  # [K, Dv]
-    parts = []
-    chunk = _OFFSET_CHUNK_ROWS
-    for s in range(0, tq, chunk):
-        e = min(tq, s + chunk)
-        rows = _indices(e - s, q.device) + s  # query indices
-        first = max(0, s + offset)  # padded-key window of this chunk: rows first .. last
-        last = e + offset + kmax - 1
-        if last <= 0:  # no query of the chunk sees a key
-            parts.append(q.new_zeros(b, h, e - s, w.shape[1], dtype=work))
-            continue
-        window = kpad[:, :, first:last]
-        local = torch.matmul(q[:, :, s:e].to(work), window.transpose(-1, -2))  # [B, H, rows, W]
-        kv_idx = rows[:, None] + offset - (kmax - 1) + slots  # key index of each (row, diagonal)
-        col = (kv_idx + (kmax - 1) - first).clamp(0, window.shape[2] - 1)
-        diag = local.gather(-1, col.expand(b, h, -1, -1))  # [B, H, rows, K]
-        valid = kv_idx >= 0
-        b_idx = torch.arange(b if bias.per_batch else 1, device=q.device).view(-1, 1, 1, 1)
-        h_idx = _indices(h, q.device).view(1, -1, 1, 1)
-        extra = bias(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_idx.clamp(min=0).view(1, 1, e - s, kmax)).to(work)
-        probs = torch.exp(diag * scale + extra - lse[:, :, s:e, None].to(work)) * valid
-        seen = (rows + offset >= 0).to(work)[:, None]  # rows with some visible key
-        parts.append(torch.matmul(probs, steps) + seen * w[0])
-    return torch.cat(parts, dim=2).to(q.dtype)
+
+    def rows_term(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
+        (q_rows, lse_rows), (k_seen,) = rows, keys  # [B, H, rows, D], [B, H, rows], [B, H, kv_end, D]
+        start = max(0, s + offset - (kmax - 1))  # first key on any of the chunk's diagonals
+        window = k_seen[:, :, start:kv_end]  # [B, H, W, D]
+        scores = torch.matmul(q_rows, window.transpose(-1, -2)) * scale  # [B, H, rows, W]
+        scores = scores + bias.dense(b, h, idx[s:e], idx[start:kv_end], dtype=work)
+        kv_idx = idx[s:e, None] + offset - (kmax - 1) + slots  # [rows, K]: key of each (row, diagonal)
+        col = (kv_idx - start).clamp(0, window.shape[2] - 1)
+        diag = scores.gather(-1, col.expand(b, h, -1, -1))  # [B, H, rows, K]
+        probs = torch.exp(diag - lse_rows.to(work)[..., None]) * (kv_idx >= 0)
+        w = table.to(work)  # [2K + 1, Dv]
+        seen = (idx[s:e] + offset >= 0).to(work)[:, None]  # [rows, 1]: rows with some visible key
+        return torch.matmul(probs, w[1 : kmax + 1] - w[0]) + seen * w[0]  # [B, H, rows, Dv]
+
+    chunks = [
+        (s, min(tq, s + _OFFSET_CHUNK_ROWS), max(1, min(tk, min(tq, s + _OFFSET_CHUNK_ROWS) + offset)))
+        for s in range(0, tq, _OFFSET_CHUNK_ROWS)
+    ]
+    out = _row_chunked(rows_term, chunks, [q, lse], [k], _frontier(bias.learned, (table,)))
+    return out.to(dtype)
 
 
 @functools.cache
