@@ -1,0 +1,286 @@
+"""Linear attention: ``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``.
+
+With a positive feature map ``phi`` the similarity ``phi(q).phi(k)`` replaces ``exp(q.k / sqrt(d))``
+and the sums factor through ``phi(K)^T V`` (``[m, D]`` per head): time and memory linear in ``T``,
+no score matrix. Two feature maps:
+
+* :class:`EluFeatureMap`, ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, Transformers are
+  RNNs, https://arxiv.org/abs/2006.16236);
+* :class:`FavorFeatureMap`, Performer's positive orthogonal random features (Choromanski et al.
+  2021, Rethinking Attention with Performers, https://arxiv.org/abs/2009.14794):
+  ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m)`` with ``x' = x / d^(1/4)``, so that
+  ``E[phi(q).phi(k)] = exp(q.k / sqrt(d))``. ``W`` (``[m, d]``, blocks of ``d`` orthogonal rows
+  with chi-distributed norms) is a buffer: drawn at construction, redrawn only by
+  :meth:`FavorFeatureMap.redraw` (so evaluation is deterministic).
+
+Masks: causal attention (bottom-right aligned, as in the softmax core) runs over chunks of rows:
+inside a chunk an explicit ``[B, H, C, C]`` block, across chunks a running state ``S = sum phi(k)
+v^T`` (``[B, H, m, D]``) and normaliser ``z = sum phi(k)``. Key padding zeroes the padded keys'
+features. Packed sequences (``AttentionMask.packed``: the same segment ids for queries and keys,
+each segment one contiguous run) carry the state of the run that crosses a chunk boundary only;
+non-causal packing adds a second, backward scan for the keys after the chunk. A sliding window,
+or segments that are not contiguous runs, have no linear form here: a clear error.
+
+Rows that see no key give zeros (as the softmax core does for fully masked rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import AttentionMask
+
+# Query rows per block of the causal / packed scan: the explicit block is [B, H, C, C].
+LINEAR_CHUNK_ROWS = 64
+
+
+class FeatureMap(nn.Module):
+    """A positive feature map for linear attention: ``[..., d] -> [..., m]``.
+
+    ``is_query`` lets a map treat queries and keys differently (FAVOR+ rescales each query row for
+    range, which the normalisation cancels); the similarity is ``phi(q, True).phi(k, False)``."""
+
+    name: str = "feature map"
+
+    def num_features(self, head_dim: int) -> int:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class EluFeatureMap(FeatureMap):
+    """``phi(x) = elu(x) + 1`` (``m = d``), Katharopoulos et al. 2020."""
+
+    name = "elu+1"
+
+    def num_features(self, head_dim: int) -> int:
+        return head_dim
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        return F.elu(x) + 1
+
+
+def orthogonal_random_features(num_features: int, head_dim: int, generator: torch.Generator | None = None) -> Tensor:
+    """``[num_features, head_dim]``: blocks of ``head_dim`` orthogonal directions (QR of a Gaussian
+    block), each row scaled to the norm of a Gaussian vector (chi with ``head_dim`` degrees of
+    freedom), so that every row is marginally ``N(0, I)`` and rows in a block are orthogonal."""
+    if num_features < 1 or head_dim < 1:
+        raise ValueError(f"num_features and head_dim must be positive; got {num_features}, {head_dim}")
+    blocks = []
+    for _ in range(math.ceil(num_features / head_dim)):
+        gauss = torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(gauss)
+        q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # a Haar-distributed rotation
+        blocks.append(q.t())
+    directions = torch.cat(blocks)[:num_features]
+    norms = torch.randn(num_features, head_dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return (directions * norms).float()
+
+
+class FavorFeatureMap(FeatureMap):
+    """Performer's FAVOR+ positive orthogonal random features.
+
+    Args:
+        head_dim: ``d``.
+        num_features: ``m``; default ``round(d * ln d)`` (Performer's default).
+        seed: seed of the first draw (None: torch's global generator).
+        eps: added to every feature (Performer's kernel epsilon), keeps the normaliser positive.
+
+    The projection ``W [m, d]`` is a buffer (saved with the model): drawn here and by
+    :meth:`redraw` only, never behind the caller's back.
+    """
+
+    name = "favor+"
+
+    def __init__(self, head_dim: int, num_features: int | None = None, seed: int | None = None, eps: float = 1e-4) -> None:
+        super().__init__()
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if num_features is None:
+            num_features = max(1, round(head_dim * math.log(head_dim))) if head_dim > 1 else 1
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        self.head_dim, self.m, self.eps = head_dim, num_features, float(eps)
+        gen = None if seed is None else torch.Generator().manual_seed(seed)
+        self.register_buffer("projection", orthogonal_random_features(num_features, head_dim, gen))
+
+    def num_features(self, head_dim: int) -> int:
+        return self.m
+
+    @torch.no_grad()
+    def redraw(self, generator: torch.Generator | None = None) -> None:
+        """Draw a new ``W`` in place (same device and dtype)."""
+        fresh = orthogonal_random_features(self.m, self.head_dim, generator)
+        self.projection.copy_(fresh.to(self.projection))
+
+    def forward(self, x: Tensor, is_query: bool) -> Tensor:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"FAVOR+ features were drawn for head_dim={self.head_dim}; got inputs of width {x.shape[-1]}")
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        xs = x.to(work) * self.head_dim ** -0.25
+        proj = torch.matmul(xs, self.projection.to(work).t())  # [..., m]
+        logits = proj - (xs * xs).sum(-1, keepdim=True) / 2
+        if is_query:
+            # Per query row: a constant factor of phi(q_i) cancels in out_i's normalisation and
+            # keeps exp in range. Keys get none (a shared one would mix positions' features).
+            logits = logits - logits.amax(-1, keepdim=True).detach()
+        return torch.exp(logits) * self.m ** -0.5 + self.eps
+
+
+def _check_mask(mask: AttentionMask | None, batch: int, q_len: int, kv_len: int) -> None:
+    if mask is None:
+        return
+    if mask.window is not None:
+        raise ValueError(f"linear attention has no sliding window (mask.window={mask.window}); use softmax attention")
+    if mask.q_segments is None:
+        return
+    if q_len != kv_len or not torch.equal(mask.q_segments, mask.kv_segments):
+        raise ValueError(
+            "linear attention takes packed sequences as self-attention (AttentionMask.packed: the same segment "
+            "ids for queries and keys)"
+        )
+    seg = mask.q_segments
+    if seg.shape[1] > 1:
+        starts = (seg[:, 1:] != seg[:, :-1]).sum(1) + 1  # runs per row
+        distinct = torch.tensor([row.unique().numel() for row in seg], device=seg.device)
+        if bool((starts != distinct).any()):
+            raise ValueError("linear attention needs each packed segment to be one contiguous run of tokens")
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature_map: FeatureMap,
+    mask: AttentionMask | None = None,
+    chunk: int | None = None,
+) -> Tensor:
+    """Linear attention of ``q [B, Hq, Tq, d]`` over ``k, v [B, Hkv, Tk, d]`` (``Hq`` a multiple of
+    ``Hkv``) with ``feature_map``, under ``mask`` (causal, key padding, packed; see the module
+    docstring). ``chunk``: query rows per block of the causal / packed scan (default
+    :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, d]``; no ``T x T`` tensor is built."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, hq, tq, _ = q.shape
+    tk = k.shape[2]
+    if hq % k.shape[1]:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
+    chunk = LINEAR_CHUNK_ROWS if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    if mask is not None:
+        mask.validate(b, tq, tk)
+    _check_mask(mask, b, tq, tk)
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    groups = hq // k.shape[1]
+    phi_q = feature_map(q, True).to(work)  # [B, H, Tq, m]
+    phi_k = feature_map(k, False).to(work)  # [B, Hkv, Tk, m]
+    vw = v.to(work)
+    if groups > 1:
+        phi_k, vw = phi_k.repeat_interleave(groups, dim=1), vw.repeat_interleave(groups, dim=1)
+    if mask is not None and mask.key_valid is not None:
+        phi_k = phi_k * mask.key_valid[:, None, :, None].to(work)
+    causal = mask is not None and mask.causal
+    segments = None if mask is None else mask.q_segments
+    if not causal and segments is None:
+        state = torch.matmul(phi_k.transpose(-1, -2), vw)  # [B, H, m, D]
+        norm = phi_k.sum(2)  # [B, H, m]
+        num = torch.matmul(phi_q, state)
+        den = torch.matmul(phi_q, norm.unsqueeze(-1))  # [B, H, Tq, 1]
+        return _divide(num, den).to(dtype)
+    num, den = _scan(phi_q, phi_k, vw, causal, segments, chunk, forward=True)
+    if not causal:  # packed, bidirectional: the keys after each block too
+        num_after, den_after = _scan(phi_q, phi_k, vw, False, segments, chunk, forward=False)
+        num, den = num + num_after, den + den_after
+    return _divide(num, den).to(dtype)
+
+
+def _divide(num: Tensor, den: Tensor) -> Tensor:
+    # den == 0 only where a row sees no key (features are positive): zeros there, as in the core.
+    seen = den > 0
+    return torch.where(seen, num / torch.where(seen, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def _scan(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, causal: bool, segments: Tensor | None, chunk: int, forward: bool
+) -> tuple[Tensor, Tensor]:
+    """Numerator ``[B, H, Tq, D]`` and normaliser ``[B, H, Tq, 1]`` by blocks of ``chunk`` rows.
+
+    ``forward``: each block sees the keys before it through the running state, and its own keys
+    (causally masked when ``causal``, same-segment when packed) explicitly. Backward (non-causal
+    packed only): the keys after each block through the state, and nothing of its own (the
+    forward scan has counted those)."""
+    bsz, h, tq, _ = phi_q.shape
+    tk = phi_k.shape[2]
+    offset = tk - tq  # bottom-right aligned causal mask: query i sees keys j <= i + offset
+    dv = v.shape[-1]
+    state = phi_q.new_zeros(bsz, h, phi_q.shape[-1], dv)  # S = sum phi(k) v^T over the run in the state
+    norm = phi_q.new_zeros(bsz, h, phi_q.shape[-1])
+    nums, dens = [], []
+    starts = list(range(0, tq, chunk))
+    if not forward:
+        starts.reverse()
+    carried = None  # segment id of the run held in the state, per batch row [B]
+    if forward and offset > 0:
+        # keys before the first query's own position: all visible to every query (a cache's prefix)
+        state = torch.matmul(phi_k[:, :, :offset].transpose(-1, -2), v[:, :, :offset])
+        norm = phi_k[:, :, :offset].sum(2)
+    for s in starts:
+        e = min(tq, s + chunk)
+        ks, ke = s + offset, e + offset  # this block's own keys (self-attention layout)
+        qb = phi_q[:, :, s:e]  # [B, H, C, m]
+        seg_q = None if segments is None else segments[:, s:e]  # [B, C]
+        # From the state: the keys outside the block (before it going forward, after it going
+        # back); packed, only for the queries of the run the state holds.
+        num = torch.matmul(qb, state)  # [B, H, C, D]
+        den = torch.matmul(qb, norm.unsqueeze(-1))  # [B, H, C, 1]
+        if carried is not None:
+            gate = (seg_q == carried[:, None]).to(qb.dtype)[:, None, :, None]  # [B, 1, C, 1]
+            num, den = num * gate, den * gate
+        if forward:
+            lo, hi = max(ks, 0), max(ke, 0)
+            kb, vb = phi_k[:, :, lo:hi], v[:, :, lo:hi]
+            if hi > lo:
+                scores = torch.matmul(qb, kb.transpose(-1, -2))  # [B, H, C, keys]: this block only
+                allowed = None
+                if causal:
+                    q_idx = torch.arange(s, e, device=qb.device)[:, None] + offset
+                    allowed = (torch.arange(lo, hi, device=qb.device)[None, :] <= q_idx).to(qb.dtype)  # [C, keys]
+                if segments is not None:
+                    same = (seg_q[:, :, None] == segments[:, lo - offset : hi - offset][:, None, :]).to(qb.dtype)
+                    allowed = same[:, None] if allowed is None else allowed * same[:, None]
+                if allowed is not None:
+                    scores = scores * allowed
+                num = num + torch.matmul(scores, vb)
+                den = den + scores.sum(-1, keepdim=True)
+        else:
+            lo, hi = ks, ke
+            kb, vb = phi_k[:, :, lo:hi], v[:, :, lo:hi]
+        nums.append(num)
+        dens.append(den)
+        # the state after this block: every key so far, or, packed, the run at its far edge
+        if segments is None:
+            state = state + torch.matmul(kb.transpose(-1, -2), vb)
+            norm = norm + kb.sum(2)
+            continue
+        seg_k = segments[:, lo - offset : hi - offset]  # [B, C] (self-attention: keys = queries)
+        edge = seg_k[:, -1] if forward else seg_k[:, 0]  # the run at the block's far edge
+        in_run = (seg_k == edge[:, None]).to(kb.dtype)[:, None, :, None]  # [B, 1, C, 1]
+        block_state = torch.matmul((kb * in_run).transpose(-1, -2), vb)
+        block_norm = (kb * in_run).sum(2)
+        keep = torch.zeros_like(edge, dtype=kb.dtype) if carried is None else (carried == edge).to(kb.dtype)
+        state = state * keep[:, None, None, None] + block_state
+        norm = norm * keep[:, None, None] + block_norm
+        carried = edge
+    if not forward:
+        nums.reverse()
+        dens.reverse()
+    return torch.cat(nums, dim=2), torch.cat(dens, dim=2)
