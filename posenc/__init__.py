@@ -7,6 +7,8 @@ from . import graph, seq, timeseries, vision  # noqa: F401  (importing registers
 from .common import (
     BACKENDS,
     AttentionMask,
+    EluFeatureMap,
+    FavorFeatureMap,
     Hook,
     KVCache,
     ModelDims,
@@ -18,6 +20,7 @@ from .common import (
     TransformerEncoder,
     attend,
     available,
+    linear_attention,
     build,
     plan,
     register,
@@ -26,6 +29,7 @@ from .common import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "BACKENDS", "AttentionMask", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias", "Plan",
-    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "plan", "register",
+    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias", "Plan",
+    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "linear_attention", "plan",
+    "register",
 ]

@@ -95,3 +95,21 @@ def test_no_square_tensor_forward_or_backward(name, mask_name):
     square = B * H * T * T  # per-chunk work (a block, or a block times an MLP's width) stays far below
     assert seen.largest <= square // 4, f"{name} under a {mask_name} mask: {seen.op} ({plan})"
     assert x.grad is not None and all(p.grad is not None for p in enc.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("mask_name", list(_masks()) + ["packed_bidirectional"])
+@pytest.mark.parametrize("features", ["elu", "favor"])
+def test_linear_attention_has_no_square_tensor(features, mask_name):
+    if mask_name == "packed_bidirectional":
+        mask, positions = posenc.AttentionMask.packed((torch.arange(T) >= T // 3).long().expand(B, T)), None
+    else:
+        mask, positions = _masks()[mask_name]
+    fmap = posenc.EluFeatureMap() if features == "elu" else posenc.FavorFeatureMap(D, num_features=16, seed=0)
+    attn = posenc.MultiheadAttention(H * D, H, encoding=_encoding("rope", True), feature_map=fmap)
+    x = torch.randn(B, T, H * D, requires_grad=True)
+    assert attn.plan(x, mask=mask, q_pos=positions).path == "linear"
+    with LargestTensor() as seen:
+        attn(x, mask=mask, q_pos=positions).square().sum().backward()
+    # linear: the largest tensors are [B, H, T, D]-sized, far below the T x T a softmax would hold
+    assert seen.largest <= B * H * T * T // 8, f"{mask_name}: {seen.op}"
+    assert x.grad is not None

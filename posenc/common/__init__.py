@@ -7,6 +7,7 @@ from .attention import MultiheadAttention, attend, plan
 from .block import MLP, TransformerBlock, TransformerEncoder
 from .encoding import AttentionNeeds, Hook, PositionEncoding
 from .kv_cache import KVCache, LayerKVCache
+from .linear_attention import EluFeatureMap, FavorFeatureMap, FeatureMap, linear_attention
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 from .plan import BACKENDS, Plan, make_plan
@@ -18,5 +19,6 @@ __all__ = [
     "BACKENDS", "MultiheadAttention", "attend", "plan", "Plan", "make_plan", "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",
     "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "apply_rotary",
-    "rotary_angles", "sinusoid_frequencies", "sinusoid_table",
+    "rotary_angles", "sinusoid_frequencies", "sinusoid_table", "FeatureMap", "EluFeatureMap", "FavorFeatureMap",
+    "linear_attention",
 ]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from . import kernels
 from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
+from .linear_attention import FeatureMap, linear_attention
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 from .plan import BACKENDS, Backend, Plan, make_plan
@@ -52,6 +53,7 @@ class _Prepared:
     value_term: kernels.ValueTerm | None = None
     offset_table: Tensor | None = None
     transform_inputs: tuple[Tensor, ...] = ()
+    feature_map: FeatureMap | None = None
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -67,6 +69,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
 def _prepare(
     q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, kv_pos: Tensor, encoding: PositionEncoding | None,
     mask: AttentionMask | None, scale: float | None, backend: str, qk_transformed: bool,
+    feature_map: FeatureMap | None = None,
 ) -> _Prepared:
     """Apply the q/k transform, build the encoding's terms and make the plan (no attention yet)."""
     b, hq, tq, d = q.shape
@@ -75,7 +78,14 @@ def _prepare(
     needs = encoding.attention_needs() if encoding is not None else NO_NEEDS
     if needs.qk and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
-    prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale)  # type: ignore[arg-type]
+    prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale, feature_map=feature_map)  # type: ignore[arg-type]
+    if feature_map is not None:  # linear attention: no scores, so only the q/k and input hooks apply
+        prep.plan = make_plan(
+            needs, mask=mask, device=q.device, needs_grad=False, batch=b, heads=hq, q_len=tq, kv_len=tk,
+            backend=backend, what=type(encoding).__name__ if encoding is not None else "this call",
+            feature_map=feature_map.name,
+        )
+        return prep
     if needs.score_bias:
         prep.bias = encoding.score_bias(q, k, q_pos, kv_pos)
     if needs.score_transform:
@@ -110,6 +120,8 @@ def _prepare(
 def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
     plan, q, k, v, scale = prep.plan, prep.q, prep.k, prep.v, prep.scale
     hq, tq = q.shape[1], q.shape[2]
+    if plan.path == "linear":
+        return linear_attention(q, k, v, prep.feature_map, mask, plan.chunk_rows)
     if plan.path == "math":
         return kernels.math_path(
             q, k, v, mask, prep.bias, scale, prep.prob_bias, prep.value_term, prep.score_transform, plan.chunk_rows,
@@ -142,6 +154,7 @@ def attend(
     scale: float | None = None,
     backend: Backend = "auto",
     qk_transformed: bool = False,
+    feature_map: FeatureMap | None = None,
 ) -> Tensor:
     """Attention of ``q [B, Hq, Tq, D]`` over ``k, v [B, Hkv, Tk, D]`` (``Hq`` a multiple of ``Hkv``).
 
@@ -159,6 +172,10 @@ def attend(
             :func:`plan` tells which path a call takes.
         qk_transformed: ``q`` and ``k`` have already been through the encoding's q/k transform
             (as with a KV cache, where each key is transformed once, at its own position).
+        feature_map: run linear attention with this feature map instead of softmax attention
+            (:func:`posenc.common.linear_attention.linear_attention`; ``scale`` is then unused, the
+            map defines the similarity). Only the q/k hooks apply; an encoding with a score bias
+            or an after-softmax term is a ValueError.
 
     Returns:
         ``[B, Hq, Tq, D]``.
@@ -173,7 +190,7 @@ def attend(
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if tq == 0 or tk == 0:  # nothing to attend to (or from): zeros, as for fully masked rows
         return q.new_zeros(b, hq, tq, d)
-    return _run(_prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed), mask)
+    return _run(_prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map), mask)
 
 
 def plan(
@@ -188,6 +205,7 @@ def plan(
     scale: float | None = None,
     backend: Backend = "auto",
     qk_transformed: bool = False,
+    feature_map: FeatureMap | None = None,
 ) -> Plan:
     """The :class:`~posenc.common.plan.Plan` that :func:`attend` would follow for these
     arguments, in the current grad mode, without running the attention (the encoding's q/k
@@ -203,7 +221,7 @@ def plan(
     check_attention_args(encoding, mask, b, hq, tq, tk)
     if tq == 0 or tk == 0:
         return Plan("sdpa", "an empty sequence: zeros, no kernel runs")
-    return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed).plan
+    return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map).plan
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
@@ -234,6 +252,8 @@ class MultiheadAttention(nn.Module):
         backend: "auto", "sdpa", "flex", "dense" or "math" (see :func:`attend`).
         scale: score scale, default ``D ** -0.5``.
         bias: whether the projections have a bias.
+        feature_map: linear attention with this feature map (:class:`EluFeatureMap`,
+            :class:`FavorFeatureMap`) instead of softmax; None for softmax attention.
 
     Shapes:
         ``x [B, Tq, C]``, ``context [B, Tk, kv_dim]`` -> ``[B, Tq, C]``.
@@ -251,6 +271,7 @@ class MultiheadAttention(nn.Module):
         backend: Backend = "auto",
         scale: float | None = None,
         bias: bool = True,
+        feature_map: FeatureMap | None = None,
     ) -> None:
         super().__init__()
         if dim <= 0 or num_heads <= 0:
@@ -274,6 +295,9 @@ class MultiheadAttention(nn.Module):
         self.v_proj = nn.Linear(kv_dim, num_kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
         self.encoding = encoding
+        if feature_map is not None and not isinstance(feature_map, FeatureMap):
+            raise TypeError(f"feature_map must be a posenc FeatureMap (EluFeatureMap(), FavorFeatureMap(d)); got {feature_map!r}")
+        self.feature_map = feature_map  # a submodule: FAVOR+'s projection is saved with the layer
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
@@ -347,7 +371,7 @@ class MultiheadAttention(nn.Module):
         q, k, v, q_pos, kv_pos, qk_transformed = self._project(x, context, q_pos, kv_pos, mask, cache, grow_cache=True)
         out = attend(
             q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=self.encoding, mask=mask,
-            scale=self.scale, backend=self.backend, qk_transformed=qk_transformed,
+            scale=self.scale, backend=self.backend, qk_transformed=qk_transformed, feature_map=self.feature_map,
         )
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
@@ -367,5 +391,5 @@ class MultiheadAttention(nn.Module):
         q, k, v, q_pos, kv_pos, qk_transformed = self._project(x, context, q_pos, kv_pos, mask, cache, grow_cache=False)
         return plan(
             q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=self.encoding, mask=mask,
-            scale=self.scale, backend=self.backend, qk_transformed=qk_transformed,
+            scale=self.scale, backend=self.backend, qk_transformed=qk_transformed, feature_map=self.feature_map,
         )

@@ -29,9 +29,10 @@ import torch
 
 from . import kernels
 from .encoding import NO_NEEDS, AttentionNeeds
+from .linear_attention import LINEAR_CHUNK_ROWS
 from .masks import AttentionMask
 
-Path = Literal["sdpa", "flex", "dense", "math"]
+Path = Literal["sdpa", "flex", "dense", "math", "linear"]
 Backend = Literal["auto", "sdpa", "flex", "dense", "math"]
 BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flex", "dense", "math")
 
@@ -93,6 +94,7 @@ def make_plan(
     bias_learned: bool = False,
     consecutive_causal: bool = False,
     what: str = "this encoding",
+    feature_map: str | None = None,
 ) -> Plan:
     """Decide the kernel path of one call; a forced ``backend`` that cannot honour the hooks is a
     ValueError naming the alternatives.
@@ -105,13 +107,38 @@ def make_plan(
         consecutive_causal: the mask is causal only and the positions are one run of consecutive
             integers, the queries last (:func:`posenc.common.kernels.contiguous_causal`).
         what: the encoding's name, for error messages.
+        feature_map: the name of a linear attention's feature map (``"elu+1"``, ``"favor+"``):
+            the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
     """
+    if feature_map is not None:
+        return _linear_plan(needs, mask, backend, what, feature_map)
     plan = _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch,
                    bias_learned, consecutive_causal, what)
     if plan.prob_bias:
         reason = plan.reason + "; the after-softmax bias is added beside it, (B * mask) V in row chunks"
         plan = Plan(plan.path, reason, plan.chunk_rows, plan.prob_bias, plan.offset_values)
     return plan
+
+
+def _linear_plan(needs: AttentionNeeds, mask: AttentionMask | None, backend: str, what: str, feature_map: str) -> Plan:
+    if backend != "auto":
+        raise ValueError(
+            f"backend={backend!r} is a softmax kernel; linear attention (feature map {feature_map}) has its own "
+            "path: use backend='auto'"
+        )
+    for hook, on in (("score bias", needs.score_bias), ("after-softmax bias", needs.prob_bias),
+                     ("value term over the probabilities", needs.value_term), ("score transform", needs.score_transform)):
+        if on:
+            raise ValueError(
+                f"linear attention never forms the scores, so the {hook} of {what} cannot apply; encodings on the "
+                "input or on q and k (NoPE, sinusoidal, learned, RoPE) work with it"
+            )
+    if mask is not None and mask.window is not None:
+        raise ValueError(f"linear attention has no sliding window (mask.window={mask.window}); use softmax attention")
+    if mask is not None and (mask.causal or mask.q_segments is not None):
+        return Plan("linear", f"linear attention, {feature_map} features: a running state over blocks of rows, no T x T",
+                    LINEAR_CHUNK_ROWS)
+    return Plan("linear", f"linear attention, {feature_map} features: phi(Q) (phi(K)^T V), no T x T")
 
 
 def _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch, bias_learned,
