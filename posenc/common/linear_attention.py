@@ -226,17 +226,26 @@ def _scan(
     norm = phi_q.new_zeros(bsz, h, phi_q.shape[-1])
     nums, dens = [], []
     starts = list(range(0, tq, chunk))
+    # Blocks as pieces of one split, not slices: autograd then joins their gradients once
+    # instead of adding a full-size zero tensor per block (quadratic in T). Key block i is the
+    # keys of query block i, [s + offset, e + offset) clipped at 0, after a prefix of the keys
+    # every query sees (a cache's).
+    q_blocks = phi_q.split(chunk, dim=2)
+    key_sizes = [max(offset, 0)] + [max(min(tq, s + chunk) + offset, 0) - max(s + offset, 0) for s in starts]
+    k_parts, v_parts = phi_k.split(key_sizes, dim=2), v.split(key_sizes, dim=2)
+    order = list(range(len(starts)))
     if not forward:
-        starts.reverse()
+        order.reverse()
     carried = None  # segment id of the run held in the state, per batch row [B]
     if forward and offset > 0:
-        # keys before the first query's own position: all visible to every query (a cache's prefix)
-        state = torch.matmul(phi_k[:, :, :offset].transpose(-1, -2), v[:, :, :offset])
-        norm = phi_k[:, :, :offset].sum(2)
-    for s in starts:
+        state = torch.matmul(k_parts[0].transpose(-1, -2), v_parts[0])
+        norm = k_parts[0].sum(2)
+    for i in order:
+        s = starts[i]
         e = min(tq, s + chunk)
         ks, ke = s + offset, e + offset  # this block's own keys (self-attention layout)
-        qb = phi_q[:, :, s:e]  # [B, H, C, m]
+        qb = q_blocks[i]  # [B, H, C, m]
+        kb, vb = k_parts[i + 1], v_parts[i + 1]  # [B, H, keys, m], [B, H, keys, D]
         seg_q = None if segments is None else segments[:, s:e]  # [B, C]
         # From the state: the keys outside the block (before it going forward, after it going
         # back); packed, only for the queries of the run the state holds.
@@ -245,9 +254,8 @@ def _scan(
         if carried is not None:
             gate = (seg_q == carried[:, None]).to(qb.dtype)[:, None, :, None]  # [B, 1, C, 1]
             num, den = num * gate, den * gate
+        lo, hi = max(ks, 0), max(ke, 0)
         if forward:
-            lo, hi = max(ks, 0), max(ke, 0)
-            kb, vb = phi_k[:, :, lo:hi], v[:, :, lo:hi]
             if hi > lo:
                 scores = torch.matmul(qb, kb.transpose(-1, -2))  # [B, H, C, keys]: this block only
                 allowed = None
@@ -261,9 +269,6 @@ def _scan(
                     scores = scores * allowed
                 num = num + torch.matmul(scores, vb)
                 den = den + scores.sum(-1, keepdim=True)
-        else:
-            lo, hi = ks, ke
-            kb, vb = phi_k[:, :, lo:hi], v[:, :, lo:hi]
         nums.append(num)
         dens.append(den)
         # the state after this block: every key so far, or, packed, the run at its far edge
