@@ -186,3 +186,11 @@ def test_decoding_with_a_kv_cache_matches_the_full_sequence():
     steps = [attn(x[:, :5], mask=mask, cache=cache[0])]
     steps += [attn(x[:, t : t + 1], mask=mask, cache=cache[0]) for t in range(5, 12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_shapes_are_the_core_s_clear_errors():
+    q = torch.randn(1, 3, 4, D)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        linear_attention(q, torch.randn(1, 2, 4, D), torch.randn(1, 2, 4, D), EluFeatureMap())
+    with pytest.raises(ValueError, match="alike"):
+        linear_attention(q, torch.randn(1, 3, 4, D), torch.randn(1, 3, 5, D), EluFeatureMap())

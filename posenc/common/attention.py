@@ -21,6 +21,7 @@ from .linear_attention import FeatureMap, linear_attention
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 from .plan import BACKENDS, Backend, Plan, make_plan
+from .shapes import check_qkv
 
 def check_attention_args(
     encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
@@ -54,16 +55,6 @@ class _Prepared:
     offset_table: Tensor | None = None
     transform_inputs: tuple[Tensor, ...] = ()
     feature_map: FeatureMap | None = None
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    b, hq, _, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k and v must be [B={b}, Hkv, Tk, D={d}] alike; got {tuple(k.shape)} and {tuple(v.shape)}")
-    if hq % k.shape[1]:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
 
 
 def _prepare(
@@ -180,7 +171,7 @@ def attend(
     Returns:
         ``[B, Hq, Tq, D]``.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     b, hq, tq, d = q.shape
     tk = k.shape[2]
     q_pos = normalize_positions(q_pos, tq, b, "q_pos")
@@ -213,7 +204,7 @@ def plan(
     positions to ``0 .. T-1``. A forced ``backend`` that cannot serve the call raises the same
     ValueError as :func:`attend`."""
     v = k if v is None else v
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     b, hq, tq, _ = q.shape
     tk = k.shape[2]
     q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=q.device)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .masks import AttentionMask
+from .shapes import check_qkv
 
 # Query rows per block of the causal / packed scan: the explicit block is [B, H, C, C].
 LINEAR_CHUNK_ROWS = 64
@@ -166,12 +167,9 @@ def linear_attention(
     ``Hkv``) with ``feature_map``, under ``mask`` (causal, key padding, packed; see the module
     docstring). ``chunk``: query rows per block of the causal / packed scan (default
     :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, d]``; no ``T x T`` tensor is built."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_qkv(q, k, v)
     b, hq, tq, _ = q.shape
     tk = k.shape[2]
-    if hq % k.shape[1]:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
     chunk = LINEAR_CHUNK_ROWS if chunk is None else chunk
     if chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
