@@ -155,6 +155,9 @@ def test_the_plan_names_the_linear_path_and_refuses_what_it_cannot_apply():
         posenc.MultiheadAttention(32, 4, backend="dense", feature_map=EluFeatureMap())(x)
     with pytest.raises(TypeError, match="FeatureMap"):
         posenc.MultiheadAttention(32, 4, feature_map=torch.nn.ReLU())
+    split = AttentionMask.packed(torch.tensor([[0] * 5 + [1] * 10 + [0] * 5] * 2))
+    with pytest.raises(ValueError, match="contiguous run"):  # the plan refuses what the run would
+        attn.plan(x, mask=split)
 
 
 def test_the_layer_with_rope_equals_the_function_on_rotated_q_and_k():

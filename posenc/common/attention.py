@@ -17,11 +17,12 @@ from torch import Tensor, nn
 from . import kernels
 from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
-from .linear_attention import FeatureMap, linear_attention
+from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
 from .masks import AttentionMask
 from .pairwise import PairwiseBias
 from .plan import BACKENDS, Backend, Plan, make_plan
 from .shapes import check_qkv
+
 
 def check_attention_args(
     encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
@@ -70,11 +71,12 @@ def _prepare(
     if needs.qk and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
     prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale, feature_map=feature_map)  # type: ignore[arg-type]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    what = type(encoding).__name__ if encoding is not None else "this call"
     if feature_map is not None:  # linear attention: no scores, so only the q/k and input hooks apply
         prep.plan = make_plan(
-            needs, mask=mask, device=q.device, needs_grad=False, batch=b, heads=hq, q_len=tq, kv_len=tk,
-            backend=backend, what=type(encoding).__name__ if encoding is not None else "this call",
-            feature_map=feature_map.name,
+            needs, mask=mask, device=q.device, needs_grad=needs_grad, batch=b, heads=hq, q_len=tq, kv_len=tk,
+            backend=backend, what=what, feature_map=feature_map.name,
         )
         return prep
     if needs.score_bias:
@@ -98,10 +100,9 @@ def _prepare(
     consecutive = needs.offset_values and kernels.contiguous_causal(mask, q_pos, kv_pos, tq, tk)
     bias = prep.bias
     prep.plan = make_plan(
-        needs, mask=mask, device=q.device, needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
-        batch=b, heads=hq, q_len=tq, kv_len=tk, backend=backend,
-        bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
-        consecutive_causal=consecutive, what=type(encoding).__name__ if encoding is not None else "this call",
+        needs, mask=mask, device=q.device, needs_grad=needs_grad, batch=b, heads=hq, q_len=tq, kv_len=tk,
+        backend=backend, bias_per_batch=bias is not None and bias.per_batch,
+        bias_learned=bias is not None and bias.requires_grad, consecutive_causal=consecutive, what=what,
     )
     if prep.plan.offset_values:
         prep.offset_table = encoding.offset_values()
@@ -112,7 +113,8 @@ def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
     plan, q, k, v, scale = prep.plan, prep.q, prep.k, prep.v, prep.scale
     hq, tq = q.shape[1], q.shape[2]
     if plan.path == "linear":
-        return linear_attention(q, k, v, prep.feature_map, mask, plan.chunk_rows)
+        # the plan has checked the mask; a bidirectional unpacked call has no blocks
+        return run_linear(q, k, v, prep.feature_map, mask, plan.chunk_rows or LINEAR_CHUNK_ROWS)
     if plan.path == "math":
         return kernels.math_path(
             q, k, v, mask, prep.bias, scale, prep.prob_bias, prep.value_term, prep.score_transform, plan.chunk_rows,

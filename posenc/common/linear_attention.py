@@ -47,20 +47,14 @@ class FeatureMap(nn.Module):
 
     name: str = "feature map"
 
-    def num_features(self, head_dim: int) -> int:
-        raise NotImplementedError
-
     def forward(self, x: Tensor, is_query: bool) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(x, is_query)")
 
 
 class EluFeatureMap(FeatureMap):
     """``phi(x) = elu(x) + 1`` (``m = d``), Katharopoulos et al. 2020."""
 
     name = "elu+1"
-
-    def num_features(self, head_dim: int) -> int:
-        return head_dim
 
     def forward(self, x: Tensor, is_query: bool) -> Tensor:
         return F.elu(x) + 1
@@ -112,9 +106,6 @@ class FavorFeatureMap(FeatureMap):
         gen = None if seed is None else torch.Generator().manual_seed(seed)
         self.register_buffer("projection", orthogonal_random_features(num_features, head_dim, gen))
 
-    def num_features(self, head_dim: int) -> int:
-        return self.m
-
     @torch.no_grad()
     def redraw(self, generator: torch.Generator | None = None) -> None:
         """Draw a new ``W`` in place (same device and dtype)."""
@@ -135,7 +126,9 @@ class FavorFeatureMap(FeatureMap):
         return torch.exp(logits) * self.m ** -0.5 + self.eps
 
 
-def _check_mask(mask: AttentionMask | None, batch: int, q_len: int, kv_len: int) -> None:
+def check_linear_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> None:
+    """The masks linear attention has a form for (the one home of these rules: the plan and
+    :func:`linear_attention` both call it); anything else is a ValueError saying why."""
     if mask is None:
         return
     if mask.window is not None:
@@ -149,9 +142,10 @@ def _check_mask(mask: AttentionMask | None, batch: int, q_len: int, kv_len: int)
         )
     seg = mask.q_segments
     if seg.shape[1] > 1:
-        starts = (seg[:, 1:] != seg[:, :-1]).sum(1) + 1  # runs per row
-        distinct = torch.tensor([row.unique().numel() for row in seg], device=seg.device)
-        if bool((starts != distinct).any()):
+        runs = (seg[:, 1:] != seg[:, :-1]).sum(1)  # run starts after the first, per row
+        ordered = seg.sort(dim=1).values
+        distinct = (ordered[:, 1:] != ordered[:, :-1]).sum(1)  # distinct ids after the first, per row
+        if bool((runs != distinct).any()):
             raise ValueError("linear attention needs each packed segment to be one contiguous run of tokens")
 
 
@@ -168,14 +162,19 @@ def linear_attention(
     docstring). ``chunk``: query rows per block of the causal / packed scan (default
     :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, d]``; no ``T x T`` tensor is built."""
     check_qkv(q, k, v)
-    b, hq, tq, _ = q.shape
-    tk = k.shape[2]
-    chunk = LINEAR_CHUNK_ROWS if chunk is None else chunk
-    if chunk < 1:
+    b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
+    if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
     if mask is not None:
         mask.validate(b, tq, tk)
-    _check_mask(mask, b, tq, tk)
+    check_linear_mask(mask, tq, tk)
+    return run_linear(q, k, v, feature_map, mask, LINEAR_CHUNK_ROWS if chunk is None else chunk)
+
+
+def run_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: FeatureMap, mask: AttentionMask | None, chunk: int) -> Tensor:
+    """:func:`linear_attention` once its arguments are checked (``attend`` checks them while
+    planning, and calls this)."""
+    hq = q.shape[1]
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     groups = hq // k.shape[1]
@@ -253,20 +252,19 @@ def _scan(
             gate = (seg_q == carried[:, None]).to(qb.dtype)[:, None, :, None]  # [B, 1, C, 1]
             num, den = num * gate, den * gate
         lo, hi = max(ks, 0), max(ke, 0)
-        if forward:
-            if hi > lo:
-                scores = torch.matmul(qb, kb.transpose(-1, -2))  # [B, H, C, keys]: this block only
-                allowed = None
-                if causal:
-                    q_idx = torch.arange(s, e, device=qb.device)[:, None] + offset
-                    allowed = (torch.arange(lo, hi, device=qb.device)[None, :] <= q_idx).to(qb.dtype)  # [C, keys]
-                if segments is not None:
-                    same = (seg_q[:, :, None] == segments[:, lo - offset : hi - offset][:, None, :]).to(qb.dtype)
-                    allowed = same[:, None] if allowed is None else allowed * same[:, None]
-                if allowed is not None:
-                    scores = scores * allowed
-                num = num + torch.matmul(scores, vb)
-                den = den + scores.sum(-1, keepdim=True)
+        if forward and hi > lo:  # going back, the forward scan has counted the block's own keys
+            scores = torch.matmul(qb, kb.transpose(-1, -2))  # [B, H, C, keys]: this block only
+            allowed = None
+            if causal:
+                q_idx = torch.arange(s, e, device=qb.device)[:, None] + offset
+                allowed = (torch.arange(lo, hi, device=qb.device)[None, :] <= q_idx).to(qb.dtype)  # [C, keys]
+            if segments is not None:
+                same = (seg_q[:, :, None] == segments[:, lo - offset : hi - offset][:, None, :]).to(qb.dtype)
+                allowed = same[:, None] if allowed is None else allowed * same[:, None]
+            if allowed is not None:
+                scores = scores * allowed
+            num = num + torch.matmul(scores, vb)
+            den = den + scores.sum(-1, keepdim=True)
         nums.append(num)
         dens.append(den)
         # the state after this block: every key so far, or, packed, the run at its far edge

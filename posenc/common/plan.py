@@ -29,7 +29,7 @@ import torch
 
 from . import kernels
 from .encoding import NO_NEEDS, AttentionNeeds
-from .linear_attention import LINEAR_CHUNK_ROWS
+from .linear_attention import LINEAR_CHUNK_ROWS, check_linear_mask
 from .masks import AttentionMask
 
 Path = Literal["sdpa", "flex", "dense", "math", "linear"]
@@ -111,7 +111,7 @@ def make_plan(
             the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
     """
     if feature_map is not None:
-        return _linear_plan(needs, mask, backend, what, feature_map)
+        return _linear_plan(needs, mask, q_len, kv_len, backend, what, feature_map)
     plan = _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch,
                    bias_learned, consecutive_causal, what)
     if plan.prob_bias:
@@ -120,7 +120,9 @@ def make_plan(
     return plan
 
 
-def _linear_plan(needs: AttentionNeeds, mask: AttentionMask | None, backend: str, what: str, feature_map: str) -> Plan:
+def _linear_plan(
+    needs: AttentionNeeds, mask: AttentionMask | None, q_len: int, kv_len: int, backend: str, what: str, feature_map: str
+) -> Plan:
     if backend != "auto":
         raise ValueError(
             f"backend={backend!r} is a softmax kernel; linear attention (feature map {feature_map}) has its own "
@@ -133,8 +135,7 @@ def _linear_plan(needs: AttentionNeeds, mask: AttentionMask | None, backend: str
                 f"linear attention never forms the scores, so the {hook} of {what} cannot apply; encodings on the "
                 "input or on q and k (NoPE, sinusoidal, learned, RoPE) work with it"
             )
-    if mask is not None and mask.window is not None:
-        raise ValueError(f"linear attention has no sliding window (mask.window={mask.window}); use softmax attention")
+    check_linear_mask(mask, q_len, kv_len)
     if mask is not None and (mask.causal or mask.q_segments is not None):
         return Plan("linear", f"linear attention, {feature_map} features: a running state over blocks of rows, no T x T",
                     LINEAR_CHUNK_ROWS)
