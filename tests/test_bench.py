@@ -394,3 +394,27 @@ def test_format_table_aligns_columns():
     assert lines[3] == "longer  10.50"
     with pytest.raises(ValueError, match="row 0"):
         format_table(["a", "b"], [["x"]])
+
+
+# --- linear-attention rows (issue 11) ---------------------------------------------------------
+
+
+def test_linear_rows_run_on_the_linear_path_beside_the_softmax_rows():
+    config = AttentionBenchConfig(seq_len=24, batch=1, heads=2, head_dim=8, repeats=1, warmup=0, encodings=("none",),
+                                  peers=False, linear_encodings=("none", "sine_spe", "rope"), feature_map="favor")
+    result = run_benchmark(config, progress=False)
+    names = [r.name for r in result.rows]
+    assert names == ["sdpa (bare causal)", "none", "none (linear favor)", "sine_spe (linear favor)", "rope (linear favor)"]
+    for row in result.rows[2:]:
+        assert row.error is None and row.path == "linear" and row.ms > 0, row
+    assert AttentionBenchConfig().linear_rows == ("none", "sine_spe", "conv_spe")  # beside the default rows
+    assert AttentionBenchConfig(encodings=("rope",)).linear_rows == ()  # named rows only
+
+
+def test_linear_rows_refuse_encodings_linear_attention_cannot_run(capsys):
+    assert cli.main(["bench", "attention", "--linear-encodings", "alibi", "--no-progress"]) == 2
+    assert "not encodings of linear attention: 'alibi'" in capsys.readouterr().err
+    assert cli.main(["bench", "attention", "--encodings", "sine_spe", "--no-progress"]) == 2
+    assert "unknown encoding(s) 'sine_spe'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="feature_map must be one of"):
+        AttentionBenchConfig(feature_map="relu")

@@ -195,5 +195,5 @@ def test_bad_shapes_are_the_core_s_clear_errors():
     q = torch.randn(1, 3, 4, D)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         linear_attention(q, torch.randn(1, 2, 4, D), torch.randn(1, 2, 4, D), EluFeatureMap())
-    with pytest.raises(ValueError, match="alike"):
+    with pytest.raises(ValueError, match="k and v must be"):
         linear_attention(q, torch.randn(1, 3, 4, D), torch.randn(1, 3, 5, D), EluFeatureMap())

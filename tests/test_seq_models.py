@@ -13,6 +13,11 @@ SEQ_NAMES = [info.name for info in posenc.available("seq")]
 VOCAB, DIM, DEPTH, HEADS, MAX_LEN = 40, 32, 2, 4, 64
 
 
+def _attention_kind(name: str | None) -> dict:
+    """Linear attention for the encodings defined on it only (SPE), softmax for the others."""
+    return {"feature_map": "elu"} if name is not None and posenc.common.registry.get(name).cls.linear_only else {}
+
+
 def _perturb(model: torch.nn.Module, seed: int = 1) -> None:
     """Move every encoding parameter off its initial value (zero-initialised tables would make
     position terms vanish and the tests pass vacuously). Multiplicative where the value is
@@ -30,7 +35,7 @@ def _perturb(model: torch.nn.Module, seed: int = 1) -> None:
 
 def _lm(name: str | None, seed: int = 0, **kw) -> CausalLM:
     torch.manual_seed(seed)
-    model = CausalLM(VOCAB, DIM, DEPTH, HEADS, encoding=name, max_len=MAX_LEN, **kw)
+    model = CausalLM(VOCAB, DIM, DEPTH, HEADS, encoding=name, max_len=MAX_LEN, **_attention_kind(name), **kw)
     _perturb(model)
     return model.eval()
 
@@ -96,7 +101,8 @@ def test_bidirectional_encodings_learn_in_the_sequence_encoder_and_causal_ones_a
             SequenceEncoder(VOCAB, DIM, DEPTH, HEADS, encoding=name, max_len=MAX_LEN)
         return
     torch.manual_seed(0)
-    model = SequenceEncoder(VOCAB, DIM, DEPTH, HEADS, encoding=name, num_outputs=3, max_len=MAX_LEN)
+    model = SequenceEncoder(VOCAB, DIM, DEPTH, HEADS, encoding=name, num_outputs=3, max_len=MAX_LEN,
+                            **_attention_kind(name))
     _perturb(model)
     tokens = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(4))
     valid = torch.ones(3, 20, dtype=torch.bool)

@@ -15,6 +15,11 @@ SEQ = [("sinusoidal", {}), ("rope", {}), ("alibi", {"symmetric": True})]
 SMALL = dict(img_size=16, patch_size=4, in_chans=3, num_classes=5, dim=32, depth=2, num_heads=2)
 
 
+def _kind(name: str | None) -> dict:
+    """Linear attention for the encodings defined on it only (SPE), softmax for the others."""
+    return {"feature_map": "elu"} if name is not None and posenc.common.registry.get(name).cls.linear_only else {}
+
+
 def test_every_registered_vision_encoding_is_covered():
     assert set(VISION) >= {"peg", "sincos2d", "learned2d", "axial", "rope2d_axial", "rope2d_mixed", "relbias2d"}
 
@@ -26,7 +31,7 @@ def _encoding_modules(model: ViT) -> list[PositionEncoding]:
 @pytest.mark.parametrize("name,options", [(n, {}) for n in VISION] + SEQ)
 def test_vit_runs_at_the_training_size_and_larger(name, options):
     torch.manual_seed(0)
-    model = ViT(**SMALL, encoding=name, encoding_options=options, num_register_tokens=1)
+    model = ViT(**SMALL, encoding=name, encoding_options=options, num_register_tokens=1, **_kind(name))
     assert model.num_prefix_tokens == 2
     for size in [(16, 16), (24, 24), (32, 32), (24, 16)]:
         images = torch.randn(2, 3, *size)
@@ -38,7 +43,7 @@ def test_vit_runs_at_the_training_size_and_larger(name, options):
 @pytest.mark.parametrize("name", [n for n in VISION] + ["rope"])
 def test_gradients_reach_every_encoding_parameter(name):
     torch.manual_seed(1)
-    model = ViT(**SMALL, encoding=name, pool="avg")
+    model = ViT(**SMALL, encoding=name, pool="avg", **_kind(name))
     model(torch.randn(2, 3, 24, 16)).pow(2).sum().backward()  # a grid other than the training one
     params = [(n, p) for enc in _encoding_modules(model) for n, p in enc.named_parameters()]
     for n, p in params:
@@ -128,7 +133,7 @@ def test_bad_construction_and_grids_give_clear_errors():
 def test_a_tiny_vit_learns(name):
     """A few steps on a fixed batch reduce the loss, with every encoding (average pooling)."""
     torch.manual_seed(3)
-    m = ViT(**SMALL, encoding=name, pool="avg")
+    m = ViT(**SMALL, encoding=name, pool="avg", **_kind(name))
     images, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     losses = []

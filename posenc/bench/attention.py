@@ -20,6 +20,13 @@ one row per selected sequence and time-series encoding (impl ``posenc``)
     attention module, an input hook is applied to ``x`` first (positions ``0 .. T-1``). By default
     the representative set :data:`DEFAULT_ENCODINGS`; ``--encodings all`` takes every registered
     one, ``--encodings a,b,c`` those named.
+``NAME (linear MAP)`` (impl ``posenc``)
+    the same module on linear attention with feature map ``MAP`` (``--feature-map``: ``elu``,
+    ``favor``), for :data:`LINEAR_ENCODINGS` (none and the two SPE kernels, whose queries and keys
+    leave with width R) beside the default rows, or those of ``--linear-encodings`` (with
+    ``--encodings``, only those); ``--linear-encodings off`` leaves them out.
+    With ``--seq-lens`` their time and memory should grow linearly in T, the softmax rows'
+    time quadratically.
 ``NAME (frozen)`` (impl ``posenc``, with ``--frozen``)
     the same encoding with its parameters frozen (``requires_grad_(False)``), as at inference or
     fine-tuning with a fixed encoding: a learned bias is then a constant for the fused kernel.
@@ -64,6 +71,7 @@ from torch import Tensor, nn
 from ..common import chunk_pool
 from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
+from ..common.linear_attention import FEATURE_MAPS, make_feature_map
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, available, build
 from ..argtypes import int_list
@@ -83,6 +91,9 @@ ALL = "all"  # --encodings all: every registered sequence and time-series encodi
 DEFAULT_ENCODINGS = (
     "none", "sinusoidal", "rope", "alibi", "t5", "fire", "erpe", "shaw", "transformer_xl", "deberta", "cape",
 )
+# Linear-attention rows run by default (issue 11): no encoding and the two SPE kernels, each on
+# linear attention with --feature-map; named "NAME (linear MAP)".
+LINEAR_ENCODINGS = ("none", "sine_spe", "conv_spe")
 # With --seq-lens: lengths above LONG_SEQ_LEN get at most --long-repeats timed rounds.
 LONG_SEQ_LEN = 1024
 LONG_REPEATS = 3
@@ -116,6 +127,9 @@ class AttentionBenchConfig:
     seed: int = 0
     frozen: bool = False  # also time every encoding with parameters frozen ("NAME (frozen)" rows)
     background_processes: int = 0
+    # None: LINEAR_ENCODINGS with the default rows, none when ``encodings`` names the rows; () for none
+    linear_encodings: tuple[str, ...] | None = None
+    feature_map: str = "elu"
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in DEVICES:
@@ -134,6 +148,13 @@ class AttentionBenchConfig:
             unknown = [e for e in self.encodings if e not in known]
             if unknown:
                 raise ValueError(f"unknown encoding(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+        if self.linear_encodings is not None:
+            known = linear_encoding_names()
+            unknown = [e for e in self.linear_encodings if e not in known]
+            if unknown:
+                raise ValueError(f"not encodings of linear attention: {', '.join(unknown)}; choose from {', '.join(known)}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}; got {self.feature_map!r}")
 
     @property
     def dim(self) -> int:
@@ -144,13 +165,33 @@ class AttentionBenchConfig:
         """The posenc rows after the baseline: "none" and the selected encodings."""
         return DEFAULT_ENCODINGS if self.encodings is None else self.encodings
 
+    @property
+    def linear_rows(self) -> tuple[str, ...]:
+        """The encodings run on linear attention (rows "NAME (linear MAP)"): :data:`LINEAR_ENCODINGS`
+        beside the default rows; only those asked for when ``encodings`` names the rows."""
+        if self.linear_encodings is None:
+            return LINEAR_ENCODINGS if self.encodings is None else ()
+        return self.linear_encodings
+
 
 BENCH_MODALITIES = ("seq", "timeseries")  # encodings of 1D positions; 2D and graph ones have their own benches
 
 
 def encoding_names() -> list[str]:
-    """``"none"`` followed by every registered sequence and time-series encoding."""
-    return [NO_ENCODING] + [info.name for m in BENCH_MODALITIES for info in available(m)]
+    """``"none"`` followed by every registered sequence and time-series encoding of softmax attention."""
+    return [NO_ENCODING] + [info.name for m in BENCH_MODALITIES for info in available(m) if not info.cls.linear_only]
+
+
+def linear_encoding_names() -> list[str]:
+    """``"none"`` and the registered 1D encodings that linear attention can run: those acting on
+    the input or on q and k only (no score bias, no after-softmax term)."""
+    names = [NO_ENCODING]
+    for m in BENCH_MODALITIES:
+        for info in available(m):
+            hooks = set(info.hooks) - {Hook.INPUT.value, Hook.QK.value}
+            if not hooks and not info.causal_only:
+                names.append(info.name)
+    return names
 
 
 @dataclass
@@ -220,11 +261,16 @@ class PosencAttention(nn.Module):
     Shapes: ``x [B, T, C]`` -> ``[B, T, C]`` (``T <= seq_len``).
     """
 
-    def __init__(self, dim: int, num_heads: int, seq_len: int, encoding: PositionEncoding | None = None) -> None:
+    def __init__(self, dim: int, num_heads: int, seq_len: int, encoding: PositionEncoding | None = None,
+                 feature_map: str | None = None) -> None:
         super().__init__()
         hooks = encoding.hooks if encoding is not None else frozenset()
         self.input_encoding = encoding if Hook.INPUT in hooks else None
-        self.attn = MultiheadAttention(dim, num_heads, encoding=attention_part(encoding))
+        fmap = None
+        if feature_map is not None:
+            head_dim = dim // num_heads
+            fmap = make_feature_map(feature_map, encoding.qk_width(head_dim) if encoding is not None else head_dim)
+        self.attn = MultiheadAttention(dim, num_heads, encoding=attention_part(encoding), feature_map=fmap)
         self.mask = AttentionMask(causal=True)
         self.register_buffer("positions", torch.arange(seq_len).unsqueeze(0), persistent=False)
 
@@ -311,13 +357,18 @@ def _build_encoding(config: AttentionBenchConfig, name: str) -> PositionEncoding
     return build(name, dims=ModelDims(dim=config.dim, num_heads=config.heads, max_len=config.seq_len))
 
 
-def _posenc_unit(config: AttentionBenchConfig, name: str, frozen: bool = False) -> nn.Module:
+def _posenc_unit(config: AttentionBenchConfig, name: str, frozen: bool = False, linear: bool = False) -> nn.Module:
     encoding = None
     if name != NO_ENCODING:
         encoding = _build_encoding(config, name)
         if frozen:
             encoding.requires_grad_(False)
-    return PosencAttention(config.dim, config.heads, config.seq_len, encoding)
+    return PosencAttention(config.dim, config.heads, config.seq_len, encoding,
+                           feature_map=config.feature_map if linear else None)
+
+
+def linear_row_name(name: str, feature_map: str) -> str:
+    return f"{name} (linear {feature_map})"
 
 
 def _has_parameters(config: AttentionBenchConfig, name: str) -> bool:
@@ -329,6 +380,10 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
     c, h, d = config.dim, config.heads, config.head_dim
     rows = [Candidate(BASELINE, "torch", functools.partial(BareCausalAttention, c, h))]
     rows += [Candidate(n, "posenc", functools.partial(_posenc_unit, config, n)) for n in config.rows]
+    rows += [
+        Candidate(linear_row_name(n, config.feature_map), "posenc", functools.partial(_posenc_unit, config, n, linear=True))
+        for n in config.linear_rows
+    ]
     if config.frozen:
         rows += [
             Candidate(n + FROZEN_SUFFIX, "posenc", functools.partial(_posenc_unit, config, n, frozen=True))
@@ -750,6 +805,19 @@ def _encoding_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _linear_encoding_list(text: str) -> tuple[str, ...]:
+    """``--linear-encodings``: comma-separated names of encodings linear attention runs, or ``off``."""
+    if text.strip() == "off":
+        return ()
+    known = linear_encoding_names()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        what = f"not encodings of linear attention: {', '.join(map(repr, unknown))}" if unknown else f"no encodings in {text!r}"
+        raise argparse.ArgumentTypeError(f"{what}; choose from off, {', '.join(known)}")
+    return tuple(dict.fromkeys(names))
+
+
 _positive_ints = int_list(minimum=1)
 
 
@@ -809,6 +877,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"rows besides the baseline: 'none' and/or registered encoding names, or 'all' "
              f"(default: {','.join(DEFAULT_ENCODINGS)})",
     )
+    parser.add_argument(
+        "--linear-encodings", type=_linear_encoding_list, default=None, metavar="A,B,...|off",
+        help=f"rows on linear attention, named 'NAME (linear MAP)', or 'off' (default: {','.join(LINEAR_ENCODINGS)} "
+             "beside the default rows, none with --encodings)",
+    )
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=d.feature_map,
+                        help="feature map of the linear rows (default: %(default)s)")
     parser.add_argument("--json", type=_json_path, default=None, metavar="PATH",
                         help="also write the result as JSON (and, with --seq-lens, the plot next to it as .png)")
     parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
@@ -836,6 +911,7 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
         heads=args.heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup, encodings=args.encodings,
         peers=args.peers, seed=args.seed, frozen=args.frozen,
         background_processes=getattr(args, "background_processes", 0),
+        linear_encodings=getattr(args, "linear_encodings", None), feature_map=getattr(args, "feature_map", "elu"),
     )
 
 

@@ -10,7 +10,9 @@ from torch import Tensor, nn
 from .attention import Backend, MultiheadAttention, normalize_positions
 from .encoding import Hook, PositionEncoding, attention_part
 from .kv_cache import KVCache
+from .linear_attention import make_feature_map
 from .masks import AttentionMask
+from .plan import check_attention_kind
 
 
 class MLP(nn.Module):
@@ -30,6 +32,10 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """``x + Attn(LN(x))`` then ``x + MLP(LN(x))``.
 
+    ``feature_map``: None for softmax attention, or ``"elu"`` / ``"favor"`` for linear attention
+    with that feature map (:func:`~posenc.common.linear_attention.make_feature_map`), built for
+    the width of the queries after the encoding's q/k transform.
+
     Shapes: ``x [B, T, C]`` -> ``[B, T, C]``.
     """
 
@@ -44,11 +50,19 @@ class TransformerBlock(nn.Module):
         encoding: PositionEncoding | None = None,
         backend: Backend = "auto",
         attn_scale: float | None = None,
+        feature_map: str | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
+        if encoding is not None:  # an illegal encoding / attention pair fails here, not at the first call
+            check_attention_kind(encoding.attention_needs(), feature_map, type(encoding).__name__)
+        fmap = None
+        if feature_map is not None:
+            head_dim = dim // num_heads
+            fmap = make_feature_map(feature_map, encoding.qk_width(head_dim) if encoding is not None else head_dim)
         self.attn = MultiheadAttention(
-            dim, num_heads, num_kv_heads=num_kv_heads, encoding=encoding, backend=backend, scale=attn_scale
+            dim, num_heads, num_kv_heads=num_kv_heads, encoding=encoding, backend=backend, scale=attn_scale,
+            feature_map=fmap,
         )
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
@@ -70,7 +84,8 @@ class TransformerEncoder(nn.Module):
     """A stack of pre-norm blocks with a position encoding.
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, dropout, backend: as for the blocks.
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, dropout, backend, feature_map: as for the
+            blocks (``feature_map``: None for softmax, ``"elu"`` or ``"favor"`` for linear attention).
         encoding: one encoding shared by every layer, or a sequence of ``depth`` encodings (one per
             layer). Its input hook is applied to ``x`` before the first block (from the first
             encoding of a sequence); its attention hooks inside every block.
@@ -95,6 +110,7 @@ class TransformerEncoder(nn.Module):
         backend: Backend = "auto",
         attn_scale: float | None = None,
         final_norm: bool = True,
+        feature_map: str | None = None,
     ) -> None:
         super().__init__()
         if depth <= 0:
@@ -116,7 +132,7 @@ class TransformerEncoder(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 dim, num_heads, num_kv_heads=num_kv_heads, mlp_ratio=mlp_ratio, dropout=dropout,
-                encoding=attention_part(enc), backend=backend, attn_scale=attn_scale,
+                encoding=attention_part(enc), backend=backend, attn_scale=attn_scale, feature_map=feature_map,
             )
             for enc in per_layer
         )

@@ -68,6 +68,7 @@ class AttentionNeeds:
     prob_bias: bool = False
     value_term: bool = False
     offset_values: bool = False
+    linear_only: bool = False
 
 
 NO_NEEDS = AttentionNeeds()
@@ -90,6 +91,8 @@ class PositionEncoding(nn.Module):
             None when it works with any; the core checks it on every call.
         num_prefix_tokens: leading tokens (class token, registers) that a 2D grid encoding
             leaves out, or None for encodings that know no grid.
+        linear_only: the encoding is defined for linear attention only (SPE); the plan refuses
+            it on a softmax path.
 
     What the core does with an encoding is read from :meth:`attention_needs` only.
     """
@@ -100,6 +103,7 @@ class PositionEncoding(nn.Module):
     needs_probs: ClassVar[bool] = False
     needs_scores: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
+    linear_only: ClassVar[bool] = False
     num_heads: int | None = None
     num_prefix_tokens: int | None = None
 
@@ -108,8 +112,14 @@ class PositionEncoding(nn.Module):
         raise TypeError(f"{type(self).__name__} has no input hook")
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """``q [B, Hq, Tq, D]``, ``k [B, Hkv, Tk, D]`` -> transformed ``(q, k)`` of the same shapes."""
+        """``q [B, Hq, Tq, D]``, ``k [B, Hkv, Tk, D]`` -> transformed ``(q, k)``: of the same
+        shapes, except for an encoding whose :meth:`qk_width` differs (SPE: ``[B, Hq, T, R]`` both)."""
         raise TypeError(f"{type(self).__name__} has no q/k hook")
+
+    def qk_width(self, head_dim: int) -> int:
+        """The width of the queries and keys after :meth:`transform_qk` for inputs of width
+        ``head_dim`` (a linear attention's feature map is built for it). Default: unchanged."""
+        return head_dim
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
@@ -168,6 +178,7 @@ class PositionEncoding(nn.Module):
             prob_bias=self.has_prob_bias,
             value_term=value_term,
             offset_values=value_term and self.offset_values() is not None,
+            linear_only=bool(self.linear_only),
         )
 
 

@@ -126,6 +126,21 @@ class FavorFeatureMap(FeatureMap):
         return torch.exp(logits) * self.m ** -0.5 + self.eps
 
 
+FEATURE_MAPS: tuple[str, ...] = ("elu", "favor")
+
+
+def make_feature_map(name: str, width: int) -> FeatureMap:
+    """The feature map called ``name`` (``"elu"``: elu+1; ``"favor"``: FAVOR+ with Performer's
+    default number of features) for queries and keys of ``width`` (the head size, or what the
+    encoding's q/k transform makes of it: :meth:`~posenc.common.encoding.PositionEncoding.qk_width`).
+    FAVOR+ draws its projection from torch's generator (seed it for a reproducible model)."""
+    if name == "elu":
+        return EluFeatureMap()
+    if name == "favor":
+        return FavorFeatureMap(width)
+    raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)} (or None for softmax attention); got {name!r}")
+
+
 def check_linear_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> None:
     """The masks linear attention has a form for (the one home of these rules: the plan and
     :func:`linear_attention` both call it); anything else is a ValueError saying why."""
@@ -157,11 +172,12 @@ def linear_attention(
     mask: AttentionMask | None = None,
     chunk: int | None = None,
 ) -> Tensor:
-    """Linear attention of ``q [B, Hq, Tq, d]`` over ``k, v [B, Hkv, Tk, d]`` (``Hq`` a multiple of
-    ``Hkv``) with ``feature_map``, under ``mask`` (causal, key padding, packed; see the module
-    docstring). ``chunk``: query rows per block of the causal / packed scan (default
-    :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, d]``; no ``T x T`` tensor is built."""
-    check_qkv(q, k, v)
+    """Linear attention of ``q [B, Hq, Tq, d]`` over ``k [B, Hkv, Tk, d]``, ``v [B, Hkv, Tk, Dv]``
+    (``Hq`` a multiple of ``Hkv``) with ``feature_map``, under ``mask`` (causal, key padding,
+    packed; see the module docstring). ``chunk``: query rows per block of the causal / packed
+    scan (default :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, Dv]``; no ``T x T`` tensor is
+    built."""
+    check_qkv(q, k, v, value_width=False)
     b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
@@ -177,12 +193,13 @@ def run_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: FeatureMap, mask: A
     hq = q.shape[1]
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    groups = hq // k.shape[1]
     phi_q = feature_map(q, True).to(work)  # [B, H, Tq, m]
-    phi_k = feature_map(k, False).to(work)  # [B, Hkv, Tk, m]
+    phi_k = feature_map(k, False).to(work)  # [B, Hkv, Tk, m] (SPE has expanded its keys to H heads)
     vw = v.to(work)
-    if groups > 1:
-        phi_k, vw = phi_k.repeat_interleave(groups, dim=1), vw.repeat_interleave(groups, dim=1)
+    if phi_k.shape[1] != hq:
+        phi_k = phi_k.repeat_interleave(hq // phi_k.shape[1], dim=1)
+    if vw.shape[1] != hq:
+        vw = vw.repeat_interleave(hq // vw.shape[1], dim=1)
     if mask is not None and mask.key_valid is not None:
         phi_k = phi_k * mask.key_valid[:, None, :, None].to(work)
     causal = mask is not None and mask.causal

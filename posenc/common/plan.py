@@ -110,6 +110,7 @@ def make_plan(
         feature_map: the name of a linear attention's feature map (``"elu+1"``, ``"favor+"``):
             the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
     """
+    check_attention_kind(needs, feature_map, what)
     if feature_map is not None:
         return _linear_plan(needs, mask, q_len, kv_len, backend, what, feature_map)
     plan = _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch,
@@ -120,6 +121,27 @@ def make_plan(
     return plan
 
 
+def check_attention_kind(needs: AttentionNeeds, feature_map: str | None, what: str) -> None:
+    """Whether an encoding can run on this kind of attention (softmax when ``feature_map`` is None,
+    else linear): the one home of the rule; :func:`make_plan` applies it on every call and the
+    blocks at construction, so a model with an illegal pair fails when it is built."""
+    if feature_map is None:
+        if needs.linear_only:
+            raise ValueError(
+                f"{what} is defined for linear attention only (its codes estimate the kernel in expectation, which "
+                "softmax's exponential does not keep); use linear attention (feature_map='elu' or 'favor' on a "
+                "model, a FeatureMap on attend)"
+            )
+        return
+    for hook, on in (("score bias", needs.score_bias), ("after-softmax bias", needs.prob_bias),
+                     ("value term over the probabilities", needs.value_term), ("score transform", needs.score_transform)):
+        if on:
+            raise ValueError(
+                f"linear attention never forms the scores, so the {hook} of {what} cannot apply; encodings on the "
+                "input or on q and k (NoPE, sinusoidal, learned, RoPE, SPE) work with it"
+            )
+
+
 def _linear_plan(
     needs: AttentionNeeds, mask: AttentionMask | None, q_len: int, kv_len: int, backend: str, what: str, feature_map: str
 ) -> Plan:
@@ -128,13 +150,6 @@ def _linear_plan(
             f"backend={backend!r} is a softmax kernel; linear attention (feature map {feature_map}) has its own "
             "path: use backend='auto'"
         )
-    for hook, on in (("score bias", needs.score_bias), ("after-softmax bias", needs.prob_bias),
-                     ("value term over the probabilities", needs.value_term), ("score transform", needs.score_transform)):
-        if on:
-            raise ValueError(
-                f"linear attention never forms the scores, so the {hook} of {what} cannot apply; encodings on the "
-                "input or on q and k (NoPE, sinusoidal, learned, RoPE) work with it"
-            )
     check_linear_mask(mask, q_len, kv_len)
     if mask is not None and (mask.causal or mask.q_segments is not None):
         return Plan("linear", f"linear attention, {feature_map} features: a running state over blocks of rows, no T x T",

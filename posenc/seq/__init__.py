@@ -40,6 +40,7 @@ from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .shaw import ShawRelative
 from .t5 import T5Bias, t5_bucket
 from .transformer_xl import TransformerXLRelative
+from .spe import ConvSPE, SineSPE
 
 # --- end seq-bias ---
 
@@ -53,6 +54,6 @@ __all__ = [
     # end seq-rotary
     # seq-bias
     "T5Bias", "t5_bucket", "ShawRelative", "TransformerXLRelative", "KERPLE", "KERPLE_VARIANTS", "kerple_bias",
-    "FIRE", "CAPE", "CAPE_BASES", "CoPE",
+    "FIRE", "CAPE", "CAPE_BASES", "CoPE", "SineSPE", "ConvSPE",
     # end seq-bias
 ]

@@ -112,6 +112,10 @@ class CausalLM(nn.Module):
         encoding_options: extra constructor arguments of the named encoding
             (``{"symmetric": True}``, ``{"factor": 4.0}``, ...).
         backend: attention kernel path ("auto" picks the fastest the encoding allows).
+        feature_map: None for softmax attention; ``"elu"`` or ``"favor"`` for linear attention
+            (:mod:`posenc.common.linear_attention`), where only encodings on the input or on q
+            and k apply (NoPE, sinusoidal, learned, RoPE, SPE); one with a score bias is a
+            ValueError here, at construction.
 
     Shapes: ``tokens [B, T]`` (long) -> logits ``[B, T, vocab_size]``.
 
@@ -133,6 +137,7 @@ class CausalLM(nn.Module):
         share_encoding: bool | None = None,
         encoding_options: Mapping[str, object] | None = None,
         backend: str = "auto",
+        feature_map: str | None = None,
     ) -> None:
         super().__init__()
         if vocab_size <= 0:
@@ -148,8 +153,9 @@ class CausalLM(nn.Module):
         self.vocab_size, self.max_len, self.depth = vocab_size, max_len, depth
         self.embed_scale = math.sqrt(dim)
         self.embed = nn.Embedding(vocab_size, dim)
+        self.feature_map = feature_map
         self.encoder = TransformerEncoder(
-            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend
+            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map
         )
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight
@@ -231,7 +237,7 @@ class SequenceEncoder(nn.Module):
             (:meth:`loss` is the mean squared error).
         pool: "mean" over the real (unpadded) tokens, or "cls": a learned token prepended at
             position 0 (the sequence then takes positions ``1 .. T``, so ``max_len >= T + 1``).
-        max_len, dropout, share_encoding, encoding_options, backend: as for :class:`CausalLM`.
+        max_len, dropout, share_encoding, encoding_options, backend, feature_map: as for :class:`CausalLM`.
 
     Shapes: ``x [B, T]`` or ``[B, T, input_dim]``, ``key_valid [B, T]`` bool (True = real
     token) -> ``[B, num_outputs]``.
@@ -254,6 +260,7 @@ class SequenceEncoder(nn.Module):
         share_encoding: bool | None = None,
         encoding_options: Mapping[str, object] | None = None,
         backend: str = "auto",
+        feature_map: str | None = None,
     ) -> None:
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
@@ -293,8 +300,9 @@ class SequenceEncoder(nn.Module):
             self.embed = nn.Linear(input_dim, dim)
             self.embed_scale = 1.0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if pool == "cls" else None
+        self.feature_map = feature_map
         self.encoder = TransformerEncoder(
-            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend
+            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map
         )
         self.head = nn.Linear(dim, num_outputs)
 

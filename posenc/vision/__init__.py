@@ -7,6 +7,7 @@ keep the first ``P`` tokens (class token, registers) out (see :mod:`posenc.visio
 """
 
 from .axial import AxialEncoding, resample_axis
+from .conv_spe2d import ConvSPE2d
 from .grid import grid_positions, raster_positions, resample_grid
 from .learned2d import Learned2D
 from .peg import PEG
@@ -18,6 +19,7 @@ from .vit import ViT
 from .timm_models import replace_position_encoding  # importing it registers posenc_vit_* with timm
 
 __all__ = [
+    "ConvSPE2d",
     "AxialEncoding", "resample_axis", "grid_positions", "raster_positions", "resample_grid", "Learned2D", "PEG",
     "PatchTokensOnly", "RelativePositionBias2D", "resample_offset_table", "Rope2DAxial", "Rope2DMixed",
     "rope2d_frequencies", "SinCos2D", "sincos2d_table", "ViT", "replace_position_encoding",

@@ -88,6 +88,11 @@ class PatchTokensOnly(PositionEncoding):
         p = self.num_prefix_tokens
         self._check(min(q.shape[2], k.shape[2]))
         q2, k2 = self.inner.transform_qk(q[:, :, p:], k[:, :, p:], q_pos[:, p:], kv_pos[:, p:])
+        if q2.shape[-1] != q.shape[-1]:
+            raise ValueError(
+                f"{type(self.inner).__name__} changes the query width ({q.shape[-1]} -> {q2.shape[-1]}); prefix tokens "
+                "cannot be kept apart from it here (build it with num_prefix_tokens instead)"
+            )
         return torch.cat((q[:, :, :p], q2), dim=2), torch.cat((k[:, :, :p], k2), dim=2)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from ..common.block import TransformerEncoder
 from ..common.encoding import PositionEncoding
 from ..common.registry import ModelDims, available, build, get
+from ..common.spe import StochasticPositionalEncoding
 from .grid import grid_positions, raster_positions, to_pair
 from .peg import PEG
 from .prefix import PatchTokensOnly
@@ -69,6 +70,10 @@ class ViT(nn.Module):
         num_register_tokens: learned register tokens after the class token.
         dropout: residual and MLP dropout.
         backend: attention kernel path (see :func:`posenc.common.attention.attend`).
+        feature_map: None for softmax attention; ``"elu"`` or ``"favor"`` for linear attention,
+            where encodings on the input or on q and k apply (none, sincos2d, learned2d, axial,
+            PEG, 2D RoPE, ``conv_spe2d``, and the 1D ones on raster order); a score bias is a
+            ValueError at construction.
 
     Shapes: ``images [B, in_chans, H, W]`` -> logits ``[B, num_classes]``;
     :meth:`forward_features` -> tokens ``[B, num_prefix_tokens + (H/p)(W/p), dim]``.
@@ -91,6 +96,7 @@ class ViT(nn.Module):
         num_register_tokens: int = 0,
         dropout: float = 0.0,
         backend: str = "auto",
+        feature_map: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size <= 0:
@@ -129,8 +135,9 @@ class ViT(nn.Module):
         self.encoding_name = encoding if isinstance(encoding, str) else type(encoding).__name__ if encoding else None
         self.encoder = TransformerEncoder(
             dim, depth, num_heads, encoding=per_layer, mlp_ratio=mlp_ratio, dropout=dropout,
-            conditional=conditional, backend=backend,
+            conditional=conditional, backend=backend, feature_map=feature_map,
         )
+        self.feature_map = feature_map
         self.head = nn.Linear(dim, num_classes)
 
     # -- construction -------------------------------------------------------------------------
@@ -145,7 +152,7 @@ class ViT(nn.Module):
         if isinstance(encoding, PositionEncoding):
             if options:
                 raise ValueError("encoding_options apply to a registry name, not to an encoding instance")
-            if _modality_of(encoding) == "seq":
+            if _modality_of(encoding) == "seq" and not isinstance(encoding, StochasticPositionalEncoding):
                 if encoding.causal_only:
                     raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
                 return PatchTokensOnly(encoding, p), None, "1d"
@@ -162,6 +169,9 @@ class ViT(nn.Module):
         rows, cols = self.train_grid
         if info.modality == "seq":
             dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=rows * cols)
+            if issubclass(info.cls, StochasticPositionalEncoding):  # keeps prefix tokens apart itself
+                built = [build(encoding, dims=dims, num_prefix_tokens=p, **options) for _ in range(self.depth)]
+                return built, None, "1d"
             built = build(encoding, dims=dims, **options)
             if built.causal_only:
                 raise ValueError(
