@@ -65,6 +65,9 @@ def test_learned_positions_are_na_past_their_table(tmp_path, capsys):
         (["--encodings", "rope", "--train-len", "0"], "--train-len"),
         (["--encodings", "rope", "--eval-lens", "128,x"], "--eval-lens"),
         (["--encodings", "rope", "--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
+        (["--encodings", "rope,alibi", "--feature-map", "elu"], "score bias of alibi cannot apply"),
+        (["--encodings", "sine_spe"], "sine_spe is defined for linear attention only"),
+        (["--encodings", "rope", "--feature-map", "relu"], "--feature-map"),
     ],
 )
 def test_bad_arguments_exit_2(argv, needle, capsys):
@@ -80,3 +83,13 @@ def test_default_encodings_are_the_issue_list_and_missing_ones_fail_up_front(cap
         pytest.skip("every default encoding is registered")
     assert cli.main(["bench", "extrapolation", "--steps", "1"]) == 2
     assert f"not registered: {', '.join(missing)}" in capsys.readouterr().err
+
+
+def test_linear_attention_runs_with_spe_and_says_so(tmp_path, capsys):
+    out, printed = _run(tmp_path, capsys, "--encodings", "none,conv_spe,sine_spe", "--feature-map", "favor",
+                        "--task", "recall", "--train-len", "3", "--eval-lens", "3,6", "--eval-examples", "8")
+    data = json.loads((out / "extrapolation.json").read_text())
+    assert data["config"]["feature_map"] == "favor"
+    assert [r["hooks"] for r in data["results"]] == ["-", "qk", "qk"]
+    assert all(0 <= v <= 1 for r in data["results"] for v in r["eval"].values())
+    assert "linear attention, feature map favor" in printed

@@ -5,6 +5,7 @@
     posenc bench extrapolation --out runs/extrap
     posenc bench extrapolation --encodings rope,alibi --train-len 64 --eval-lens 64,128,256 --steps 200
     posenc bench extrapolation --task reverse --train-len 8 --eval-lens 8,16,32
+    posenc bench extrapolation --feature-map elu --task recall --encodings none,sinusoidal,rope,sine_spe,conv_spe
 
 One small causal LM per encoding (same seed, same data order) is trained on byte windows of
 CPython's pydoc text at ``--train-len``, then scored on the held-out tail (last 10%) at each
@@ -16,6 +17,11 @@ perplexity is ``2 ** bpb``). With ``--task`` the models learn a synthetic task a
 Every model is built with ``max_len = --train-len`` (the training length): an encoding with a
 table of positions (learned absolute, TUPE) has no row for a longer position, so those cells are
 reported as ``n/a`` (``null`` in the JSON) rather than interpolated.
+
+``--feature-map elu|favor`` trains every model on linear attention with that feature map
+(:mod:`posenc.common.linear_attention`) instead of softmax: then only encodings on the input or
+on q and k run (none, sinusoidal, learned, RoPE, SPE), and the SPE encodings (defined for linear
+attention only) become available; any other is refused before training.
 
 Outputs (with ``--out``): ``extrapolation.txt`` (the table), ``extrapolation.json`` and
 ``extrapolation.png`` (one line per encoding, x = evaluation length, log y).
@@ -33,7 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from ..argtypes import int_list, positive_int
-from ..common.registry import available, get
+from ..common.linear_attention import FEATURE_MAPS
+from ..common.plan import check_attention_kind
+from ..common.registry import ModelDims, available, build, get
 from .report import format_table
 
 PROG = "posenc bench extrapolation"
@@ -50,6 +58,8 @@ def _names(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encodings", type=_names, default=list(DEFAULT_ENCODINGS),
                         help=f"comma-separated encodings (default {','.join(DEFAULT_ENCODINGS)}); 'none' for no encoding")
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=None,
+                        help="train on linear attention with this feature map (default: softmax attention)")
     parser.add_argument("--task", default=None, help="a synthetic task (copy, reverse, sort, addition, recall) instead of text")
     parser.add_argument("--train-len", type=positive_int, default=None,
                         help="training length: bytes per window (default 128), or the largest task size (default 8)")
@@ -89,14 +99,24 @@ def _resolve(args: argparse.Namespace) -> str | None:
                 "pass --encodings with registered names")
     if len(set(args.encodings)) != len(args.encodings):
         return f"--encodings: a name is repeated in {','.join(args.encodings)}"
+    if args.dim % args.heads:
+        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    feature_map = getattr(args, "feature_map", None)
+    for name in args.encodings:  # the attention kind each encoding needs, before anything trains
+        if name == "none":
+            continue
+        probe = build(name, dims=ModelDims(args.dim, args.heads, 64))
+        try:
+            check_attention_kind(probe.attention_needs(), feature_map, name)
+        except ValueError as exc:
+            hint = "" if feature_map is None else f" (--feature-map {feature_map} runs linear attention)"
+            return f"--encodings: {exc}{hint}"
     task = args.task is not None
     args.train_len = args.train_len or (8 if task else 128)
     args.eval_lens = args.eval_lens or ([8, 16, 32] if task else [128, 256, 512, 1024])
     args.steps = args.steps or (1500 if task else 500)
     if not args.lr > 0:
         return f"--lr must be positive, got {args.lr}"
-    if args.dim % args.heads:
-        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         return f"--out: {args.out!r} exists and is not a directory"
     return None
@@ -113,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     table = _table(rows, args.eval_lens)
     what = (f"exact match on task {args.task} (trained at sizes <= {args.train_len})" if args.task
             else f"bits per byte on held-out pydoc text (trained at {args.train_len} bytes; lower is better)")
+    feature_map = getattr(args, "feature_map", None)
+    what += "; softmax attention" if feature_map is None else f"; linear attention, feature map {feature_map}"
     print(f"\n{what}\n{table}")
     notes = [f"{r['encoding']}: {r['note']}" for r in rows if r.get("note")]
     for note in notes:
@@ -123,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "extrapolation.txt").write_text(f"{what}\n{table}\n" + "".join(f"note: {n}\n" for n in notes))
-        config = {k: getattr(args, k) for k in ("task", "train_len", "eval_lens", "steps", "batch_size", "lr", "dim",
-                                                "depth", "heads", "eval_tokens", "eval_examples", "seed")}
+        config = {k: getattr(args, k, None) for k in ("task", "train_len", "eval_lens", "steps", "batch_size", "lr",
+                                                      "dim", "depth", "heads", "eval_tokens", "eval_examples", "seed",
+                                                      "feature_map")}
         result = {"metric": metric, "config": config, "results": rows, "total_s": round(total, 1)}
         (out / "extrapolation.json").write_text(json.dumps(result, indent=2))
         _plot(rows, args, metric, out / "extrapolation.png")
@@ -166,7 +189,8 @@ def _one(args: argparse.Namespace, name: str) -> dict:
             return bits_per_byte(model, *eval_windows(valid_text, n, args.eval_tokens), batch_size=max(1, 4096 // n))
 
     torch.manual_seed(args.seed)
-    model = CausalLM(vocab, args.dim, args.depth, args.heads, encoding=None if name == "none" else name, max_len=max_len)
+    model = CausalLM(vocab, args.dim, args.depth, args.heads, encoding=None if name == "none" else name, max_len=max_len,
+                     feature_map=getattr(args, "feature_map", None))
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, args.steps // 10),
         seed=args.seed, device=args.device, progress=not args.no_progress, log_every=0,

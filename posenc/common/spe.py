@@ -213,9 +213,9 @@ class StochasticPositionalEncoding(PositionEncoding):
             parts.append(torch.einsum("bhtd,hdr->bhtr", x[:, :, :p].to(work), eps))
         rest, pos = x[:, :, p:], positions[:, p:]
         grad = torch.is_grad_enabled() and (rest.requires_grad or any(t.requires_grad for t in self.parameters()))
-        for s in range(0, rest.shape[2], SPE_CHUNK_TOKENS):
-            xc = rest[:, :, s:s + SPE_CHUNK_TOKENS]
-            pc = pos[:, s:s + SPE_CHUNK_TOKENS]
+        # chunks as pieces of one split, not slices: autograd then joins their gradients once
+        # instead of adding a full-size zero tensor per chunk (quadratic in T)
+        for xc, pc in zip(rest.split(SPE_CHUNK_TOKENS, dim=2), pos.split(SPE_CHUNK_TOKENS, dim=1)):
             if grad:  # recomputed in the backward pass: the chunk's codes are never stored
                 parts.append(checkpoint(self._encode_chunk, xc, pc, eps, noise, seed, is_query,
                                         use_reentrant=False))
