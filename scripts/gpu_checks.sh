@@ -34,33 +34,33 @@ for t in 4096 16384; do
     --json "$out/bench_cuda_T$t.json" 2>&1 | tee "$out/bench_cuda_T$t.txt"
 done
 python3 - <<'PY' 2>&1 | tee "$out/linear_cuda.txt"
+# float32 on CUDA against float64 on CUDA: SPE draws its noise on the device (the same values in
+# both precisions, drawn in float32), so the reference must run there too.
 import torch, posenc
 from posenc.seq import ConvSPE, SineSPE
 from posenc.vision import ConvSPE2d
 torch.manual_seed(0)
+dev = torch.device("cuda")
+seg = (torch.arange(300, device=dev) // 70)[None].expand(2, -1)
 masks = {"none": None, "causal": posenc.AttentionMask(causal=True),
-         "padded": posenc.AttentionMask(causal=True, key_valid=torch.arange(300)[None].expand(2, -1) < 250),
-         "packed": posenc.AttentionMask.packed((torch.arange(300) // 70)[None].expand(2, -1))}
+         "padded": posenc.AttentionMask(causal=True, key_valid=torch.arange(300, device=dev)[None].expand(2, -1) < 250),
+         "packed": posenc.AttentionMask.packed(seg)}
+grid = torch.stack((torch.arange(300) // 20, torch.arange(300) % 20), -1)[None].to(dev)
 for name, enc in [("none", None), ("sine_spe", SineSPE(4, 16, num_realizations=32)),
                   ("conv_spe", ConvSPE(4, 16, num_realizations=32)), ("conv_spe2d", ConvSPE2d(4, 16, num_realizations=32))]:
     for fm in (posenc.EluFeatureMap(), posenc.FavorFeatureMap(32 if enc is not None else 16, seed=0)):
         for mname, mask in masks.items():
             if name == "conv_spe2d" and mname != "none":
                 continue
-            q, k, v = (torch.randn(2, 4, 300, 16, dtype=torch.float64) for _ in range(3))
-            pos = torch.arange(300)[None] if name != "conv_spe2d" else torch.stack((torch.arange(300) // 20, torch.arange(300) % 20), -1)[None]
-            e64 = None if enc is None else enc.double().eval()
-            ref = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=e64, mask=mask, feature_map=fm.double())
-            m = None if mask is None else posenc.AttentionMask(causal=mask.causal,
-                key_valid=None if mask.key_valid is None else mask.key_valid.cuda(),
-                q_segments=None if mask.q_segments is None else mask.q_segments.cuda(),
-                kv_segments=None if mask.kv_segments is None else mask.kv_segments.cuda())
-            e32 = None if enc is None else enc.float().cuda()
-            got = posenc.attend(q.float().cuda(), k.float().cuda(), v.float().cuda(), q_pos=pos.cuda(), kv_pos=pos.cuda(),
-                                encoding=e32, mask=m, feature_map=fm.float().cuda())
-            err = (got.double().cpu() - ref).abs().max().item()
-            print(f"{name:10s} {fm.name:6s} {mname:7s} max |cuda fp32 - cpu fp64| = {err:.2e}", "ok" if err < 1e-3 else "FAIL")
-            fm.double().cpu()
+            pos = grid if name == "conv_spe2d" else torch.arange(300, device=dev)[None]
+            q, k, v = (torch.randn(2, 4, 300, 16, dtype=torch.float64, device=dev) for _ in range(3))
+            e = None if enc is None else enc.to(dev).eval()
+            ref = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=None if e is None else e.double(), mask=mask,
+                                feature_map=fm.to(dev).double())
+            got = posenc.attend(q.float(), k.float(), v.float(), q_pos=pos, kv_pos=pos,
+                                encoding=None if e is None else e.float(), mask=mask, feature_map=fm.float())
+            err = (got.double() - ref).abs().max().item()
+            print(f"{name:10s} {fm.name:6s} {mname:7s} max |fp32 - fp64| on cuda = {err:.2e}", "ok" if err < 1e-3 else "FAIL")
 PY
 python3 -m posenc.cli bench attention --device cuda --dtype bfloat16 --seq-lens 4096,16384 --batch 4 --no-peers --no-progress \
   --repeats 3 --warmup 1 --plans --encodings none --linear-encodings none,sine_spe,conv_spe \

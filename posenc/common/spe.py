@@ -22,7 +22,9 @@ mixes in noise ``eps_{d,r}`` that queries and keys share and that ignores positi
 tokens (class token, registers; ``num_prefix_tokens``) get ``eps`` alone: a plain dot product.
 
 Noise: in training each call draws a fresh seed from torch's generator (``torch.manual_seed``
-reproduces a run); in evaluation the fixed ``seed`` is used, so outputs are deterministic. All
+reproduces a run); in evaluation the fixed ``seed`` is used, so outputs are deterministic. A seed
+gives the same noise on every CPU; on CUDA the noise is drawn on the device (its own stream,
+the same distribution), so a model's outputs differ between CPU and CUDA by one draw. All
 noise is a function of that seed and of absolute position (:func:`positional_noise`), so the
 codes are computed in chunks of tokens and recomputed in the backward pass instead of storing
 ``[T, H, D, R]`` tensors: memory stays linear in ``T`` with a small constant.
@@ -63,6 +65,15 @@ def _block_seed(seed: int, block: tuple[int, ...]) -> int:
     return h
 
 
+def seeded_normal(shape: Sequence[int], seed: int, device: torch.device) -> Tensor:
+    """Float32 standard normal noise of ``shape`` from a generator seeded with ``seed``, drawn on
+    ``device``: the same values on every CPU; CUDA draws its own stream (same distribution), so
+    the noise is never generated on the host and copied over."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed)
+    return torch.randn(*shape, generator=gen, device=device if device.type == "cuda" else "cpu")
+
+
 def positional_noise(seed: int, start: Sequence[int], stop: Sequence[int], channels: tuple[int, ...],
                      device: torch.device, dtype: torch.dtype) -> Tensor:
     """Standard normal noise on the integer box ``[start, stop)`` of a 1D or 2D grid, shape
@@ -76,8 +87,7 @@ def positional_noise(seed: int, start: Sequence[int], stop: Sequence[int], chann
     if len(start) == 1:
         parts = []
         for b in range(lo_blocks[0], hi_blocks[0] + 1):
-            gen = torch.Generator().manual_seed(_block_seed(seed, (b,)))
-            parts.append(torch.randn(*channels, nb, generator=gen))
+            parts.append(seeded_normal((*channels, nb), _block_seed(seed, (b,)), device))
         full = torch.cat(parts, dim=-1)
         first = lo_blocks[0] * nb
         out = full[..., start[0] - first: stop[0] - first]
@@ -86,8 +96,7 @@ def positional_noise(seed: int, start: Sequence[int], stop: Sequence[int], chann
         for bi in range(lo_blocks[0], hi_blocks[0] + 1):
             row = []
             for bj in range(lo_blocks[1], hi_blocks[1] + 1):
-                gen = torch.Generator().manual_seed(_block_seed(seed, (bi, bj)))
-                row.append(torch.randn(*channels, nb, nb, generator=gen))
+                row.append(seeded_normal((*channels, nb, nb), _block_seed(seed, (bi, bj)), device))
             rows.append(torch.cat(row, dim=-1))
         full = torch.cat(rows, dim=-2)
         r0, c0 = lo_blocks[0] * nb, lo_blocks[1] * nb
@@ -172,9 +181,8 @@ class StochasticPositionalEncoding(PositionEncoding):
 
     def shared_noise(self, seed: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """The position-free noise ``eps [H, D, R]`` of one draw."""
-        gen = torch.Generator().manual_seed(_block_seed(seed, (-1, -1, -1)))
-        eps = torch.randn(self.num_heads, self.head_dim, self.num_realizations, generator=gen)
-        return eps.to(device=device, dtype=dtype)
+        eps = seeded_normal((self.num_heads, self.head_dim, self.num_realizations), _block_seed(seed, (-1, -1, -1)), device)
+        return eps.to(dtype)
 
     def draw_seed(self) -> int:
         """The noise seed of one call: fresh from torch's generator in training, ``seed`` in eval."""

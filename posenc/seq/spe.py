@@ -41,6 +41,7 @@ from ..common.spe import (
     conv_cross_correlation,
     inverse_softplus,
     positional_noise,
+    seeded_normal,
 )
 
 
@@ -100,9 +101,8 @@ class SineSPE(StochasticPositionalEncoding):
                              f"of dtype {positions.dtype}")
 
     def _draw(self, seed: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        gen = torch.Generator().manual_seed(_block_seed(seed, (-2,)))
-        z = torch.randn(self.num_heads, self.head_dim, 2 * self.num_sines, self.num_realizations, generator=gen)
-        return z.to(device=device, dtype=dtype)
+        shape = (self.num_heads, self.head_dim, 2 * self.num_sines, self.num_realizations)
+        return seeded_normal(shape, _block_seed(seed, (-2,)), device).to(dtype)
 
     def _codes(self, positions: Tensor, seed: int, noise: Tensor | None, is_query: bool, scale: Tensor | None,
                dtype: torch.dtype) -> Tensor:
