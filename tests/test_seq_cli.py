@@ -26,6 +26,9 @@ TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--n
         (["--encoding", "rope", "--encoding-option", "base"], "--encoding-option"),
         (["--encoding", "none", "--encoding-option", "base=10"], "--encoding-option needs an encoding"),
         (["--steps", "3"], "--encoding"),
+        (["--encoding", "sine_spe"], "sine_spe is defined for linear attention only"),
+        (["--encoding", "alibi", "--feature-map", "elu"], "score bias of alibi cannot apply"),
+        (["--encoding", "rope", "--feature-map", "relu"], "--feature-map"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(argv, needle, capsys):
@@ -72,3 +75,12 @@ def test_text_run_on_a_user_file_with_options_and_sample(tmp_path, capsys):
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     assert result["metric"] == "bpb" and set(result["eval"]) == {"16", "32"} and len(result["sample"]) >= 64
     assert all(0 < v < 9 for v in result["eval"].values())
+
+
+def test_linear_attention_run_records_its_feature_map(tmp_path):
+    out = tmp_path / "run"
+    argv = ["train", "seq", "--encoding", "conv_spe", "--feature-map", "elu", "--task", "copy", "--length", "3",
+            "--eval-examples", "4", "--steps", "2", "--out", str(out), *TINY]
+    assert cli.main(argv) == 0
+    config = json.loads((out / "results.json").read_text())["model_config"]
+    assert config["feature_map"] == "elu" and config["encoding"] == "conv_spe"

@@ -63,6 +63,8 @@ def test_train_vision_on_an_image_folder_with_the_grow_mode_refused(tmp_path, ca
         (["--encoding", "peg", "--resume"], "--resume needs --out"),
         (["--encoding", "peg", "--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
         (["--encoding", "sincos2d", "--encoding-option", "layout=diagonal"], "layout must be one of"),
+        (["--encoding", "conv_spe2d"], "conv_spe2d is defined for linear attention only"),
+        (["--encoding", "relbias2d", "--feature-map", "favor"], "score bias of relbias2d cannot apply"),
     ],
 )
 def test_train_vision_bad_arguments_exit_2_with_a_clear_message(extra, message, capsys):
@@ -98,3 +100,11 @@ def test_vision_demo_part_trains_each_encoding(tmp_path, capsys):
     assert vision_part.TITLE in capsys.readouterr().out
     assert demo.run(_demo_args(tmp_path, vision_encodings="peg,rope9")) == 2
     assert "--vision-encodings: unknown encoding 'rope9'" in capsys.readouterr().err
+
+
+def test_train_vision_on_linear_attention_with_conv_spe2d(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "vision", "--encoding", "conv_spe2d", "--feature-map", "elu", "--steps", "2",
+                 "--out", str(out), *TINY]) == 0
+    config = json.loads((out / "results.json").read_text())["model_config"]
+    assert config["feature_map"] == "elu" and config["encoding"] == "conv_spe2d"

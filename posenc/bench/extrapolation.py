@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from ..argtypes import int_list, positive_int
 from ..common.linear_attention import FEATURE_MAPS
 from ..common.plan import check_attention_kind
-from ..common.registry import ModelDims, available, build, get
+from ..common.encoding import class_needs
+from ..common.registry import available, get
 from .report import format_table
 
 PROG = "posenc bench extrapolation"
@@ -105,9 +106,8 @@ def _resolve(args: argparse.Namespace) -> str | None:
     for name in args.encodings:  # the attention kind each encoding needs, before anything trains
         if name == "none":
             continue
-        probe = build(name, dims=ModelDims(args.dim, args.heads, 64))
         try:
-            check_attention_kind(probe.attention_needs(), feature_map, name)
+            check_attention_kind(class_needs(get(name).cls), feature_map, name)
         except ValueError as exc:
             hint = "" if feature_map is None else f" (--feature-map {feature_map} runs linear attention)"
             return f"--encodings: {exc}{hint}"

@@ -182,6 +182,22 @@ class PositionEncoding(nn.Module):
         )
 
 
+def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
+    """What any instance of ``cls`` may ask of attention, read from its declared hooks (before
+    one is built: command lines check an encoding name against the attention kind up front). An
+    instance's :meth:`PositionEncoding.attention_needs` is exact and can only ask for less."""
+    hooks = cls.hooks
+    post = Hook.POST_SOFTMAX in hooks
+    return AttentionNeeds(
+        qk=Hook.QK in hooks,
+        score_bias=Hook.SCORE_BIAS in hooks,
+        score_transform=Hook.SCORE_BIAS in hooks and bool(cls.needs_scores),
+        prob_bias=post and not cls.needs_probs,
+        value_term=post and bool(cls.needs_probs),
+        linear_only=bool(cls.linear_only),
+    )
+
+
 def attention_part(encoding: PositionEncoding | None) -> PositionEncoding | None:
     """The encoding as attention layers see it: None when it acts on the input only."""
     if encoding is None or not (encoding.hooks - {Hook.INPUT}):

@@ -10,6 +10,25 @@ import sys
 from typing import Callable
 
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
+FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
+                    "on the input or on q and k run on it, and SPE runs only on it")
+
+
+def attention_kind_error(encoding: str, feature_map: str | None) -> str | None:
+    """Why ``--encoding`` cannot run on the attention ``--feature-map`` asks for, or None
+    (:func:`posenc.common.plan.check_attention_kind` is the rule)."""
+    from ..common.encoding import class_needs
+    from ..common.plan import check_attention_kind
+    from ..common.registry import get
+
+    if encoding == "none":
+        return None
+    try:
+        check_attention_kind(class_needs(get(encoding).cls), feature_map, encoding)
+    except (KeyError, ValueError) as exc:
+        hint = " (--feature-map elu or favor)" if feature_map is None else ""
+        return f"--encoding: {exc.args[0]}{hint}"
+    return None
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
+from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
 from ..argtypes import int_list, key_value
 from ..bench.report import format_table
 from ..common.registry import get
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoding", required=True, help="a registered encoding (posenc list --modality seq) or 'none'")
     parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="constructor argument of the encoding (JSON value), e.g. symmetric=true; repeatable")
+    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
     data = parser.add_mutually_exclusive_group()
@@ -71,6 +72,9 @@ def check(args: argparse.Namespace) -> str | None:
             get(args.encoding)
         except KeyError as exc:
             return f"--encoding: {exc.args[0]}"
+    error = attention_kind_error(args.encoding, getattr(args, "feature_map", None))
+    if error is not None:
+        return error
     if args.task is not None and args.task not in TASKS:
         return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
     if args.data is not None and not Path(args.data).is_file():
@@ -153,6 +157,7 @@ def _train(args: argparse.Namespace) -> int:
         "vocab_size": vocab, "dim": args.dim, "depth": args.depth, "num_heads": args.heads,
         "encoding": None if args.encoding == "none" else args.encoding, "max_len": max_len,
         "dropout": args.dropout, "share_encoding": share, "encoding_options": options,
+        "feature_map": getattr(args, "feature_map", None),
     }
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
@@ -175,7 +180,8 @@ def _train(args: argparse.Namespace) -> int:
     print(f"final evaluation, {what}:")
     print(format_table(["length", metric], [[n, f"{metrics[f'{metric}@{n}']:.4f}"] for n in eval_lens], align="rr"))
     result = {"encoding": args.encoding, "source": source, "metric": metric, "steps": trainer.step,
-              "train_loss": metrics["train_loss"], "eval": {str(n): metrics[f"{metric}@{n}"] for n in eval_lens}}
+              "train_loss": metrics["train_loss"], "eval": {str(n): metrics[f"{metric}@{n}"] for n in eval_lens},
+              "model_config": model_config}
     if args.sample_tokens:
         prompt = torch.tensor([list(valid_text.encode("utf-8")[:64])], device=trainer.device)
         model.eval()

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
+from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
 from ..argtypes import int_list, key_value, positive_float_list
 from ..bench.report import format_table
 from ..common.registry import get
@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a registered vision or seq encoding (posenc list --modality vision) or 'none'")
     parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="constructor argument of the encoding (JSON value), e.g. layout=mae; repeatable")
+    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
@@ -101,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (before any data is read or model built), or None."""
-    error = check_encoding(args.encoding)
+    error = check_encoding(args.encoding) or attention_kind_error(args.encoding, getattr(args, "feature_map", None))
     if error is not None:
         return error
     for name in ("img_size", "digit_size", "repeats", "patch", "dim", "depth", "heads", "steps", "batch_size"):
@@ -187,6 +188,7 @@ def vit_config(
     pool: str = "cls",
     encoding_options: Mapping[str, object] | None = None,
     peg_blocks: Sequence[int] = (0,),
+    feature_map: str | None = None,
 ) -> dict[str, object]:
     """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG."""
     config: dict[str, object] = {
@@ -195,6 +197,8 @@ def vit_config(
         "encoding": None if encoding in (None, "none") else encoding,
         "encoding_options": dict(encoding_options or {}),
     }
+    if feature_map is not None:  # absent for softmax: configs written before linear attention still load
+        config["feature_map"] = feature_map
     if encoding == "peg":
         config["peg_blocks"] = list(peg_blocks)
     return config
@@ -281,7 +285,7 @@ def _train(args: argparse.Namespace) -> int:
     model_config = vit_config(
         args.encoding, img_size=args.img_size, patch_size=args.patch, in_chans=in_chans, num_classes=num_classes,
         dim=args.dim, depth=args.depth, num_heads=args.heads, mlp_ratio=args.mlp_ratio, pool=args.pool,
-        encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks,
+        encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks, feature_map=getattr(args, "feature_map", None),
     )
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
