@@ -41,6 +41,7 @@ from .shaw import ShawRelative
 from .t5 import T5Bias, t5_bucket
 from .transformer_xl import TransformerXLRelative
 from .spe import ConvSPE, SineSPE
+from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
 
 # --- end seq-bias ---
 
@@ -55,5 +56,6 @@ __all__ = [
     # seq-bias
     "T5Bias", "t5_bucket", "ShawRelative", "TransformerXLRelative", "KERPLE", "KERPLE_VARIANTS", "kerple_bias",
     "FIRE", "CAPE", "CAPE_BASES", "CoPE", "SineSPE", "ConvSPE",
+    "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     # end seq-bias
 ]

@@ -100,11 +100,42 @@ class RotaryEncoding(PositionEncoding):
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing
+        self.scaling = None
+        self.register_buffer("inv_freq", default_inv_freq(2, 10000.0), persistent=False)
+        self.set_scaling(scaling)  # validates every parameter
+
+    def set_scaling(self, scaling: RopeScaling | None) -> None:
+        """Switch to ``scaling`` (None: plain RoPE) in place, e.g. to extend a trained model's
+        context (:func:`posenc.seq.extend_context`). The frequencies are recomputed; the KV-cache
+        rule follows the scaling (a length-dependent one refuses a cache)."""
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
+        previous = self.scaling
         self.scaling = scaling
-        inv_freq, self.attention_factor = self._frequencies()  # validates every parameter
+        try:
+            inv_freq, attention_factor = self._frequencies()
+        except ValueError:
+            self.scaling = previous  # a refused scaling leaves the encoding as it was
+            raise
+        self.attention_factor = attention_factor
         if scaling is not None and scaling.dynamic:
             self.supports_kv_cache = False  # see the module docstring
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        else:
+            self.__dict__.pop("supports_kv_cache", None)  # back to the class's rule
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+
+    def frequencies(self, length: int | None = None) -> tuple[Tensor, float]:
+        """The inverse frequencies (float64 ``[r/2]``) and attention factor this encoding uses for a
+        sequence of ``length`` tokens (its largest position + 1). ``length`` is needed only by the
+        length-dependent scalings (dynamic NTK, LongRoPE switching by length), and refused as
+        missing there."""
+        if self.scaling is not None and self.scaling.dynamic:
+            if length is None:
+                raise ValueError(f"{self.scaling.name} scaling depends on the length: pass length=")
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise ValueError(f"length must be a positive int, got {length!r}")
+            return self._frequencies(float(length))
+        return self._frequencies()
 
     def _frequencies(self, seq_len: Tensor | None = None) -> tuple[Tensor, float]:
         if self.scaling is None:

@@ -1,0 +1,220 @@
+"""Extending a trained RoPE model's context after training, and Hugging Face rope configs.
+
+:func:`extend_context` switches every rotary layer of a posenc model (``CausalLM``,
+``SequenceEncoder``, any module holding :class:`~.rope.RotaryEncoding` instances) to a context
+extension in place, keeping every weight: position interpolation (Chen et al. 2023,
+https://arxiv.org/abs/2306.15595), NTK-aware and dynamic NTK scaling (bloc97 2023, emozilla 2023),
+YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), Llama 3.1's banded scaling and LongRoPE
+(Ding et al. 2024, https://arxiv.org/abs/2402.13753). ``method="none"`` restores plain RoPE. The
+formulas are :mod:`.rope_scaling`'s; :meth:`~.rope.RotaryEncoding.frequencies` reads what a layer
+uses at a given length.
+
+:func:`rope_from_hf_config` builds the encoding a Hugging Face config describes (``rope_theta``,
+``max_position_embeddings``, ``head_dim`` or ``hidden_size / num_attention_heads``,
+``partial_rotary_factor``, and ``rope_scaling`` or the newer ``rope_parameters``), deriving what
+Hugging Face derives:
+
+* the original length ``L0``: ``original_max_position_embeddings`` from the scaling dict, else
+  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``;
+* ``factor``, when the scaling dict has none (YaRN, LongRoPE), is ``max_position_embeddings /
+  L0``; LongRoPE always takes that ratio when the config states ``L0`` (Phi-3), as Hugging Face
+  does for its attention factor;
+* the rotary width is ``int(head_dim * partial_rotary_factor)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from .rope import RotaryEncoding
+from .rope_scaling import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRoPEScaling,
+    NTKScaling,
+    RopeScaling,
+    YaRNScaling,
+    ntk_long_factors,
+)
+
+METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
+# Other names users know the methods by.
+METHOD_ALIASES = {"pi": "linear", "dynamic": "dynamic_ntk", "default": "none"}
+# The methods whose formula needs the length the model was trained at.
+NEEDS_ORIGINAL_LENGTH = ("dynamic_ntk", "yarn", "llama3", "longrope")
+# The options each method takes besides factor and original_max_len.
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "none": (), "linear": (), "ntk": (), "dynamic_ntk": (),
+    "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor", "attention_factor", "select"),
+}
+
+
+def canonical_method(method: str) -> str:
+    """``method`` or its alias resolved to one of :data:`METHODS`; else a ValueError."""
+    if not isinstance(method, str) or METHOD_ALIASES.get(method, method) not in METHODS:
+        names = ", ".join(METHODS) + " (aliases: " + ", ".join(f"{a}={m}" for a, m in METHOD_ALIASES.items()) + ")"
+        raise ValueError(f"method must be one of {names}; got {method!r}")
+    return METHOD_ALIASES.get(method, method)
+
+
+def make_scaling(
+    method: str, *, rotary_dim: int, factor: float = 1.0, original_max_len: int | None = None, **options: Any
+) -> RopeScaling | None:
+    """The :class:`~.rope_scaling.RopeScaling` for ``method`` (None for ``"none"``), checked.
+
+    Args:
+        rotary_dim: the rotated width (LongRoPE's default long factors depend on it).
+        factor: the context scale ``s >= 1``.
+        original_max_len: the length the model was trained at; required by dynamic NTK, YaRN,
+            Llama 3 and LongRoPE, ignored by linear and NTK.
+        options: the method's own parameters (:data:`METHOD_OPTIONS`).
+    """
+    method = canonical_method(method)
+    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
+    if unknown:
+        takes = ", ".join(METHOD_OPTIONS[method]) or "none"
+        raise ValueError(f"{method}: unknown option(s) {', '.join(unknown)}; it takes {takes}")
+    if method == "none":
+        if factor != 1.0:
+            raise ValueError(f"method='none' restores plain RoPE and takes no factor; got factor={factor!r}")
+        return None
+    if method in NEEDS_ORIGINAL_LENGTH and original_max_len is None:
+        raise ValueError(f"{method} needs original_max_len: the length the model was trained at")
+    if method == "linear":
+        return LinearScaling(factor)
+    if method == "ntk":
+        return NTKScaling(factor)
+    if method == "dynamic_ntk":
+        return DynamicNTKScaling(original_max_len, factor)
+    if method == "yarn":
+        return YaRNScaling(original_max_len, factor, **options)
+    if method == "llama3":
+        return Llama3Scaling(factor=factor, original_max_len=original_max_len, **options)
+    short = options.pop("short_factor", None)
+    long = options.pop("long_factor", None)
+    short = (1.0,) * (rotary_dim // 2) if short is None else tuple(short)
+    long = ntk_long_factors(rotary_dim, factor) if long is None else tuple(long)
+    return LongRoPEScaling(short, long, original_max_len, factor, **options)
+
+
+def rotary_layers(model: nn.Module) -> list[RotaryEncoding]:
+    """The distinct :class:`~.rope.RotaryEncoding` instances inside ``model`` (or ``model`` itself)."""
+    seen: dict[int, RotaryEncoding] = {}
+    for module in model.modules():
+        if isinstance(module, RotaryEncoding):
+            seen.setdefault(id(module), module)
+    return list(seen.values())
+
+
+def extend_context(
+    model: nn.Module, method: str, *, factor: float = 1.0, original_max_len: int | None = None, **options: Any
+) -> list[RotaryEncoding]:
+    """Switch every rotary layer of ``model`` to ``method`` in place, keeping the weights.
+
+    Args:
+        model: a trained posenc model (or any module holding rotary encodings).
+        method: one of :data:`METHODS` (``"pi"`` is ``"linear"``); ``"none"`` restores plain RoPE.
+        factor: the context scale ``s >= 1`` (target length / ``original_max_len``).
+        original_max_len: the length the model was trained at (needed by dynamic NTK, YaRN,
+            Llama 3 and LongRoPE).
+        options: the method's parameters (YaRN's ``beta_fast``, LongRoPE's factor lists, ...).
+
+    Returns the layers switched. Every scaling is built and checked before any layer changes, so
+    a refused call leaves the model as it was. A length-dependent scaling (dynamic NTK, LongRoPE
+    by length) makes the model refuse a KV cache, as when it is built with one.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch module; got {type(model).__name__}")
+    layers = rotary_layers(model)
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} has no rotary layer (RotaryEncoding): extend_context applies to RoPE models"
+        )
+    scalings = [
+        make_scaling(method, rotary_dim=layer.rotary_dim, factor=factor, original_max_len=original_max_len, **options)
+        for layer in layers
+    ]
+    for layer, scaling in zip(layers, scalings):  # each against its layer's width and base, before any change
+        if scaling is not None:
+            scaling.compute(layer.rotary_dim, layer.base)
+    for layer, scaling in zip(layers, scalings):
+        layer.set_scaling(scaling)
+    return layers
+
+
+# --- Hugging Face configs ------------------------------------------------------------------------
+
+_HF_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn", "llama3": "llama3",
+             "longrope": "longrope", "su": "longrope"}
+
+
+def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None = None,
+                        pairing: str = "half_split") -> RotaryEncoding:
+    """The :class:`~.rope.RotaryEncoding` a Hugging Face model config describes (a dict, or a
+    config object with the same attributes). ``head_dim`` overrides the config's; ``pairing`` is
+    Hugging Face's half-split by default. See the module docstring for what is derived."""
+    params = _get(config, "rope_parameters")
+    scaling_dict = params if isinstance(params, Mapping) else _get(config, "rope_scaling")
+    scaling_dict = dict(scaling_dict or {})
+    base = scaling_dict.get("rope_theta", _get(config, "rope_theta", 10000.0))
+    if head_dim is None:
+        head_dim = _get(config, "head_dim")
+        if head_dim is None:
+            hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+            if hidden is None or heads is None:
+                raise ValueError("the config gives neither head_dim nor hidden_size and num_attention_heads")
+            head_dim = hidden // heads
+    partial = scaling_dict.get("partial_rotary_factor", _get(config, "partial_rotary_factor", 1.0))
+    if not 0 < partial <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {partial!r}")
+    rotary_dim = int(head_dim * partial)
+    rotary_dim -= rotary_dim % 2
+    kind = scaling_dict.get("rope_type", scaling_dict.get("type", "default"))
+    if kind not in _HF_TYPES:
+        raise ValueError(f"rope type {kind!r} has no posenc mapping; known: {', '.join(_HF_TYPES)}")
+    method = _HF_TYPES[kind]
+    max_pos = _get(config, "max_position_embeddings")
+    original = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
+    factor = scaling_dict.get("factor")
+    options: dict[str, Any] = {}
+    if method in ("yarn", "longrope", "dynamic_ntk", "llama3"):
+        if original is None:
+            original = max_pos
+        if original is None:
+            raise ValueError(f"a {kind} config needs max_position_embeddings or original_max_position_embeddings")
+    if method == "yarn":
+        if factor is None:
+            factor = max_pos / original
+        for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"):
+            if scaling_dict.get(key) is not None:
+                options[key] = scaling_dict[key]
+    elif method == "longrope":
+        stated = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
+        if stated is not None and max_pos is not None:
+            factor = max_pos / stated  # Hugging Face: the ratio, whatever factor says (Phi-3)
+        elif factor is None:
+            factor = 1.0
+        options = {"short_factor": scaling_dict["short_factor"], "long_factor": scaling_dict["long_factor"]}
+        if scaling_dict.get("attention_factor") is not None:
+            options["attention_factor"] = scaling_dict["attention_factor"]
+    elif method == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            if key in scaling_dict:
+                options[key] = scaling_dict[key]
+    if method != "none" and factor is None:
+        raise ValueError(f"a {kind} rope config needs a factor")
+    scaling = make_scaling(method, rotary_dim=rotary_dim, factor=1.0 if method == "none" else float(factor),
+                           original_max_len=None if original is None else int(original), **options)
+    return RotaryEncoding(head_dim, base=float(base), rotary_dim=rotary_dim, pairing=pairing, scaling=scaling)
