@@ -5,6 +5,7 @@
     posenc list [--modality M]          the registered encodings
     posenc bench attention [options]    attention benchmark (see posenc.bench.attention)
     posenc demo [options]               see posenc.demo
+    posenc extend RUN_DIR [options]     context extension of a trained RoPE run (see posenc.train.extend)
 
 Subcommands other than ``list`` live in their own modules, each defining
 ``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``
@@ -30,6 +31,7 @@ from typing import Callable, Mapping, Sequence
 # name -> (module, one-line help): commands taking no further subcommand.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("posenc.demo", "a short demonstration of the encodings (see posenc.demo)"),
+    "extend": ("posenc.train.extend", "extend the context of a trained RoPE run of posenc train seq (PI, NTK, YaRN, ...)"),
 }
 
 # modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.train.

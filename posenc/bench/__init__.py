@@ -22,6 +22,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "posenc.bench.extrapolation",
         "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
     ),
+    "context-extension": (
+        "posenc.bench.context_extension",
+        "extend a RoPE LM trained at 128 bytes with PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE: zero-shot and "
+        "fine-tuned bits per byte (table, plot, JSON)",
+    ),
     "resolution": (
         "posenc.bench.resolution",
         "train a ViT per vision encoding at one canvas size, evaluate at larger ones (table, plot, JSON)",

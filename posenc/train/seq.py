@@ -181,7 +181,11 @@ def _train(args: argparse.Namespace) -> int:
     print(format_table(["length", metric], [[n, f"{metrics[f'{metric}@{n}']:.4f}"] for n in eval_lens], align="rr"))
     result = {"encoding": args.encoding, "source": source, "metric": metric, "steps": trainer.step,
               "train_loss": metrics["train_loss"], "eval": {str(n): metrics[f"{metric}@{n}"] for n in eval_lens},
-              "model_config": model_config}
+              "model_config": model_config,
+              # what posenc extend needs to score the run again: the text and the training length
+              "train_data": ({"kind": "task", "task": args.task, "length": args.length} if args.task is not None else
+                             {"kind": "text", "path": None if args.data is None else str(Path(args.data).resolve()),
+                              "seq_len": args.seq_len})}
     if args.sample_tokens:
         prompt = torch.tensor([list(valid_text.encode("utf-8")[:64])], device=trainer.device)
         model.eval()

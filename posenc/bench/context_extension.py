@@ -1,0 +1,182 @@
+"""``posenc bench context-extension``: extend a RoPE LM trained at 128 bytes, zero-shot and after a
+short fine-tune, with every context extension.
+
+::
+
+    posenc bench context-extension --out runs/ctx            # about 10 minutes on 2 CPU cores
+    posenc bench context-extension --steps 200 --finetune-steps 10 --eval-lens 128,512
+
+One RoPE causal LM is trained on byte windows of CPython's pydoc text at ``--train-len`` (128).
+Then, for each method -- raw extrapolation (``none``), position interpolation (``linear``),
+NTK-aware (``ntk``), dynamic NTK, YaRN, Llama 3 and LongRoPE -- a copy of it is switched with
+:func:`posenc.seq.extend_context` (``factor = max(--eval-lens) / --train-len``, ``L0 =
+--train-len``, each method's defaults otherwise; LongRoPE without searched factor lists uses
+ones inside ``L0`` and ``s^(2k/(r-2))`` beyond, see :class:`posenc.seq.LongRoPE`), scored in bits
+per byte on the held-out tail at each ``--eval-lens``, fine-tuned for ``--finetune-steps`` steps
+at the target length (the longest evaluation length; the same steps, data and seed for every
+method, ``none`` included) and scored again.
+
+Outputs (with ``--out``): ``context_extension.txt``, ``.json`` and ``.png`` (bits per byte against
+length, zero-shot and fine-tuned side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..argtypes import int_list, positive_int
+from .report import format_table
+
+PROG = "posenc bench context-extension"
+BENCH_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
+LABELS = {"none": "raw extrapolation", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic_ntk": "dynamic NTK",
+          "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--train-len", type=positive_int, default=128, help="training window in bytes (default 128)")
+    parser.add_argument("--eval-lens", type=int_list(minimum=1), default=[128, 256, 512, 1024],
+                        help="evaluation lengths; the longest is the target (default 128,256,512,1024)")
+    parser.add_argument("--steps", type=positive_int, default=600, help="training steps of the base model (default 600)")
+    parser.add_argument("--finetune-steps", type=int, default=40, help="fine-tuning steps per method (default 40; 0: none)")
+    parser.add_argument("--finetune-batch", type=positive_int, default=4, help="fine-tuning batch (default 4)")
+    parser.add_argument("--finetune-lr", type=float, default=5e-4, help="fine-tuning learning rate (default 5e-4)")
+    parser.add_argument("--methods", default=",".join(BENCH_METHODS),
+                        help=f"comma-separated methods (default {','.join(BENCH_METHODS)})")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--dim", type=positive_int, default=128)
+    parser.add_argument("--depth", type=positive_int, default=2)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--out", default=None, help="directory for context_extension.{txt,json,png}")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    from ..seq.context import canonical_method
+
+    try:
+        args.method_list = [canonical_method(m.strip()) for m in args.methods.split(",") if m.strip()]
+    except ValueError as exc:
+        return f"--methods: {exc}"
+    if not args.method_list or len(set(args.method_list)) != len(args.method_list):
+        return f"--methods: give distinct method names, got {args.methods!r}"
+    if args.finetune_steps < 0:
+        return f"--finetune-steps must be >= 0, got {args.finetune_steps}"
+    for name in ("lr", "finetune_lr"):
+        if not getattr(args, name) > 0:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        return f"--dim ({args.dim}) / --heads ({args.heads}) must be an even head size"
+    if max(args.eval_lens) < args.train_len:
+        return f"--eval-lens: the longest ({max(args.eval_lens)}) must reach past --train-len ({args.train_len})"
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        return f"--out: {args.out!r} exists and is not a directory"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _check(args)
+    if error is not None:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    from ..seq.context import extend_context
+    from ..seq.data import pydoc_corpus, split_text
+    from ..seq.models import CausalLM
+    from ..train.extend import bpb_at, finetune
+
+    start = time.perf_counter()
+    train_text, valid_text = split_text(pydoc_corpus())
+    lens = sorted(set(args.eval_lens))
+    target = lens[-1]
+    factor = target / args.train_len
+    progress = not args.no_progress
+    torch.manual_seed(args.seed)
+    base = CausalLM(256, args.dim, args.depth, args.heads, encoding="rope", max_len=target)
+    if progress:
+        print(f"base RoPE model at {args.train_len} bytes:", file=sys.stderr, flush=True)
+    base_loss = finetune(base, train_text, args.train_len, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                         seed=args.seed, device=args.device, progress=progress)
+    base = base.cpu()
+    rows = []
+    for method in args.method_list:
+        model = copy.deepcopy(base)
+        extend_context(model, method, factor=1.0 if method == "none" else factor, original_max_len=args.train_len)
+        zero = bpb_at(model, valid_text, lens, args.eval_tokens)
+        tuned = None
+        if args.finetune_steps:
+            if progress:
+                print(f"{method}: fine-tune at {target}", file=sys.stderr, flush=True)
+            finetune(model, train_text, target, steps=args.finetune_steps, batch_size=args.finetune_batch,
+                     lr=args.finetune_lr, seed=args.seed + 1, device=args.device, progress=progress)
+            tuned = bpb_at(model.cpu(), valid_text, lens, args.eval_tokens)
+        rows.append({"method": method, "label": LABELS[method],
+                     "zero_shot": {str(n): v for n, v in zero.items()},
+                     "finetuned": None if tuned is None else {str(n): v for n, v in tuned.items()}})
+    total = time.perf_counter() - start
+    table = _table(rows, lens, args.finetune_steps)
+    what = (f"bits per byte on held-out pydoc text; one RoPE LM trained at {args.train_len} bytes ({args.steps} steps, "
+            f"final loss {base_loss:.3f}), extended by factor {factor:g} (L0 = {args.train_len}); "
+            f"fine-tune: {args.finetune_steps} steps at {target} bytes, batch {args.finetune_batch}; lower is better")
+    print(f"\n{what}\n{table}\ntotal {total:.0f} s")
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "context_extension.txt").write_text(f"{what}\n{table}\n")
+        config = {k: getattr(args, k) for k in ("train_len", "eval_lens", "steps", "finetune_steps", "finetune_batch",
+                                                "finetune_lr", "batch_size", "lr", "dim", "depth", "heads",
+                                                "eval_tokens", "seed")}
+        config["factor"] = factor
+        (out / "context_extension.json").write_text(json.dumps(
+            {"config": config, "base_loss": base_loss, "results": rows, "total_s": round(total, 1)}, indent=2))
+        _plot(rows, lens, args.train_len, out / "context_extension.png")
+        print(f"written to {out}/context_extension.{{txt,json,png}}")
+    return 0
+
+
+def _table(rows: list[dict], lens: list[int], finetune_steps: int) -> str:
+    headers = ["method"] + [f"0-shot@{n}" for n in lens] + ([f"tuned@{n}" for n in lens] if finetune_steps else [])
+    body = []
+    for r in rows:
+        line = [r["label"]] + [f"{r['zero_shot'][str(n)]:.3f}" for n in lens]
+        if finetune_steps:
+            line += [f"{r['finetuned'][str(n)]:.3f}" for n in lens]
+        body.append(line)
+    return format_table(headers, body, align="l" + "r" * (len(headers) - 1))
+
+
+def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("zero_shot", "zero-shot")] + ([("finetuned", "after the fine-tune")] if rows[0]["finetuned"] else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        for r in rows:
+            ax.plot(lens, [r[key][str(n)] for n in lens], marker="o", label=r["label"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lens, [str(n) for n in lens])
+        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(title)
+        ax.set_xlabel(f"evaluation length (trained at {train_len})")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("bits per byte")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["BENCH_METHODS", "add_arguments", "run"]

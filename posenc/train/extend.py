@@ -1,0 +1,167 @@
+"""``posenc extend RUN_DIR``: extend the context of a trained RoPE language model.
+
+::
+
+    posenc train seq --encoding rope --seq-len 128 --out runs/rope
+    posenc extend runs/rope --method yarn --factor 4                        # zero-shot, bits per byte
+    posenc extend runs/rope --method linear --factor 4 --finetune-steps 50  # PI, then a short fine-tune
+
+Loads the run's checkpoint (``weights_only=True``) and model config, switches every rotary layer
+to ``--method`` with :func:`posenc.seq.extend_context` (the training length ``--seq-len`` of the
+run is the original length ``L0``), optionally fine-tunes at ``--finetune-len`` (default
+``factor * L0``) for ``--finetune-steps`` steps, and reports bits per byte on the run's held-out
+text at each ``--eval-lens`` (default ``L0, 2 L0, 4 L0`` and ``factor * L0``), before the switch,
+after it, and after the fine-tune. Writes ``results.json`` (and, when fine-tuned, the trainer's
+``checkpoint.pt`` and ``metrics.jsonl``) into ``--out``, by default ``RUN_DIR/extend-METHOD-xFACTOR``,
+which must not hold a previous result. Text runs only (a task run reports exact match, not a
+likelihood to extend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..argtypes import int_list, key_value
+
+PROG = "posenc extend"
+
+
+def bpb_at(model: nn.Module, valid_text: str, lens: list[int], eval_tokens: int) -> dict[int, float]:
+    """Bits per byte of ``model`` on ``valid_text`` at each length (``eval_tokens`` tokens each)."""
+    from ..seq.data import eval_windows
+    from ..seq.evaluation import bits_per_byte
+
+    model.eval()
+    with torch.no_grad():
+        return {n: bits_per_byte(model, *eval_windows(valid_text, n, eval_tokens), batch_size=max(1, 4096 // n))
+                for n in lens}
+
+
+def finetune(model: nn.Module, train_text: str, length: int, *, steps: int, batch_size: int, lr: float, seed: int,
+             device: str, progress: bool, out_dir: str | None = None, model_config: dict | None = None) -> float:
+    """``steps`` of next-byte training on windows of ``length`` bytes (warm-up a tenth, cosine
+    decay); returns the final training loss."""
+    from ..common.trainer import TrainConfig, Trainer
+    from ..seq.data import ByteWindows
+
+    def loss_fn(m, batch):
+        x, y = batch
+        return F.cross_entropy(m(x).flatten(0, 1), y.flatten()), {}
+
+    config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10), seed=seed,
+                         device=device, out_dir=out_dir, progress=progress, log_every=0)
+    trainer = Trainer(model, ByteWindows(train_text, length), loss_fn, config, model_config=model_config)
+    return float(trainer.fit()["train_loss"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..seq.context import METHOD_ALIASES, METHODS
+
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by posenc train seq --out (a text run)")
+    parser.add_argument("--method", required=True, choices=(*METHODS, *METHOD_ALIASES),
+                        help="context extension (pi = linear; none = plain RoPE, i.e. raw extrapolation)")
+    parser.add_argument("--factor", type=float, default=None, help="context scale s >= 1 (default 4; none: 1)")
+    parser.add_argument("--option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                        help="a parameter of the method (JSON value), e.g. beta_fast=16; repeatable")
+    parser.add_argument("--finetune-steps", type=int, default=0, help="steps of fine-tuning after the switch (default 0)")
+    parser.add_argument("--finetune-len", type=int, default=None, help="fine-tuning window in bytes (default factor * L0)")
+    parser.add_argument("--lr", type=float, default=2e-4, help="fine-tuning learning rate (default 2e-4)")
+    parser.add_argument("--batch-size", type=int, default=8, help="fine-tuning batch (default 8)")
+    parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
+                        help="evaluation lengths (default L0, 2 L0, 4 L0 and factor * L0)")
+    parser.add_argument("--eval-tokens", type=int, default=16384, help="tokens scored per evaluation length")
+    parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/extend-METHOD-xFACTOR)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..common.checkpoint import load_checkpoint
+    from ..seq.context import canonical_method, extend_context, rotary_layers
+    from ..seq.data import load_corpus, split_text
+    from ..seq.models import CausalLM
+
+    run_dir = Path(args.run_dir)
+    results_path, ckpt_path = run_dir / "results.json", run_dir / "checkpoint.pt"
+    if not run_dir.is_dir() or not results_path.is_file() or not ckpt_path.is_file():
+        return _fail(f"RUN_DIR {str(run_dir)!r} must be a directory of posenc train seq --out, with results.json and "
+                     "checkpoint.pt")
+    method = canonical_method(args.method)
+    factor = args.factor if args.factor is not None else (1.0 if method == "none" else 4.0)
+    for name in ("finetune_steps", "eval_tokens", "batch_size"):
+        if getattr(args, name) < (0 if name == "finetune_steps" else 1):
+            return _fail(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'finetune_steps' else 'positive'}")
+    if not args.lr > 0:
+        return _fail(f"--lr must be positive, got {args.lr}")
+    try:
+        results = json.loads(results_path.read_text())
+    except (OSError, ValueError) as exc:
+        return _fail(f"{results_path}: not a readable results file ({exc})")
+    data = results.get("train_data") if isinstance(results, dict) else None
+    if not isinstance(data, dict) or data.get("kind") != "text":
+        return _fail(f"{results_path}: not a text run of posenc train seq (posenc extend scores bits per byte; "
+                     "task runs and runs written before this command have no train_data record)")
+    l0 = int(data["seq_len"])
+    out = Path(args.out) if args.out else run_dir / f"extend-{method}-x{factor:g}"
+    if (out / "results.json").exists():
+        return _fail(f"--out {str(out)!r} already holds results.json; choose another --out")
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+        model_config = ckpt.get("model_config")
+        if not isinstance(model_config, dict):
+            raise ValueError("the checkpoint has no model_config")
+        model = CausalLM(**model_config)
+        model.load_state_dict(ckpt["model"])
+        if not rotary_layers(model):
+            raise ValueError(f"the run's model (encoding {model_config.get('encoding')!r}) has no rotary layer")
+        text = load_corpus(data.get("path"))
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        return _fail(f"{run_dir}: {exc}")
+    train_text, valid_text = split_text(text)
+    target = int(round(factor * l0))
+    eval_lens = args.eval_lens or sorted({l0, 2 * l0, 4 * l0, target})
+    before = bpb_at(model, valid_text, eval_lens, args.eval_tokens)
+    try:
+        extend_context(model, method, factor=factor, original_max_len=l0, **dict(args.option))
+    except (TypeError, ValueError) as exc:
+        return _fail(str(exc))
+    after = bpb_at(model, valid_text, eval_lens, args.eval_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    tuned, loss = None, None
+    if args.finetune_steps:
+        length = args.finetune_len or target
+        if length < 2:
+            return _fail(f"--finetune-len must be at least 2, got {length}")
+        loss = finetune(model, train_text, length, steps=args.finetune_steps, batch_size=args.batch_size, lr=args.lr,
+                        seed=args.seed, device=args.device, progress=not args.no_progress, out_dir=str(out),
+                        model_config=model_config)
+        tuned = bpb_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
+    from ..bench.report import format_table
+
+    headers = ["length", "before", f"{method} x{factor:g}"] + ([f"+ {args.finetune_steps} steps"] if tuned else [])
+    rows = [[n, f"{before[n]:.3f}", f"{after[n]:.3f}"] + ([f"{tuned[n]:.3f}"] if tuned else []) for n in eval_lens]
+    print(f"bits per byte on the run's held-out text (trained at {l0} bytes; lower is better)")
+    print(format_table(headers, rows, align="r" * len(headers)))
+    record = {
+        "run_dir": str(run_dir), "method": method, "factor": factor, "original_max_len": l0,
+        "options": dict(args.option), "finetune_steps": args.finetune_steps,
+        "finetune_len": (args.finetune_len or target) if args.finetune_steps else None,
+        "before": {str(n): v for n, v in before.items()}, "zero_shot": {str(n): v for n, v in after.items()},
+        "finetuned": None if tuned is None else {str(n): v for n, v in tuned.items()}, "finetune_loss": loss,
+    }
+    (out / "results.json").write_text(json.dumps(record, indent=2))
+    print(f"results written to {out / 'results.json'}")
+    return 0
