@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-lens", type=int_list(minimum=1), default=[128, 256, 512, 1024],
                         help="evaluation lengths; the longest is the target (default 128,256,512,1024)")
     parser.add_argument("--steps", type=positive_int, default=600, help="training steps of the base model (default 600)")
-    parser.add_argument("--finetune-steps", type=int, default=40, help="fine-tuning steps per method (default 40; 0: none)")
+    parser.add_argument("--finetune-steps", type=int, default=100, help="fine-tuning steps per method (default 100; 0: none)")
     parser.add_argument("--finetune-batch", type=positive_int, default=4, help="fine-tuning batch (default 4)")
     parser.add_argument("--finetune-lr", type=float, default=5e-4, help="fine-tuning learning rate (default 5e-4)")
     parser.add_argument("--methods", default=",".join(BENCH_METHODS),
