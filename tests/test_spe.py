@@ -274,3 +274,21 @@ def test_favor_features_are_built_for_the_encoded_width():
     assert model.encoder.blocks[0].attn.feature_map.head_dim == 12
     out = model(torch.randint(0, 20, (2, 9)))
     assert out.shape == (2, 9, 20) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", ["sine", "conv", "conv2d"])
+def test_per_sequence_positions_give_each_sequence_its_own_codes(kind):
+    enc = _make(kind, 5)
+    if kind == "conv2d":
+        pos = torch.tensor([[[0, 0], [0, 1], [1, 0], [1, 1], [2, 2]], [[3, 3], [0, 1], [1, 0], [1, 1], [0, 0]]])
+    else:
+        pos = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 0, 1, 2]])  # a shifted row, a packed row
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, H, 5, D, generator=g, dtype=torch.float64) for _ in range(2))
+    qh, kh = enc.transform_qk(q, k, pos, pos)
+    for b in range(2):
+        qb, kb = enc.transform_qk(q[b:b + 1], k[b:b + 1], pos[b:b + 1], pos[b:b + 1])
+        torch.testing.assert_close(qh[b:b + 1], qb)
+        torch.testing.assert_close(kh[b:b + 1], kb)
+    empty = enc.transform_qk(q[:, :, :0], k[:, :, :0], pos[:, :0], pos[:, :0])
+    assert empty[0].shape == (2, H, 0, 5) and empty[1].shape == (2, H, 0, 5)

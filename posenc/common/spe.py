@@ -224,6 +224,8 @@ class StochasticPositionalEncoding(PositionEncoding):
         # chunks as pieces of one split, not slices: autograd then joins their gradients once
         # instead of adding a full-size zero tensor per chunk (quadratic in T)
         for xc, pc in zip(rest.split(SPE_CHUNK_TOKENS, dim=2), pos.split(SPE_CHUNK_TOKENS, dim=1)):
+            if xc.shape[2] == 0:  # splitting an empty sequence gives one empty piece
+                continue
             if grad:  # recomputed in the backward pass: the chunk's codes are never stored
                 parts.append(checkpoint(self._encode_chunk, xc, pc, eps, noise, seed, is_query,
                                         use_reentrant=False))
