@@ -453,3 +453,10 @@ def test_ddp_two_cpu_processes_end_with_equal_parameters(tmp_path):
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert ckpt["world_size"] == 2 and len(ckpt["rng"]) == 2
     assert [r["step"] for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_default_warmup_is_a_tenth_of_a_short_run_and_explicit_values_are_kept():
+    assert TrainConfig(steps=6).warmup_steps == 0
+    assert TrainConfig(steps=300).warmup_steps == 30
+    assert TrainConfig(steps=5000).warmup_steps == 100
+    assert TrainConfig(steps=6, warmup_steps=10).warmup_steps == 10  # documented: the whole run is warm-up

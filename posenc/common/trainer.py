@@ -90,7 +90,9 @@ class TrainConfig:
     batch_size: int = 32  # per process
     lr: float = 1e-3
     weight_decay: float = 0.01
-    warmup_steps: int = 100  # linear warm-up, then cosine decay to min_lr_ratio * lr at `steps`
+    # linear warm-up, then cosine decay to min_lr_ratio * lr at `steps`; None: min(100, steps // 10),
+    # so a short run is not all warm-up (a larger explicit value is honoured: the run is then warm-up)
+    warmup_steps: int | None = None
     min_lr_ratio: float = 0.0
     grad_clip: float | None = 1.0
     amp: bool = True  # bf16 autocast on CUDA only; ignored on CPU
@@ -105,6 +107,8 @@ class TrainConfig:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
+        if self.warmup_steps is None and isinstance(self.steps, int) and not isinstance(self.steps, bool):
+            self.warmup_steps = min(100, max(0, self.steps) // 10)
         self.validate()
 
     def validate(self) -> None:

@@ -1,9 +1,14 @@
-"""Sequence encodings: absolute, rotary, relative, NoPE."""
+"""Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE),
+the reference models (:class:`CausalLM`, :class:`SequenceEncoder`) and post-hoc context
+extension of trained RoPE models (:func:`extend_context`)."""
 
+# absolute and input encodings
 from .alibi import ALiBi, alibi_slopes
+from .learned import LearnedEncoding
+from .nope import NoPE
 from .sinusoidal import SinusoidalEncoding
 
-# --- rotary, absolute, TUPE, DeBERTa (seq-rotary) ---
+# rotary and its context extensions
 from .rope import (
     DynamicNTKRoPE,
     LinearRoPE,
@@ -25,37 +30,33 @@ from .rope_scaling import (
     YaRNScaling,
 )
 from .xpos import XPos, xpos_zeta
-from .learned import LearnedEncoding
-from .nope import NoPE
-from .tupe import TUPE
-from .deberta import DeBERTa, deberta_index, log_bucket_position
+from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
 
-# --- end seq-rotary ---
-
-# --- relative biases: T5, Shaw, Transformer-XL, KERPLE, FIRE, CAPE, CoPE (seq-bias) ---
+# relative encodings
 from .cape import CAPE, CAPE_BASES
 from .cope import CoPE
+from .deberta import DeBERTa, deberta_index, log_bucket_position
 from .fire import FIRE
 from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .shaw import ShawRelative
 from .t5 import T5Bias, t5_bucket
 from .transformer_xl import TransformerXLRelative
-from .spe import ConvSPE, SineSPE
-from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
+from .tupe import TUPE
 
-# --- end seq-bias ---
+# stochastic positional encodings (linear attention)
+from .spe import ConvSPE, SineSPE
+
+# reference models
+from .models import CausalLM, SequenceEncoder
 
 __all__ = [
-    "ALiBi", "alibi_slopes", "SinusoidalEncoding",
-    # seq-rotary
+    "ALiBi", "alibi_slopes", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
     "RotaryEncoding", "rope_inv_freq", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
     "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
     "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "XPos", "xpos_zeta",
-    "LearnedEncoding", "NoPE", "TUPE", "DeBERTa", "deberta_index", "log_bucket_position",
-    # end seq-rotary
-    # seq-bias
-    "T5Bias", "t5_bucket", "ShawRelative", "TransformerXLRelative", "KERPLE", "KERPLE_VARIANTS", "kerple_bias",
-    "FIRE", "CAPE", "CAPE_BASES", "CoPE", "SineSPE", "ConvSPE",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
-    # end seq-bias
+    "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
+    "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
+    "SineSPE", "ConvSPE",
+    "CausalLM", "SequenceEncoder",
 ]
