@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from posenc.common.trainer import TrainConfig, Trainer
+from posenc.training.trainer import TrainConfig, Trainer
 
 
 class NoisyData(Dataset):

@@ -1,4 +1,4 @@
-"""Tests of posenc.common.trainer: schedule, learning, data order, checkpoints, exact resume, DDP."""
+"""Tests of posenc.training.trainer: schedule, learning, data order, checkpoints, exact resume, DDP."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from posenc.common.checkpoint import save_atomic
-from posenc.common.trainer import (
+from posenc.training.checkpoint import save_atomic
+from posenc.training.trainer import (
     TrainConfig,
     Trainer,
     epoch_batches,

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
-    from ..common.trainer import TrainConfig, Trainer
+    from ..training.trainer import TrainConfig, Trainer
     from ..seq.data import ByteWindows, eval_windows, pydoc_corpus, split_text
     from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ..seq.models import CausalLM

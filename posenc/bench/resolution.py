@@ -143,7 +143,7 @@ def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
     from tqdm import tqdm
 
-    from ..common.trainer import TrainConfig
+    from ..training.trainer import TrainConfig
     from ..train.vision import accuracy, eval_sizes, train_vit, vit_config
     from ..vision.data import DigitsCanvas, digits_at_size
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..common.registry import get
-from ..common.trainer import TrainConfig, Trainer
+from ..training.trainer import TrainConfig, Trainer
 
 TITLE = "Graph: GPS on CSL, 10 classes of 4-regular circulant graphs (test accuracy, chance = 0.10)"
 

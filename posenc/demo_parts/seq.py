@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common.registry import get
-from ..common.trainer import TrainConfig, Trainer
+from ..training.trainer import TrainConfig, Trainer
 
 TITLE = "Sequence: byte-level causal LM on pydoc text (bits per byte, lower is better)"
 

@@ -35,7 +35,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
-    from ..common.trainer import TrainConfig
+    from ..training.trainer import TrainConfig
     from ..train.vision import train_vit, vit_config
     from ..vision.data import DigitsCanvas, digits_at_size
 

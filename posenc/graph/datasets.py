@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch_geometric.data import Data
 
-from ..common.checkpoint import save_atomic
+from ..training.checkpoint import save_atomic
 
 # ------------------------------------------------------------------------------------------------
 # CSL (Murphy et al. 2019, "Relational Pooling for Graph Representations")

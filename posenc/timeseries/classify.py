@@ -1,5 +1,5 @@
 """Train and evaluate a :class:`~.convtran.ConvTranClassifier` through the shared
-:class:`~posenc.common.trainer.Trainer` (progress bar, atomic checkpoints, exact resume).
+:class:`~posenc.training.trainer.Trainer` (progress bar, atomic checkpoints, exact resume).
 
 Training follows ConvTran's defaults where the shared trainer allows: batch 16, learning rate
 1e-3 held constant, no weight decay, no gradient clipping, 100 epochs. Differences: AdamW (the
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common.trainer import TrainConfig, Trainer
+from ..training.trainer import TrainConfig, Trainer
 from .convtran import ConvTranClassifier
 from .datasets import SeriesSet, collate_series
 

@@ -48,7 +48,7 @@ def finetune(model: nn.Module, train_text: str, length: int, *, steps: int, batc
              device: str, progress: bool, out_dir: str | None = None, model_config: dict | None = None) -> float:
     """``steps`` of next-byte training on windows of ``length`` bytes (warm-up a tenth, cosine
     decay); returns the final training loss."""
-    from ..common.trainer import TrainConfig, Trainer
+    from ..training.trainer import TrainConfig, Trainer
     from ..seq.data import ByteWindows
 
     def loss_fn(m, batch):
@@ -89,7 +89,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..common.checkpoint import load_checkpoint
+    from ..training.checkpoint import load_checkpoint
     from ..seq.context import canonical_method, extend_context, rotary_layers
     from ..seq.data import load_corpus, split_text
     from ..seq.models import CausalLM

@@ -16,7 +16,7 @@ regression with the L1 loss, as GPS on ZINC; one ``y`` per graph, or per node wi
 Encodings are precomputed once per graph with posenc's transforms: ``lap`` (``--lap-k``
 eigenvectors and eigenvalues, canonical signs; the encoding flips signs at random in training),
 ``rwse`` (``--rwse-steps`` return probabilities); ``spd`` is computed per batch from the edges.
-Training goes through :class:`posenc.common.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
+Training goes through :class:`posenc.training.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
 atomic checkpoints in ``--out``, ``--resume``, DDP under ``torchrun``. The final evaluation reports
 accuracy (classification) or MAE (regression) on the validation and test splits.
 """
@@ -293,7 +293,7 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..common.trainer import TrainConfig, Trainer
+    from ..training.trainer import TrainConfig, Trainer
     from ..graph.gps import GPS
 
     task = load_task(args)

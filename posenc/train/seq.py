@@ -11,7 +11,7 @@ Text: next-byte prediction on windows of ``--seq-len`` bytes; the final evaluati
 per byte on the held-out tail (last 10%) at each ``--eval-lens`` (default 1x, 2x, 4x the training
 length), on ``--eval-tokens`` tokens per length. Task: sizes uniform in ``[1, --length]``; the final
 evaluation reports exact match on examples of size exactly each ``--eval-lens`` (default L, 2L, 4L).
-Training goes through :class:`posenc.common.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
+Training goes through :class:`posenc.training.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
 atomic checkpoints in ``--out``, ``--resume``, DDP under ``torchrun``.
 """
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..common.trainer import TrainConfig, Trainer
+    from ..training.trainer import TrainConfig, Trainer
     from ..seq.data import ByteWindows, eval_windows, load_corpus, split_text
     from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ..seq.models import CausalLM

@@ -17,7 +17,7 @@ labels the digit, ``--task where`` the digit and its quadrant. An image folder (
 Evaluation: accuracy on the held-out images at each ``--eval-scales`` factor of ``--img-size``
 (default 1, 1.5 and 2). ``--eval-mode scale`` resizes the whole image, so the object grows with it
 (the protocol of CPVT and RoPE-ViT); ``--eval-mode grow`` (digits only) keeps the digit's size
-and enlarges the canvas around it. Training goes through :class:`posenc.common.trainer.Trainer`:
+and enlarges the canvas around it. Training goes through :class:`posenc.training.trainer.Trainer`:
 progress bar, ``metrics.jsonl`` and atomic checkpoints in ``--out``, ``--resume``, DDP under
 ``torchrun``.
 
@@ -243,9 +243,9 @@ def train_vit(
     train_config,
 ) -> tuple[nn.Module, dict[str, float], object]:
     """Build the ViT of ``model_config``, train it on ``train_set`` with ``train_config`` (a
-    :class:`~posenc.common.trainer.TrainConfig`) and evaluate it on ``eval_sets`` ({size: set}).
+    :class:`~posenc.training.trainer.TrainConfig`) and evaluate it on ``eval_sets`` ({size: set}).
     Returns ``(model, metrics, trainer)``; metrics hold ``train_loss``, ``train_acc`` and ``acc@<size>``."""
-    from ..common.trainer import Trainer
+    from ..training.trainer import Trainer
 
     torch.manual_seed(train_config.seed)
     model = build_vit(model_config)
@@ -279,7 +279,7 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..common.trainer import TrainConfig
+    from ..training.trainer import TrainConfig
 
     train, sets, source, in_chans, num_classes = _datasets(args)
     model_config = vit_config(

@@ -1,0 +1,54 @@
+"""The house rules, read from the source: ``common`` and ``training`` import no modality, and no
+modality imports another (shared primitives live in ``common``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "posenc"
+MODALITIES = ("seq", "vision", "graph", "timeseries")
+
+
+def _posenc_imports(path: Path) -> set[str]:
+    """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"}."""
+    package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]  # ("posenc", "seq")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - node.level + 1])
+                parts = base + (node.module.split(".") if node.module else [])
+                if not node.module:  # from .. import x: x may itself be a subpackage
+                    parts = base + [node.names[0].name]
+            else:
+                parts = (node.module or "").split(".")
+            if parts[:1] == ["posenc"] and len(parts) > 1:
+                found.add(parts[1])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "posenc" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("package", ["common", "training"])
+def test_the_core_and_the_trainer_import_no_modality(package):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = _posenc_imports(path) & set(MODALITIES)
+        assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("modality", MODALITIES)
+def test_no_modality_imports_another(modality):
+    for path in sorted((ROOT / modality).rglob("*.py")):
+        bad = _posenc_imports(path) & (set(MODALITIES) - {modality})
+        assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"
+
+
+def test_the_reader_sees_relative_imports():
+    assert _posenc_imports(ROOT / "seq" / "models.py") >= {"common"}
+    assert "training" in _posenc_imports(ROOT / "timeseries" / "classify.py")
