@@ -1,9 +1,16 @@
 """posenc: positional encodings for transformers on one fast attention core.
 
 ``posenc.available()`` lists every encoding; ``posenc.build(name, ...)`` constructs one.
+
+The modalities (``posenc.seq``, ``posenc.vision``, ``posenc.graph``, ``posenc.timeseries``) are
+imported on first use -- an attribute access, or the first registry lookup -- so that
+``import posenc`` and the command line's ``--help`` do not pay for timm or PyG.
 """
 
-from . import graph, seq, timeseries, vision  # noqa: F401  (importing registers the encodings)
+from __future__ import annotations
+
+import importlib
+
 from .common import (
     BACKENDS,
     AttentionMask,
@@ -20,16 +27,35 @@ from .common import (
     TransformerEncoder,
     attend,
     available,
-    linear_attention,
     build,
+    linear_attention,
     plan,
     register,
 )
+from .common.registry import add_loader
 
 __version__ = "0.1.0"
 
+MODALITY_PACKAGES = ("seq", "vision", "graph", "timeseries")
+
+
+def _load_modalities() -> None:
+    """Import every modality, which registers its encodings."""
+    for name in MODALITY_PACKAGES:
+        importlib.import_module(f"{__name__}.{name}")
+
+
+add_loader(_load_modalities)
+
+
+def __getattr__(name: str):
+    if name in MODALITY_PACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention", "PairwiseBias", "Plan",
-    "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build", "linear_attention", "plan",
-    "register",
+    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention",
+    "PairwiseBias", "Plan", "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build",
+    "linear_attention", "plan", "register",
 ]

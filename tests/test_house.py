@@ -52,3 +52,20 @@ def test_no_modality_imports_another(modality):
 def test_the_reader_sees_relative_imports():
     assert _posenc_imports(ROOT / "seq" / "models.py") >= {"common"}
     assert "training" in _posenc_imports(ROOT / "timeseries" / "classify.py")
+
+
+def test_import_posenc_is_lazy_and_the_registry_still_sees_every_modality():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, posenc\n"
+        "assert 'timm' not in sys.modules and 'posenc.vision' not in sys.modules and 'posenc.graph' not in sys.modules\n"
+        "names = {i.modality for i in posenc.available()}\n"
+        "assert names == {'seq', 'vision', 'graph', 'timeseries'}, names\n"
+        "assert 'timm' not in sys.modules  # the vision encodings need no timm; its integration loads on use\n"
+        "assert posenc.seq.CausalLM and posenc.vision.replace_position_encoding\n"
+        "assert 'timm' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

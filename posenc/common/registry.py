@@ -1,7 +1,9 @@
 """The encoding registry: every encoding with its modality, hooks and paper.
 
-Modalities register their encodings with :func:`register`; the package root imports them so
-that ``posenc.available()`` sees everything. :func:`build` constructs by name and checks the
+Modalities register their encodings with :func:`register`. They are imported lazily: the package
+root adds a loader (:func:`add_loader`) that imports every modality, and :func:`available`,
+:func:`get` and :func:`build` run it once before their first answer, so nothing here names a
+modality and ``import posenc`` stays cheap. :func:`build` constructs by name and checks the
 arguments against the constructor, so a typo fails loudly instead of disappearing into
 ``**kwargs``.
 """
@@ -44,6 +46,27 @@ class EncodingInfo:
 
 
 _REGISTRY: dict[str, EncodingInfo] = {}
+_LOADERS: list[Callable[[], None]] = []
+_LOAD_STATE = {"loaded": False, "loading": False}
+
+
+def add_loader(loader: Callable[[], None]) -> None:
+    """Run ``loader`` (which imports modules that :func:`register` encodings) before the next
+    lookup; the package root adds the one that imports every modality."""
+    _LOADERS.append(loader)
+    _LOAD_STATE["loaded"] = False
+
+
+def _ensure_loaded() -> None:
+    if _LOAD_STATE["loaded"] or _LOAD_STATE["loading"]:  # loading: a modality asks while importing
+        return
+    _LOAD_STATE["loading"] = True
+    try:
+        for loader in list(_LOADERS):
+            loader()
+        _LOAD_STATE["loaded"] = True
+    finally:
+        _LOAD_STATE["loading"] = False
 
 E = TypeVar("E", bound=type[PositionEncoding])
 
@@ -76,11 +99,14 @@ def available(modality: str | None = None) -> list[EncodingInfo]:
     """Registered encodings, sorted by modality then name; optionally of one modality."""
     if modality is not None and modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES} or None; got {modality!r}")
+    _ensure_loaded()
     infos = [i for i in _REGISTRY.values() if modality is None or i.modality == modality]
     return sorted(infos, key=lambda i: (MODALITIES.index(i.modality), i.name))
 
 
 def get(name: str) -> EncodingInfo:
+    if name not in _REGISTRY:
+        _ensure_loaded()
     if name not in _REGISTRY:
         raise KeyError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]

@@ -1,7 +1,9 @@
 """Vision encodings (PEG, axial, 2D sinusoidal, learned 2D, 2D RoPE, 2D relative bias) and a
 reference ViT that takes any of them, or any sequence encoding over the raster patch order.
 
-Importing this package registers the encodings (modality "vision"). 2D positions are
+Importing this package registers the encodings (modality "vision"); ``import
+posenc.vision.timm_models`` (or using :func:`replace_position_encoding`) registers the
+``posenc_vit_*`` models with timm. 2D positions are
 ``[B or 1, T, 2]`` ``(row, col)`` per token; encodings built with ``num_prefix_tokens = P``
 keep the first ``P`` tokens (class token, registers) out (see :mod:`posenc.vision.grid`).
 """
@@ -16,7 +18,17 @@ from .relbias2d import RelativePositionBias2D, resample_offset_table
 from .rope2d import Rope2DAxial, Rope2DMixed, rope2d_frequencies
 from .sincos2d import SinCos2D, sincos2d_table
 from .vit import ViT
-from .timm_models import replace_position_encoding  # importing it registers posenc_vit_* with timm
+
+
+def __getattr__(name: str):
+    # timm costs about 0.4 s to import: the integration (which registers posenc_vit_* with timm)
+    # loads on first use, or with ``import posenc.vision.timm_models``.
+    if name in ("replace_position_encoding", "timm_models"):
+        import importlib
+
+        timm_models = importlib.import_module(f"{__name__}.timm_models")
+        return timm_models if name == "timm_models" else timm_models.replace_position_encoding
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ConvSPE2d",
