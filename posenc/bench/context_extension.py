@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from ..seq.context import extend_context
     from ..seq.data import pydoc_corpus, split_text
     from ..seq.models import CausalLM
-    from ..train.extend import bpb_at, finetune
+    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
 
     start = time.perf_counter()
     train_text, valid_text = split_text(pydoc_corpus())
@@ -105,21 +105,21 @@ def run(args: argparse.Namespace) -> int:
     base = CausalLM(256, args.dim, args.depth, args.heads, encoding="rope", max_len=target)
     if progress:
         print(f"base RoPE model at {args.train_len} bytes:", file=sys.stderr, flush=True)
-    base_loss = finetune(base, train_text, args.train_len, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+    base_loss = train_on_bytes(base, train_text, args.train_len, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                          seed=args.seed, device=args.device, progress=progress)
     base = base.cpu()
     rows = []
     for method in args.method_list:
         model = copy.deepcopy(base)
         extend_context(model, method, factor=1.0 if method == "none" else factor, original_max_len=args.train_len)
-        zero = bpb_at(model, valid_text, lens, args.eval_tokens)
+        zero = bits_per_byte_at(model, valid_text, lens, args.eval_tokens)
         tuned = None
         if args.finetune_steps:
             if progress:
                 print(f"{method}: fine-tune at {target}", file=sys.stderr, flush=True)
-            finetune(model, train_text, target, steps=args.finetune_steps, batch_size=args.finetune_batch,
+            train_on_bytes(model, train_text, target, steps=args.finetune_steps, batch_size=args.finetune_batch,
                      lr=args.finetune_lr, seed=args.seed + 1, device=args.device, progress=progress)
-            tuned = bpb_at(model.cpu(), valid_text, lens, args.eval_tokens)
+            tuned = bits_per_byte_at(model.cpu(), valid_text, lens, args.eval_tokens)
         rows.append({"method": method, "label": LABELS[method],
                      "zero_shot": {str(n): v for n, v in zero.items()},
                      "finetuned": None if tuned is None else {str(n): v for n, v in tuned.items()}})

@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..argtypes import int_list, positive_int
 from ..common.linear_attention import FEATURE_MAPS
@@ -158,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
     from ..training.trainer import TrainConfig, Trainer
-    from ..seq.data import ByteWindows, eval_windows, pydoc_corpus, split_text
-    from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
+    from ..seq.data import ByteWindows, pydoc_corpus, split_text
+    from ..seq.byte_lm import bits_per_byte_at, next_byte_loss
+    from ..seq.evaluation import task_eval_set, task_exact_match
     from ..seq.models import CausalLM
     from ..seq.tasks import TaskDataset, make_task, masked_loss
 
@@ -180,13 +180,10 @@ def _one(args: argparse.Namespace, name: str) -> dict:
         train_text, valid_text = split_text(pydoc_corpus())
         vocab, max_len = ByteWindows.vocab_size, args.train_len
         train = ByteWindows(train_text, args.train_len)
-
-        def loss_fn(model, batch):
-            x, y = batch
-            return F.cross_entropy(model(x).flatten(0, 1), y.flatten()), {}
+        loss_fn = next_byte_loss
 
         def score(model, n: int) -> float:
-            return bits_per_byte(model, *eval_windows(valid_text, n, args.eval_tokens), batch_size=max(1, 4096 // n))
+            return bits_per_byte_at(model, valid_text, [n], args.eval_tokens)[n]
 
     torch.manual_seed(args.seed)
     model = CausalLM(vocab, args.dim, args.depth, args.heads, encoding=None if name == "none" else name, max_len=max_len,

@@ -129,6 +129,18 @@ def extend_context(
     a refused call leaves the model as it was. A length-dependent scaling (dynamic NTK, LongRoPE
     by length) makes the model refuse a KV cache, as when it is built with one.
     """
+    planned = plan_extension(model, method, factor=factor, original_max_len=original_max_len, **options)
+    for layer, scaling in planned:
+        layer.set_scaling(scaling)
+    return [layer for layer, _ in planned]
+
+
+def plan_extension(
+    model: nn.Module, method: str, *, factor: float = 1.0, original_max_len: int | None = None, **options: Any
+) -> list[tuple[RotaryEncoding, RopeScaling | None]]:
+    """The ``(layer, scaling)`` pairs :func:`extend_context` would apply, each scaling built and
+    checked against its layer's width and base; nothing changes. A command line calls it to
+    refuse bad arguments before any work."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch module; got {type(model).__name__}")
     layers = rotary_layers(model)
@@ -136,16 +148,14 @@ def extend_context(
         raise ValueError(
             f"{type(model).__name__} has no rotary layer (RotaryEncoding): extend_context applies to RoPE models"
         )
-    scalings = [
-        make_scaling(method, rotary_dim=layer.rotary_dim, factor=factor, original_max_len=original_max_len, **options)
-        for layer in layers
-    ]
-    for layer, scaling in zip(layers, scalings):  # each against its layer's width and base, before any change
+    planned = []
+    for layer in layers:
+        scaling = make_scaling(method, rotary_dim=layer.rotary_dim, factor=factor, original_max_len=original_max_len,
+                               **options)
         if scaling is not None:
             scaling.compute(layer.rotary_dim, layer.base)
-    for layer, scaling in zip(layers, scalings):
-        layer.set_scaling(scaling)
-    return layers
+        planned.append((layer, scaling))
+    return planned
 
 
 # --- Hugging Face configs ------------------------------------------------------------------------
@@ -186,10 +196,11 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
         raise ValueError(f"rope type {kind!r} has no posenc mapping; known: {', '.join(_HF_TYPES)}")
     method = _HF_TYPES[kind]
     max_pos = _get(config, "max_position_embeddings")
-    original = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
+    stated = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
+    original = stated
     factor = scaling_dict.get("factor")
     options: dict[str, Any] = {}
-    if method in ("yarn", "longrope", "dynamic_ntk", "llama3"):
+    if method in NEEDS_ORIGINAL_LENGTH:
         if original is None:
             original = max_pos
         if original is None:
@@ -201,7 +212,6 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
             if scaling_dict.get(key) is not None:
                 options[key] = scaling_dict[key]
     elif method == "longrope":
-        stated = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
         if stated is not None and max_pos is not None:
             factor = max_pos / stated  # Hugging Face: the ratio, whatever factor says (Phi-3)
         elif factor is None:

@@ -24,41 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
 from ..argtypes import int_list, key_value
 
 PROG = "posenc extend"
-
-
-def bpb_at(model: nn.Module, valid_text: str, lens: list[int], eval_tokens: int) -> dict[int, float]:
-    """Bits per byte of ``model`` on ``valid_text`` at each length (``eval_tokens`` tokens each)."""
-    from ..seq.data import eval_windows
-    from ..seq.evaluation import bits_per_byte
-
-    model.eval()
-    with torch.no_grad():
-        return {n: bits_per_byte(model, *eval_windows(valid_text, n, eval_tokens), batch_size=max(1, 4096 // n))
-                for n in lens}
-
-
-def finetune(model: nn.Module, train_text: str, length: int, *, steps: int, batch_size: int, lr: float, seed: int,
-             device: str, progress: bool, out_dir: str | None = None, model_config: dict | None = None) -> float:
-    """``steps`` of next-byte training on windows of ``length`` bytes (warm-up a tenth, cosine
-    decay); returns the final training loss."""
-    from ..training.trainer import TrainConfig, Trainer
-    from ..seq.data import ByteWindows
-
-    def loss_fn(m, batch):
-        x, y = batch
-        return F.cross_entropy(m(x).flatten(0, 1), y.flatten()), {}
-
-    config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10), seed=seed,
-                         device=device, out_dir=out_dir, progress=progress, log_every=0)
-    trainer = Trainer(model, ByteWindows(train_text, length), loss_fn, config, model_config=model_config)
-    return float(trainer.fit()["train_loss"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +58,9 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..training.checkpoint import load_checkpoint
-    from ..seq.context import canonical_method, extend_context, rotary_layers
+    from ..seq.context import canonical_method, plan_extension, rotary_layers
     from ..seq.data import load_corpus, split_text
+    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ..seq.models import CausalLM
 
     run_dir = Path(args.run_dir)
@@ -132,23 +101,25 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{run_dir}: {exc}")
     train_text, valid_text = split_text(text)
     target = int(round(factor * l0))
+    if args.finetune_steps and (args.finetune_len or target) < 2:  # refused before any evaluation runs
+        return _fail(f"--finetune-len must be at least 2, got {args.finetune_len or target}")
     eval_lens = args.eval_lens or sorted({l0, 2 * l0, 4 * l0, target})
-    before = bpb_at(model, valid_text, eval_lens, args.eval_tokens)
-    try:
-        extend_context(model, method, factor=factor, original_max_len=l0, **dict(args.option))
+    try:  # every scaling checked before any evaluation runs
+        planned = plan_extension(model, method, factor=factor, original_max_len=l0, **dict(args.option))
     except (TypeError, ValueError) as exc:
         return _fail(str(exc))
-    after = bpb_at(model, valid_text, eval_lens, args.eval_tokens)
+    before = bits_per_byte_at(model, valid_text, eval_lens, args.eval_tokens)
+    for layer, scaling in planned:
+        layer.set_scaling(scaling)
+    after = bits_per_byte_at(model, valid_text, eval_lens, args.eval_tokens)
     out.mkdir(parents=True, exist_ok=True)
     tuned, loss = None, None
     if args.finetune_steps:
         length = args.finetune_len or target
-        if length < 2:
-            return _fail(f"--finetune-len must be at least 2, got {length}")
-        loss = finetune(model, train_text, length, steps=args.finetune_steps, batch_size=args.batch_size, lr=args.lr,
+        loss = train_on_bytes(model, train_text, length, steps=args.finetune_steps, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, device=args.device, progress=not args.no_progress, out_dir=str(out),
                         model_config=model_config)
-        tuned = bpb_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
+        tuned = bits_per_byte_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
     from ..bench.report import format_table
 
     headers = ["length", "before", f"{method} x{factor:g}"] + ([f"+ {args.finetune_steps} steps"] if tuned else [])
