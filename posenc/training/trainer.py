@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm
 
+from ..common.checks import check_bool, check_int, check_number, is_int
 from . import distributed as distu
 from .checkpoint import (
     CHECKPOINT_FORMAT,
@@ -71,14 +72,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 # ----------------------------------------------------------------------------------------------
 # Configuration
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -107,52 +100,26 @@ class TrainConfig:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
-        if self.warmup_steps is None and isinstance(self.steps, int) and not isinstance(self.steps, bool):
+        if self.warmup_steps is None and is_int(self.steps):
             self.warmup_steps = min(100, max(0, self.steps) // 10)
         self.validate()
 
     def validate(self) -> None:
-        def need_int(name: str, low: int) -> None:
-            v = getattr(self, name)
-            if not _is_int(v):
-                raise TypeError(f"TrainConfig.{name} must be an int; got {v!r} ({type(v).__name__})")
-            if v < low:
-                what = "positive" if low == 1 else f">= {low}"
-                raise ValueError(f"TrainConfig.{name} must be {what}; got {v}")
+        def field(name: str) -> tuple[str, Any]:
+            return f"TrainConfig.{name}", getattr(self, name)
 
-        def need_number(name: str) -> float:
-            v = getattr(self, name)
-            if not _is_number(v):
-                raise TypeError(f"TrainConfig.{name} must be a number; got {v!r} ({type(v).__name__})")
-            if not math.isfinite(v):
-                raise ValueError(f"TrainConfig.{name} must be finite; got {v}")
-            return float(v)
-
-        def need_bool(name: str) -> None:
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise TypeError(f"TrainConfig.{name} must be a bool; got {v!r} ({type(v).__name__})")
-
-        need_int("steps", 1)
-        need_int("batch_size", 1)
-        need_int("warmup_steps", 0)
-        need_int("log_every", 0)
-        need_int("eval_every", 0)
-        need_int("checkpoint_every", 0)
-        need_int("num_workers", 0)
-        need_int("seed", 0)
-        if self.seed >= 2**32:
-            raise ValueError(f"TrainConfig.seed must be below 2**32 (numpy's limit); got {self.seed}")
-        if need_number("lr") <= 0:
-            raise ValueError(f"TrainConfig.lr must be positive; got {self.lr}")
-        if need_number("weight_decay") < 0:
-            raise ValueError(f"TrainConfig.weight_decay must be >= 0; got {self.weight_decay}")
-        if not 0.0 <= need_number("min_lr_ratio") <= 1.0:
-            raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}")
-        if self.grad_clip is not None and need_number("grad_clip") <= 0:
-            raise ValueError(f"TrainConfig.grad_clip must be positive or None (no clipping); got {self.grad_clip}")
+        for name in ("steps", "batch_size"):
+            check_int(*field(name), minimum=1)
+        for name in ("warmup_steps", "log_every", "eval_every", "checkpoint_every", "num_workers"):
+            check_int(*field(name), minimum=0)
+        check_int(*field("seed"), minimum=0, maximum=2**32 - 1)  # numpy's limit
+        check_number(*field("lr"), minimum=0.0, strict=True)
+        check_number(*field("weight_decay"), minimum=0.0)
+        check_number(*field("min_lr_ratio"), minimum=0.0, maximum=1.0)
+        if self.grad_clip is not None:
+            check_number(*field("grad_clip"), minimum=0.0, strict=True)
         for name in ("amp", "resume", "progress"):
-            need_bool(name)
+            check_bool(*field(name))
         if not isinstance(self.device, str) or not self.device:
             raise TypeError(f"TrainConfig.device must be a non-empty str such as 'auto', 'cpu' or 'cuda:0'; got {self.device!r}")
         if self.device != "auto":

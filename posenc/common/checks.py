@@ -1,0 +1,141 @@
+"""The one home of value rules shared by the whole package.
+
+Every constructor argument, configuration field and position tensor is checked by one of these
+functions, so a rule ("an int, not a bool", "finite", "positive") is written once and every
+misuse reads the same way: ``NAME must be WHAT; got VALUE``. A wrong type raises ``TypeError``,
+a wrong value ``ValueError``. The command line reuses them through :mod:`posenc.argtypes`, which
+turns the message into argparse's one line and exit status 2.
+
+::
+
+    check_int("num_heads", num_heads, minimum=1)
+    check_number("scale", scale, minimum=0.0, strict=True)
+    check_positions("positions", positions, integer=True, minimum=0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Collection
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "is_int",
+    "is_number",
+    "check_int",
+    "check_number",
+    "check_bool",
+    "check_choice",
+    "check_positions",
+]
+
+
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (``True`` is an ``int`` to Python, never a size to us)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An ``int`` or ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bound(minimum: float | None, maximum: float | None, strict: bool) -> str:
+    if minimum is not None and maximum is not None:
+        return f"in {'(' if strict else '['}{minimum}, {maximum}]"
+    if minimum is not None:
+        if minimum == 0 and strict:
+            return "positive"
+        if minimum == 1 and not strict:
+            return ">= 1"
+        return f"{'>' if strict else '>='} {minimum}"
+    return f"<= {maximum}"
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]``; ``bool`` and ``float`` are refused."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int; got {value!r} ({type(value).__name__})")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        what = "a positive int" if minimum == 1 and maximum is None else f"an int {_bound(minimum, maximum, False)}"
+        raise ValueError(f"{name} must be {what}; got {value}")
+    return int(value)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict: bool = False,
+) -> float:
+    """``value`` as a finite ``float``, ``>= minimum`` (``> minimum`` when ``strict``) and ``<= maximum``."""
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number; got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number; got {value}")
+    low_bad = minimum is not None and (value <= minimum if strict else value < minimum)
+    if low_bad or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be a number {_bound(minimum, maximum, strict)}; got {value}")
+    return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a ``bool`` (``0``/``1`` or a string are refused: they hide mistakes)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> Any:
+    """``value`` if it is one of ``choices``."""
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable value against a set
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_positions(
+    name: str,
+    positions: Any,
+    *,
+    integer: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    ndim: Collection[int] | None = None,
+) -> Tensor:
+    """``positions`` if it is a tensor of real numbers (never ``bool``: ``True`` would be read as
+    position 1), finite, of an integer dtype when ``integer``, within ``[minimum, maximum]`` and
+    of one of the ranks ``ndim``.
+
+    Reading the values (finite, range) synchronises with the device; callers on a hot path check
+    once where positions enter, not in every layer.
+    """
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
+    if integer and positions.is_floating_point():
+        raise TypeError(f"{name} must be an integer tensor; got dtype {positions.dtype}")
+    if ndim is not None and positions.dim() not in ndim:
+        ranks = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(positions.shape)}")
+    if positions.numel() == 0:
+        return positions
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        raise ValueError(f"{name} must be finite; got {positions.flatten()[~torch.isfinite(positions.flatten())][0].item()}")
+    if minimum is not None:
+        low = positions.min().item()
+        if low < minimum:
+            raise ValueError(f"{name} must be >= {minimum}; got {low}")
+    if maximum is not None:
+        high = positions.max().item()
+        if high > maximum:
+            raise ValueError(f"{name} must be <= {maximum}; got {high}")
+    return positions
