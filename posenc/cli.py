@@ -98,7 +98,7 @@ def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from .bench.report import format_table
+    from .report import format_table
     from .common.registry import available
 
     infos = available(args.modality)

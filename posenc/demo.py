@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .bench.report import format_table
+from .report import format_table
 
 Row = dict[str, object]
 

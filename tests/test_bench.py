@@ -22,7 +22,7 @@ from posenc.bench.attention import (
 )
 from posenc.bench.load import background_load
 from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
-from posenc.bench.report import format_table
+from posenc.report import format_table
 from posenc.bench.timing import time_interleaved
 
 TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]

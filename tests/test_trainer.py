@@ -145,10 +145,29 @@ def test_weight_decay_skips_biases_and_1d_params():
     assert by_decay == {0.1: {2}, 0.0: {1}}
 
 
-def test_progress_bar_shows_loss(capsys):
+def test_progress_redirected_is_plain_lines_with_the_loss(capsys):
+    # capsys's stderr is not a terminal: plain lines, no carriage returns (log files stay readable)
     Trainer(TinyNet(), _regression_data(), _mse, _cfg(steps=4, progress=True, log_every=2)).fit()
     err = capsys.readouterr().err
-    assert "4/4" in err and "loss=" in err
+    assert "train: 4/4 (100%)" in err and "loss " in err and "\r" not in err
+
+
+def test_progress_on_a_terminal_redraws_one_line():
+    import io
+
+    from posenc.report import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    bar = Progress(3, "train", stream=stream)
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and "3/3" in text and text.endswith("\n")
 
 
 # ---- data order ---------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int`` (t
 and is imported only when its subcommand runs. A new benchmark is a module here plus a line in
 the table.
 
-Shared pieces: :mod:`.timing` (interleaved timing, progress), :mod:`.memory` (peak memory of one
-step, including a CPU tracker), :mod:`.report` (text tables), :mod:`.load` (busy processes for a
-run under background load, and the load average to report with it).
+Shared pieces: :mod:`.timing` (interleaved timing), :mod:`.memory` (peak memory of one step,
+including a CPU tracker), :mod:`.load` (busy processes for a run under background load, and the
+load average to report with it); tables, progress and results files come from
+:mod:`posenc.report`, which the train commands use too.
 """
 
 from __future__ import annotations

@@ -77,8 +77,9 @@ from ..common.registry import ModelDims, available, build
 from ..argtypes import int_list
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
-from .report import format_table
-from .timing import Progress, error_text, synchronize, time_interleaved
+from ..report import format_table
+from ..report import Progress
+from .timing import error_text, synchronize, time_interleaved
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import int_list, positive_int
-from .report import format_table
+from ..report import format_table
 
 PROG = "posenc bench context-extension"
 BENCH_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")

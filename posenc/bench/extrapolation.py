@@ -42,7 +42,7 @@ from ..common.linear_attention import FEATURE_MAPS
 from ..common.plan import check_attention_kind
 from ..common.encoding import class_needs
 from ..common.registry import available, get
-from .report import format_table
+from ..report import format_table
 
 PROG = "posenc bench extrapolation"
 DEFAULT_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "nope")

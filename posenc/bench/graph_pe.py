@@ -53,8 +53,9 @@ import torch
 
 from ..argtypes import positive_float, positive_int
 from .load import background_load, describe, format_load_average, load_average
-from .report import format_table
-from .timing import Progress, error_text
+from ..report import format_table
+from ..report import Progress
+from .timing import error_text
 
 LAP, RWSE = "LapPE", "RWSE"
 

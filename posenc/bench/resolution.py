@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import int_list, positive_float_list
-from .report import format_table
+from ..report import format_table
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
 MODES = ("scale", "grow")
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
-    from tqdm import tqdm
+    from ..report import Progress
 
     from ..training.trainer import TrainConfig
     from ..train.vision import accuracy, eval_sizes, train_vit, vit_config
@@ -151,7 +151,7 @@ def measure(args: argparse.Namespace) -> dict:
     modes = [m for m in args.modes.split(",") if m]
     sizes = eval_sizes(args.img_size, args.scales)
     runs = []
-    bar = tqdm(total=len(names) * len(args.seeds), desc="models", disable=args.no_progress, dynamic_ncols=True)
+    bar = Progress(len(names) * len(args.seeds), "models", enabled=not args.no_progress)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         for seed in args.seeds:
@@ -162,7 +162,7 @@ def measure(args: argparse.Namespace) -> dict:
                 mode: {s: test if s == args.img_size else digits_at_size(test, s, mode) for s in sizes} for mode in modes
             }
             for name in names:
-                bar.set_postfix(encoding=name, seed=seed)
+                bar.note = f"{name} seed {seed}"
                 config = vit_config(name, img_size=args.img_size, patch_size=args.patch, in_chans=1,
                                     num_classes=train.num_classes, dim=args.dim, depth=args.depth,
                                     num_heads=args.heads, mlp_ratio=2.0)

@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from .report import format_table
+from ..report import format_table
 
 DEFAULT_DATASETS = ("BasicMotions", "JapaneseVowels")
 DEFAULT_ENCODINGS = ("tape+erpe", "sinusoidal", "learned", "none")
@@ -165,8 +165,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"posenc bench timeseries: {error}", file=sys.stderr)
         return 2
     import torch
-    from tqdm import tqdm
-
+    from ..report import Progress
     from ..timeseries.classify import train_classifier
     from ..timeseries.datasets import load_dataset
     from ..train.timeseries import settings_from_args
@@ -185,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     runs = []
     jobs = [(d, e, s) for d in args.datasets for e in encodings for s in args.seeds]
-    for dataset, encoding, seed in tqdm(jobs, desc="runs", disable=args.no_progress, dynamic_ncols=True):
+    bar = Progress(len(jobs), "runs", enabled=not args.no_progress)
+    for dataset, encoding, seed in jobs:
         train, test = data[dataset]
         cpu = time.process_time()
         _, metrics = train_classifier(
@@ -195,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
                      "test_loss": metrics["test_loss"], "train_loss": metrics["train_loss"],
                      "steps": int(metrics["steps"]), "train_seconds": metrics["train_seconds"],
                      "cpu_seconds": time.process_time() - cpu})
+        bar.update(1, note=f"{dataset} {encoding} seed {seed}")
+    bar.close()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     rows = summarize(runs)
     print(render(rows))

@@ -9,12 +9,13 @@ dropped from the remaining rounds and its error is kept.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, TextIO
+from typing import Callable, Mapping
 
 import torch
+
+from ..report import Progress
 
 
 def synchronize(device: torch.device) -> None:
@@ -27,39 +28,6 @@ def error_text(exc: BaseException) -> str:
     """``"TypeName: message"`` on one line."""
     message = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-class Progress:
-    """Progress on ``stream`` (stderr): a bar redrawn in place on a terminal, a line per update elsewhere."""
-
-    def __init__(self, total: int, desc: str, *, enabled: bool = True, stream: TextIO | None = None) -> None:
-        self.total, self.desc, self.done = max(1, total), desc, 0
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = enabled
-        isatty = getattr(self.stream, "isatty", None)
-        self.tty = bool(isatty and isatty())
-        self._last = -1.0
-
-    def update(self, n: int = 1, note: str = "") -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if self.tty:
-            width = 30
-            filled = int(width * self.done / self.total)
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r{self.desc} [{bar}] {self.done}/{self.total} {note}".ljust(100)[:120])
-            self.stream.flush()
-        elif now - self._last >= 5.0 or self.done >= self.total:
-            self.stream.write(f"{self.desc}: {self.done}/{self.total} {note}".rstrip() + "\n")
-            self.stream.flush()
-            self._last = now
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 @dataclass

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed, device=args.device, progress=not args.no_progress, out_dir=str(out),
                         model_config=model_config)
         tuned = bits_per_byte_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
-    from ..bench.report import format_table
+    from ..report import format_table
 
     headers = ["length", "before", f"{method} x{factor:g}"] + ([f"+ {args.finetune_steps} steps"] if tuned else [])
     rows = [[n, f"{before[n]:.3f}", f"{after[n]:.3f}"] + ([f"{tuned[n]:.3f}"] if tuned else []) for n in eval_lens]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
-from ..bench.report import format_table
+from ..report import format_table
 
 PROG = "posenc train graph"
 BUILTIN = ("csl", "molecules")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
 from ..argtypes import int_list, key_value
-from ..bench.report import format_table
+from ..report import format_table
 from ..common.registry import get
 
 PROG = "posenc train seq"

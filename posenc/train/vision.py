@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
 from ..argtypes import int_list, key_value, positive_float_list
-from ..bench.report import format_table
+from ..report import format_table
 from ..common.registry import get
 
 PROG = "posenc train vision"

@@ -47,8 +47,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
-from tqdm import tqdm
 
+from ..report import Progress
 from ..common.checks import check_bool, check_int, check_number, is_int
 from . import distributed as distu
 from .checkpoint import (
@@ -96,7 +96,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     checkpoint_every: int = 0  # 0: checkpoint only at the end (if out_dir)
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
-    progress: bool = True  # tqdm progress bar (rank 0 only)
+    progress: bool = True  # progress on stderr, rank 0 only (posenc.report.Progress)
     num_workers: int = 0
 
     def __post_init__(self) -> None:
@@ -568,8 +568,9 @@ class Trainer:
             self._open_metrics(resumed)
             self._t0 = time.perf_counter()
             self.model.train()
-            bar = tqdm(total=cfg.steps, initial=min(self.step, cfg.steps), disable=not (cfg.progress and self.is_main),
-                       desc="train", dynamic_ncols=True)
+            # a bar on a terminal, a plain line every 10 s when redirected (no carriage returns in logs)
+            bar = Progress(cfg.steps, "train", initial=min(self.step, cfg.steps),
+                           enabled=cfg.progress and self.is_main, every=10.0)
             eval_metrics: dict[str, float] = {}
             evaluated_at = -1
             grad_norm = None
@@ -606,7 +607,7 @@ class Trainer:
                     record["elapsed"] = round(self.elapsed(), 3)
                     if self.is_main:
                         self._write_metrics(record)
-                    bar.set_postfix(loss=f"{mean_loss:.4g}", lr=f"{lr:.3g}")
+                    bar.note = f"loss {mean_loss:.4g}, lr {lr:.3g}"
                     self._reset_window()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and not final:
                     eval_metrics = self.evaluate()
