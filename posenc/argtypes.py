@@ -1,7 +1,8 @@
 """Argument types shared by the ``posenc`` subcommands (``type=`` callables for argparse).
 
 Each raises :class:`argparse.ArgumentTypeError` with what was expected and what was given;
-argparse prefixes the argument's name, and the command exits with 2.
+argparse prefixes the argument's name, and the command exits with 2. The rules themselves are
+those of :mod:`posenc.common.checks`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import json
 import math
 from typing import Callable
+
+from .common.checks import check_int, check_number
 
 
 def _bound_words(minimum: float) -> str:
@@ -42,14 +45,44 @@ def positive_float_list(text: str) -> list[float]:
     return values
 
 
-def positive_int(text: str) -> int:
+def _int(text: str, minimum: int, maximum: int | None = None, what: str = "") -> int:
+    what = what or f"{_bound_words(minimum)} integer"
     try:
-        v = int(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+        raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}") from None
+    try:
+        return check_int("value", value, minimum=minimum, maximum=maximum)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer ``>= 1``."""
+    return _int(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer ``>= 0``."""
+    return _int(text, 0)
+
+
+def seed_value(text: str) -> int:
+    """A seed: an integer in ``[0, 2**32)`` (numpy's range)."""
+    return _int(text, 0, 2**32 - 1, "seed in [0, 2**32)")
+
+
+def device_name(text: str) -> str:
+    """``auto`` or a torch device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
+    if text == "auto":
+        return text
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}") from None
+    return text
 
 
 def key_value(text: str) -> tuple[str, object]:
@@ -64,15 +97,21 @@ def key_value(text: str) -> tuple[str, object]:
     return key, value
 
 
+def _float(text: str, minimum: float, strict: bool, what: str) -> float:
+    try:
+        return check_number("value", float(text), minimum=minimum, strict=strict)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}") from None
+
+
 def positive_float(text: str) -> float:
     """A finite number ``> 0``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _float(text, 0.0, True, "positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number ``>= 0``."""
+    return _float(text, 0.0, False, "non-negative number")
 
 
 def dropout_rate(text: str) -> float:

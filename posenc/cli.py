@@ -56,6 +56,27 @@ def command_groups() -> dict[str, tuple[str, Mapping[str, tuple[str, str]]]]:
 Handler = Callable[[argparse.Namespace], int]
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` where there is a default to show (not for None, False or [])."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with two house rules: every ``--help`` shows the defaults, and a usage error is
+    one line (``prog: error: ...``; ``--help`` shows the usage) with exit status 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # argparse's hook; never returns
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _unavailable(command: str, module: str, exc: BaseException) -> Handler:
     reason = f"{type(exc).__name__}: {exc}"
 
@@ -121,9 +142,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     def wanted(*words: str) -> bool:
         return path is None or path[: len(words)] == words
 
-    parser = argparse.ArgumentParser(
-        prog="posenc", description="Positional encodings for transformers on one attention core."
-    )
+    parser = Parser(prog="posenc", description="Positional encodings for transformers on one attention core.")
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

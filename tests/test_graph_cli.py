@@ -11,6 +11,8 @@ from torch_geometric.data import Data
 
 from posenc.cli import main
 
+from .cli_helpers import interrupted_at
+
 TINY = ["--dim", "8", "--depth", "1", "--heads", "2", "--no-progress"]
 
 
@@ -18,8 +20,8 @@ TINY = ["--dim", "8", "--depth", "1", "--heads", "2", "--no-progress"]
     "argv,message",
     [
         (["--dataset", "csl", "--encoding", "rotary"], "--encoding: unknown encoding 'rotary'"),
-        (["--dataset", "csl", "--encoding", "rope"], "--encoding: 'rope' is a seq encoding; choose a graph encoding or 'none'"),
-        (["--dataset", "csl", "--encoding", "lap", "--lap-k", "0"], "--lap-k must be positive, got 0"),
+        (["--dataset", "csl", "--encoding", "rope"], "--encoding: 'rope' is a seq encoding; the GPS graph transformer takes graph encodings"),
+        (["--dataset", "csl", "--encoding", "lap", "--lap-k", "0"], "argument --lap-k: expected a positive integer, got '0'"),
         (["--dataset", "csl", "--encoding", "none", "--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
         (["--dataset", "csl", "--encoding", "none", "--csl-per-class", "5", "--csl-test-per-class", "5"],
          "--csl-test-per-class (5) must be below --csl-per-class (5)"),
@@ -27,7 +29,7 @@ TINY = ["--dim", "8", "--depth", "1", "--heads", "2", "--no-progress"]
         (["--dataset", "csl", "--encoding", "none", "--resume"], "--resume needs --out"),
         (["--dataset", "csl", "--encoding", "none", "--csl-per-class", "3", "--csl-test-per-class", "1", "--batch-size", "50"],
          "--batch-size 50 exceeds the 20 training graphs"),
-        (["--dataset", "no/such/file.pt", "--encoding", "none"], "no such file, and module 'no/such/file' cannot be imported"),
+        (["--dataset", "no/such/file.pt", "--encoding", "none"], "dataset file 'no/such/file.pt' does not exist (Python code providing graphs is named explicitly"),
     ],
 )
 def test_bad_arguments_exit_2(capsys, argv, message):
@@ -48,15 +50,17 @@ def _steps_logged(out_dir) -> list[int]:
 
 def test_tiny_csl_run_checkpoints_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "graph", "--dataset", "csl", "--encoding", "rwse", "--rwse-steps", "4", "--csl-per-class", "3",
+    argv = ["train", "graph", "--dataset", "csl", "--encoding", "rwse", "--walk-length", "4", "--csl-per-class", "3",
             "--csl-test-per-class", "1", "--batch-size", "4", "--out", str(out), *TINY]
-    assert main([*argv, "--steps", "4", "--checkpoint-every", "2"]) == 0
-    assert (out / "checkpoint.pt").is_file()
+    with interrupted_at(5):  # Ctrl-C after step 5: the checkpoint of step 4 stays
+        assert main([*argv, "--steps", "6", "--checkpoint-every", "2"]) == 130
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["model_config"]["encoding"] == "rwse"
+    assert main([*argv, "--steps", "6", "--checkpoint-every", "2", "--resume"]) == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["steps"] == 4 and 0.0 <= result["test_acc"] <= 1.0
-    assert main([*argv, "--steps", "6", "--resume"]) == 0
+    assert result["steps"] == 6 and 0.0 <= result["test_acc"] <= 1.0
+    assert result["command"] == "train graph" and result["model_config"]["encoding"] == "rwse"
+    assert "test_acc" in result["metrics"] and result["train_config"]["steps"] == 6
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
     assert json.loads((out / "results.json").read_text())["steps"] == 6
     assert "final evaluation, accuracy" in capsys.readouterr().out

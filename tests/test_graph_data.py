@@ -131,7 +131,20 @@ def test_user_dataset_from_file_or_import(tmp_path):
     InMemoryDataset.save([Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]), y=torch.tensor([1.5]))] * 3, str(path2))
     loaded = gd.load_user_dataset(str(path2))
     assert len(loaded) == 3 and loaded[2].x.shape == (3, 2)
-    assert len(gd.load_user_dataset("tests.test_graph_data:tiny_graphs")) == 4
+    assert len(gd.load_user_dataset("tests.test_graph_data:tiny_graphs", entry_point=True)) == 4
+
+
+def test_a_dataset_path_is_never_imported(tmp_path, monkeypatch):
+    # a missing mygraphs.pt beside a mygraphs.py in the working directory: the file is reported
+    # missing and the module is never run (it would create a marker file)
+    marker = tmp_path / "ran"
+    (tmp_path / "mygraphs.py").write_text(f"open({str(marker)!r}, 'w').close()\ngraphs = []\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in ("mygraphs.pt", "mygraphs:graphs", "mygraphs.graphs", "shutil:rmtree"):
+        with pytest.raises(FileNotFoundError, match="does not exist .*--dataset-module"):
+            gd.load_user_dataset(spec)
+    assert not marker.exists()
 
 
 class Evil:
@@ -143,10 +156,12 @@ def test_user_dataset_bad_input(tmp_path):
     torch.save([Evil()], path)
     with pytest.raises(ValueError, match="cannot be loaded with weights_only=True .*Evil"):
         gd.load_user_dataset(str(path))
-    with pytest.raises(ValueError, match="no such file, and module 'nowhere_xyz' cannot be imported"):
-        gd.load_user_dataset("nowhere_xyz:graphs")
+    with pytest.raises(ValueError, match="module 'nowhere_xyz' cannot be imported"):
+        gd.load_user_dataset("nowhere_xyz:graphs", entry_point=True)
+    with pytest.raises(ValueError, match="must be 'package.module:attr'"):
+        gd.load_user_dataset("tests.test_graph_data.tiny_graphs", entry_point=True)
     with pytest.raises(ValueError, match="has no attribute 'missing'"):
-        gd.load_user_dataset("tests.test_graph_data:missing")
+        gd.load_user_dataset("tests.test_graph_data:missing", entry_point=True)
     torch.save([torch.zeros(2)], tmp_path / "tensors.pt")
     with pytest.raises(TypeError, match="item 0 is a Tensor, expected torch_geometric.data.Data"):
         gd.load_user_dataset(str(tmp_path / "tensors.pt"))

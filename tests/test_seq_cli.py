@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from posenc import cli
+from posenc.train.seq import TASK_NAMES
+
+from .cli_helpers import interrupted_at
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--no-progress"]
 
@@ -16,10 +19,10 @@ TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--n
     "argv, needle",
     [
         (["--encoding", "rotary"], "--encoding: unknown encoding 'rotary'"),
-        (["--encoding", "rope", "--task", "parity"], "--task: unknown task 'parity'; choose from copy, reverse"),
+        (["--encoding", "rope", "--task", "parity"], "argument --task: invalid choice: 'parity' (choose from 'copy', 'reverse'"),
         (["--encoding", "rope", "--task", "copy", "--data", "x.txt"], "not allowed with argument"),
         (["--encoding", "rope", "--data", "/no/such/file.txt"], "--data: text file '/no/such/file.txt' does not exist"),
-        (["--encoding", "rope", "--steps", "0"], "--steps must be positive, got 0"),
+        (["--encoding", "rope", "--steps", "0"], "argument --steps: expected a positive integer, got '0'"),
         (["--encoding", "rope", "--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
         (["--encoding", "rope", "--resume"], "--resume needs --out"),
         (["--encoding", "rope", "--eval-lens", "8,x"], "--eval-lens"),
@@ -49,17 +52,27 @@ def test_task_run_checkpoints_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     base = ["train", "seq", "--encoding", "alibi", "--task", "copy", "--length", "3", "--eval-examples", "8",
             "--out", str(out), *TINY]
-    assert cli.main([*base, "--steps", "4", "--checkpoint-every", "2"]) == 0
-    text = capsys.readouterr().out
-    assert "exact match" in text and "alibi on task copy" in text
+    with interrupted_at(5):  # Ctrl-C after step 5; the checkpoint of step 4 stays
+        assert cli.main([*base, "--steps", "6", "--checkpoint-every", "2"]) == 130
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["model_config"]["encoding"] == "alibi"
-    assert cli.main([*base, "--steps", "6", "--resume"]) == 0
+    # the same command again would clobber the run; more steps would change its schedule
+    assert cli.main([*base, "--steps", "6", "--checkpoint-every", "2"]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert cli.main([*base, "--steps", "8", "--checkpoint-every", "2", "--resume"]) == 2
+    assert "made with --steps 6, this one asks for 8" in capsys.readouterr().err
+    assert cli.main([*base, "--steps", "6", "--checkpoint-every", "2", "--resume"]) == 0
+    text = capsys.readouterr().out
+    assert "exact match" in text and "alibi on task copy" in text
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(steps) and steps[-1] == 6 and steps.count(4) == 2  # train + eval lines at 4, no repeats
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # the line of step 5 (after the checkpoint) was dropped on resume and written again once
+    assert [r["step"] for r in lines if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in lines if r["split"] == "eval"] == [6]
     result = json.loads((out / "results.json").read_text())
     assert result["metric"] == "exact" and set(result["eval"]) == {"3", "6", "12"}
+    assert result["command"] == "train seq" and result["train_config"]["steps"] == 6
+    assert set(result["metrics"]) == {"exact@3", "exact@6", "exact@12"}
     assert all(0 <= v <= 1 for v in result["eval"].values())
 
 
@@ -84,3 +97,9 @@ def test_linear_attention_run_records_its_feature_map(tmp_path):
     assert cli.main(argv) == 0
     config = json.loads((out / "results.json").read_text())["model_config"]
     assert config["feature_map"] == "elu" and config["encoding"] == "conv_spe"
+
+
+def test_task_names_on_the_command_line_are_the_tasks():
+    from posenc.seq.tasks import TASKS
+
+    assert TASK_NAMES == tuple(TASKS)

@@ -125,8 +125,14 @@ def test_training_learns_a_toy_task_and_checkpoints(tmp_path):
         (["train", "timeseries", "--dim", "10", "--heads", "4"], "--dim (10) must be divisible by --heads (4)"),
         (["train", "timeseries", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
         (["train", "timeseries", "--resume"], "--resume needs --out"),
+        (["train", "timeseries", "--encoding", "alibi"], "'alibi' is defined for causal attention only"),
+        (["train", "timeseries", "--encoding", "lap"], "'lap' is a graph encoding; the ConvTran classifier takes"),
+        (["train", "timeseries", "--encoding", "erpe", "--encoding-option", "bogus=1"], "unknown argument(s) bogus"),
+        (["train", "timeseries", "--encoding-option", "variant=vector"], "name the part (tape.variant=...)"),
+        (["train", "timeseries", "--seed", "-1"], "argument --seed: expected a seed in [0, 2**32), got '-1'"),
+        (["train", "timeseries", "--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N"),
         (["bench", "timeseries", "--seeds", "a,b"], "argument --seeds: expected comma-separated integers"),
-        (["bench", "timeseries", "--encodings", "tape+bogus"], "--encodings: encoding 'tape+bogus': unknown encoding 'bogus'"),
+        (["bench", "timeseries", "--encodings", "tape+bogus"], "--encodings: unknown encoding 'bogus'"),
         (["bench", "timeseries", "--datasets", "Nope"], "--datasets: dataset 'Nope' is neither"),
     ],
 )
@@ -140,14 +146,19 @@ def test_cli_train_and_bench_run_and_write_results(tmp_path, capsys):
     assert cli.main(["train", "timeseries", "--dataset", "BasicMotions", "--epochs", "1", "--no-progress",
                      "--out", str(out)]) == 0
     assert "test accuracy" in capsys.readouterr().out
-    assert json.loads((out / "result.json").read_text())["encoding"] == "tape+erpe"
-    # resume with more epochs continues from the checkpoint; a checkpoint of another model is refused
-    assert cli.main(["train", "timeseries", "--epochs", "2", "--no-progress", "--out", str(out), "--resume"]) == 0
-    assert json.loads((out / "result.json").read_text())["steps"] == 4
+    result = json.loads((out / "results.json").read_text())
+    assert result["encoding"] == "tape+erpe" and result["command"] == "train timeseries"
+    assert result["model_config"]["num_classes"] == 4 and set(result["metrics"]) == {"test_accuracy", "test_loss"}
+    # the finished run resumes as a no-op; more epochs would change its schedule; another model is refused
+    assert cli.main(["train", "timeseries", "--epochs", "1", "--no-progress", "--out", str(out), "--resume"]) == 0
     capsys.readouterr()
-    assert cli.main(["train", "timeseries", "--epochs", "2", "--dim", "32", "--no-progress", "--out", str(out),
+    assert cli.main(["train", "timeseries", "--epochs", "2", "--no-progress", "--out", str(out), "--resume"]) == 2
+    assert "made with --epochs/--steps (steps) 2, this one asks for 4" in capsys.readouterr().err
+    assert cli.main(["train", "timeseries", "--epochs", "1", "--dim", "32", "--no-progress", "--out", str(out),
                      "--resume"]) == 2
-    assert "--resume: checkpoint" in capsys.readouterr().err
+    assert "checkpoint" in capsys.readouterr().err
+    assert cli.main(["train", "timeseries", "--epochs", "1", "--no-progress", "--out", str(out)]) == 2
+    assert "already holds files" in capsys.readouterr().err
     bench = tmp_path / "bench"
     assert cli.main(["bench", "timeseries", "--datasets", "BasicMotions", "--encodings", "tape+erpe,none",
                      "--seeds", "0,1", "--epochs", "1", "--no-progress", "--out", str(bench)]) == 0

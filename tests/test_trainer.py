@@ -22,6 +22,7 @@ from torch.utils.data import TensorDataset
 
 from posenc.training.checkpoint import save_atomic
 from posenc.training.trainer import (
+    ResumeMismatch,
     TrainConfig,
     Trainer,
     epoch_batches,
@@ -312,7 +313,7 @@ def test_resume_missing_checkpoint_starts_fresh(tmp_path, caplog):
     assert torch.load(tmp_path / "new" / "checkpoint.pt", weights_only=True)["step"] == 3
 
 
-def test_resume_of_finished_run_is_a_no_op_and_extension_continues(tmp_path):
+def test_resume_of_finished_run_is_a_no_op_and_changed_settings_are_refused(tmp_path):
     torch.manual_seed(0)
     model = TinyNet()
     first = Trainer(model, _regression_data(), _mse, _cfg(steps=5, out_dir=str(tmp_path))).fit()
@@ -322,9 +323,21 @@ def test_resume_of_finished_run_is_a_no_op_and_extension_continues(tmp_path):
     out = Trainer(again, _regression_data(), _mse, _cfg(steps=5, out_dir=str(tmp_path), resume=True)).fit()
     assert all(torch.equal(done[k], v) for k, v in again.state_dict().items())
     assert out["train_loss"] == pytest.approx(first["train_loss"])
-    Trainer(again, _regression_data(), _mse, _cfg(steps=8, out_dir=str(tmp_path), resume=True)).fit()
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 8
-    assert not all(torch.equal(done[k], v) for k, v in again.state_dict().items())
+    # more steps would change the learning-rate schedule of the steps already taken: refused, as
+    # are the other settings that shape training; the run is left as it was
+    for change in ({"steps": 8}, {"lr": 0.5}, {"warmup_steps": 3}, {"weight_decay": 0.5}):
+        with pytest.raises(ResumeMismatch, match=f"{next(iter(change))}=") as err:
+            Trainer(again, _regression_data(), _mse, _cfg(**{"steps": 5, **change}, out_dir=str(tmp_path), resume=True)).fit()
+        assert err.value.field == next(iter(change))
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 5
+
+
+def test_a_run_never_overwrites_another(tmp_path):
+    Trainer(TinyNet(), _regression_data(), _mse, _cfg(steps=2, out_dir=str(tmp_path))).fit()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="already holds a run.*resume=True"):
+        Trainer(TinyNet(), _regression_data(), _mse, _cfg(steps=2, out_dir=str(tmp_path)))
+    assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
 def test_evaluation_does_not_change_the_trajectory(tmp_path):

@@ -11,25 +11,29 @@ from posenc import demo
 from posenc.cli import main
 from posenc.demo_parts import vision as vision_part
 
+from .cli_helpers import interrupted_at
+
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--repeats", "1", "--batch-size", "32", "--no-progress"]
 
 
 def test_train_vision_runs_resumes_and_reports_every_size(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["train", "vision", "--encoding", "rope2d_mixed", "--steps", "4", "--out", str(out), *TINY]
-    assert main(args) == 0
+    args = ["train", "vision", "--encoding", "rope2d_mixed", "--steps", "6", "--checkpoint-every", "2",
+            "--out", str(out), *TINY]
+    with interrupted_at(5):  # Ctrl-C after step 5; the checkpoint of step 4 stays
+        assert main(args) == 130
+    assert main(args) == 2 and "already holds files" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr().out
     assert "rope2d_mixed on digits (class) on a 32px canvas" in printed
     for size in ("32", "48", "64"):
         assert f"\n  {size} " in printed
     result = json.loads((out / "results.json").read_text())
-    assert result["steps"] == 4 and set(result["accuracy"]) == {"32", "48", "64"}
+    assert result["steps"] == 6 and set(result["accuracy"]) == {"32", "48", "64"}
+    assert result["command"] == "train vision" and set(result["metrics"]) == {"acc@32", "acc@48", "acc@64"}
     assert all(0 <= v <= 1 for v in result["accuracy"].values())
     assert result["model_config"]["in_chans"] == 1 and result["model_config"]["num_classes"] == 10
     assert (out / "checkpoint.pt").is_file() and (out / "metrics.jsonl").is_file()
-    # resume to 6 steps from the checkpoint at 4
-    assert main([*args[:5], "6", *args[6:], "--resume"]) == 0
-    assert json.loads((out / "results.json").read_text())["steps"] == 6
 
 
 def test_train_vision_on_an_image_folder_with_the_grow_mode_refused(tmp_path, capsys):

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     rows = []
     for name in args.graph_encodings.split(","):
         task = tg.load_task(ns)
-        task.graphs = tg.add_encoding_features(task.graphs, name, lap_k=8, rwse_steps=20)
+        task.graphs = tg.add_encoding_features(task.graphs, name, lap_k=8, walk_length=20)
         opts = {"lap": {"k": 8}, "rwse": {"walk_length": 20}}.get(name, {})
         torch.manual_seed(args.seed)
         model = GPS(task.in_dim, task.out_dim, dim=64, depth=3, num_heads=4,

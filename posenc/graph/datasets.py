@@ -314,26 +314,31 @@ def default_cache_dir() -> Path:
 # The user's own data
 
 
-def load_user_dataset(spec: str) -> list[Data]:
+def load_user_dataset(spec: str, *, entry_point: bool = False) -> list[Data]:
     """The user's PyG graphs, from
 
-    * a file path: a list of ``Data`` saved with ``torch.save``, or the file written by
+    * (default) a file path: a list of ``Data`` saved with ``torch.save``, or the file written by
       ``InMemoryDataset.save(data_list, path)`` (PyG's ``(dict, slices, cls)`` format). Loaded with
       ``weights_only=True`` (PyG allowlists its data classes); a file that needs arbitrary pickles
-      is refused with the reason, never loaded unsafely.
-    * an importable name ``package.module:attr`` (or ``package.module.attr``): a dataset object
-      (anything indexable yielding ``Data``, such as an ``InMemoryDataset``), or a callable taking
-      no arguments that returns one.
+      is refused with the reason, never loaded unsafely. A path is data: it is never imported,
+      whatever lies beside it.
+    * with ``entry_point=True`` only: Python code the user names explicitly, ``package.module:attr``
+      -- a dataset object (anything indexable yielding ``Data``, such as an ``InMemoryDataset``), or
+      a callable taking no arguments that returns one. The module is imported and may run code.
 
     Every item must be a ``Data`` with ``edge_index``, ``y`` and a node count; ``x`` is optional
     (nodes then get a constant feature of 1).
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"dataset must be a non-empty path or dotted name; got {spec!r}")
-    if os.path.exists(spec):
+    if entry_point:
+        items = _import_dataset(spec)
+    elif os.path.isfile(spec):
         items = _load_file(spec)
     else:
-        items = _import_dataset(spec)
+        what = "is a directory" if os.path.isdir(spec) else "does not exist"
+        raise FileNotFoundError(f"dataset file {spec!r} {what} (Python code providing graphs is named explicitly: "
+                                "--dataset-module package.module:attr)")
     graphs = [items[i] for i in range(len(items))]
     if not graphs:
         raise ValueError(f"dataset {spec!r} is empty")
@@ -381,16 +386,13 @@ def _load_file(path: str) -> Sequence[Data]:
 
 
 def _import_dataset(spec: str) -> Sequence[Data]:
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-    else:
-        module_name, _, attr = spec.rpartition(".")
+    module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"dataset {spec!r} is neither an existing file nor an importable name 'module:attr'")
+        raise ValueError(f"dataset entry point {spec!r} must be 'package.module:attr'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"dataset {spec!r}: no such file, and module {module_name!r} cannot be imported ({exc})") from None
+        raise ValueError(f"dataset entry point {spec!r}: module {module_name!r} cannot be imported ({exc})") from None
     try:
         obj = getattr(module, attr)
     except AttributeError:

@@ -37,6 +37,7 @@ class ClassifierSettings:
     batch_size: int = 16
     lr: float = 1e-3
     seed: int = 0
+    encoding_options: dict | None = None  # constructor arguments (see convtran.build_encodings)
 
     def validate(self) -> None:
         for name in ("dim", "num_heads", "ff_dim", "epochs", "batch_size"):
@@ -64,7 +65,18 @@ def build_classifier(settings: ClassifierSettings, train: SeriesSet, max_len: in
     return ConvTranClassifier(
         train.num_channels, len(train.classes), max_len, dim=settings.dim, num_heads=settings.num_heads,
         ff_dim=settings.ff_dim, dropout=settings.dropout, encoding=settings.encoding, attn_scale=settings.attn_scale,
+        encoding_options=settings.encoding_options,
     )
+
+
+def classifier_config(settings: ClassifierSettings, train: SeriesSet, max_len: int) -> dict:
+    """What the model is (checked on resume, recorded in results.json): the classifier's
+    constructor arguments and the class names."""
+    model_fields = ("encoding", "dim", "num_heads", "ff_dim", "dropout", "attn_scale", "encoding_options")
+    return {
+        **{k: v for k, v in asdict(settings).items() if k in model_fields}, "in_channels": train.num_channels,
+        "num_classes": len(train.classes), "max_len": max_len, "classes": list(train.classes),
+    }
 
 
 def train_classifier(
@@ -79,12 +91,16 @@ def train_classifier(
     resume: bool = False,
     progress: bool = True,
     checkpoint_every_epochs: int = 10,
+    checkpoint_every: int | None = None,
+    eval_every: int = 0,
 ) -> tuple[ConvTranClassifier, dict[str, float]]:
     """Train on ``train`` and test on ``test`` once at the end.
 
     Args:
         max_len: the longest series the model accepts; default the longest of both splits.
         steps: optimizer steps; default ``epochs * (len(train) // batch_size)``.
+        checkpoint_every: steps between checkpoints (0: at the end); default every
+            ``checkpoint_every_epochs`` epochs. eval_every: steps between test evaluations (0: at the end).
 
     Returns ``(model, metrics)``: ``train_loss``, ``test_accuracy``, ``test_loss`` (without a test
     split: training metrics only), ``steps``, ``train_seconds``.
@@ -111,14 +127,10 @@ def train_classifier(
     config = TrainConfig(
         steps=total, batch_size=batch_size, lr=settings.lr, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0,
         grad_clip=None, seed=settings.seed, device=device, out_dir=out_dir, resume=resume, progress=progress,
-        log_every=per_epoch, checkpoint_every=per_epoch * checkpoint_every_epochs if out_dir else 0,
+        log_every=per_epoch, eval_every=eval_every,
+        checkpoint_every=(per_epoch * checkpoint_every_epochs if checkpoint_every is None else checkpoint_every) if out_dir else 0,
     )
-    # What the model is (checked on resume); training settings such as epochs may change between runs.
-    model_fields = ("encoding", "dim", "num_heads", "ff_dim", "dropout", "attn_scale")
-    model_config = {
-        **{k: v for k, v in asdict(settings).items() if k in model_fields}, "in_channels": train.num_channels,
-        "num_classes": len(train.classes), "max_len": max_len, "classes": list(train.classes),
-    }
+    model_config = classifier_config(settings, train, max_len)
     start = time.perf_counter()
     trainer = Trainer(model, train, loss_fn, config, eval_fn=eval_fn, collate_fn=collate_series, model_config=model_config)
     metrics = trainer.fit()

@@ -41,27 +41,39 @@ AttnScale = Literal["d_model", "head_dim"]
 
 
 def build_encodings(
-    spec: str, *, dim: int, num_heads: int, max_len: int
+    spec: str, *, dim: int, num_heads: int, max_len: int, options: dict | None = None
 ) -> tuple[PositionEncoding | None, PositionEncoding | None]:
     """``(input encoding, attention encoding)`` from a spec such as ``"tape+erpe"`` or ``"none"``.
 
     An encoding with both an input hook and attention hooks fills both slots; two encodings for
-    the same slot are an error.
+    the same slot are an error. ``options`` are constructor arguments: ``{"key": value}`` for a
+    single encoding, ``{"name.key": value}`` for one part of a combination.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"encoding must be a name, 'none' or 'input+attention' such as 'tape+erpe'; got {spec!r}")
     if spec.strip() == "none":
         return None, None
     dims = ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)
+    names = [p.strip() for p in spec.split("+")]
+    per_part: dict[str, dict] = {name: {} for name in names}
+    for key, value in (options or {}).items():
+        part, dot, arg = key.rpartition(".")
+        if not dot:
+            if len(names) != 1:
+                raise ValueError(f"encoding option {key!r}: with the combination {spec!r}, name the part ({names[0]}.{key}=...)")
+            part, arg = names[0], key
+        if part not in per_part:
+            raise ValueError(f"encoding option {key!r}: {part!r} is not a part of the encoding {spec!r}")
+        per_part[part][arg] = value
     slots: dict[str, tuple[str, PositionEncoding]] = {}
-    for name in (p.strip() for p in spec.split("+")):
+    for name in names:
         if not name or name == "none":
             raise ValueError(f"encoding {spec!r}: each '+'-separated part must be a registered encoding name")
         try:
             get(name)
         except KeyError as exc:
             raise ValueError(f"encoding {spec!r}: {exc.args[0]}") from None
-        enc = build(name, dims=dims)
+        enc = build(name, dims=dims, **per_part.get(name, {}))
         wanted = []
         if Hook.INPUT in enc.hooks:
             wanted.append("input")
@@ -170,6 +182,7 @@ class ConvTranClassifier(nn.Module):
         attn_scale: AttnScale = "d_model",
         kernel_size: int = 8,
         backend: Backend = "auto",
+        encoding_options: dict | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("max_len", max_len),
@@ -191,7 +204,8 @@ class ConvTranClassifier(nn.Module):
         self.temporal_norm = nn.BatchNorm2d(4 * dim)
         self.spatial = nn.Conv2d(4 * dim, dim, (in_channels, 1))
         self.spatial_norm = nn.BatchNorm2d(dim)
-        self.input_encoding, attn_encoding = build_encodings(encoding, dim=dim, num_heads=num_heads, max_len=max_len)
+        self.input_encoding, attn_encoding = build_encodings(encoding, dim=dim, num_heads=num_heads, max_len=max_len,
+                                                                options=encoding_options)
         self.input_drop = nn.Dropout(dropout)
         scale = dim ** -0.5 if attn_scale == "d_model" else None
         self.attention = ConvTranAttention(dim, num_heads, encoding=attn_encoding, scale=scale, backend=backend)

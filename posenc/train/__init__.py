@@ -1,46 +1,30 @@
 """``posenc train MODALITY``: one module per modality, each with ``add_arguments(parser)`` and
 ``run(args) -> int`` (see :mod:`posenc.cli`). They train that modality's reference model through
-:class:`posenc.training.trainer.Trainer`, so every one has checkpoints, resumption, progress bars
-and ``torchrun`` data parallelism."""
+:class:`posenc.training.trainer.Trainer`, so every one has checkpoints, resumption, progress and
+``torchrun`` data parallelism, and they share the option vocabulary of :mod:`posenc.options`.
+
+Every run directory (``--out``) ends with the same files: ``metrics.jsonl`` and ``checkpoint.pt``
+(the trainer) and ``results.json`` (:func:`write_results`): ``command``, ``encoding``,
+``model_config`` (the reference model's constructor arguments, enough to rebuild it),
+``train_config`` (the trainer's settings), ``steps``, ``train_loss``, ``metrics`` (the final
+evaluation, ``null`` where a model refused a size) and command-specific fields.
+
+Runs never clobber: a non-empty ``--out`` is refused unless ``--resume`` continues the run there,
+and a resumed run must keep the options that shape training (``--steps``, ``--batch-size``,
+``--lr``, ...): the learning-rate schedule depends on them, so changing them would not continue the
+same run. To train longer, start a new run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
-RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
-FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
-                    "on the input or on q and k run on it, and SPE runs only on it")
+from ..options import FLAGS
 
-
-def attention_kind_error(encoding: str, feature_map: str | None) -> str | None:
-    """Why ``--encoding`` cannot run on the attention ``--feature-map`` asks for, or None
-    (:func:`posenc.common.plan.check_attention_kind` is the rule)."""
-    from ..common.encoding import class_needs
-    from ..common.plan import check_attention_kind
-    from ..common.registry import get
-
-    if encoding == "none":
-        return None
-    try:
-        check_attention_kind(class_needs(get(encoding).cls), feature_map, encoding)
-    except (KeyError, ValueError) as exc:
-        hint = " (--feature-map elu or favor)" if feature_map is None else ""
-        return f"--encoding: {exc.args[0]}{hint}"
-    return None
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every ``posenc train`` command shares: seed, device, output, resumption,
-    checkpoint and evaluation intervals, progress bar."""
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and results.json")
-    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+RESULTS_FILE = "results.json"
 
 
 def run_checked(
@@ -49,15 +33,35 @@ def run_checked(
     check: Callable[[argparse.Namespace], str | None],
     train: Callable[[argparse.Namespace], int],
     errors: tuple[type[BaseException], ...] = (ValueError, TypeError),
+    flags: Mapping[str, str] | None = None,
 ) -> int:
     """Check the arguments, then train; a problem found by ``check`` or raised as one of
     ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
-    as ``prog: error: ...`` and exits with 2."""
+    as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
+    its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over
+    :data:`posenc.options.FLAGS`)."""
+    from ..training.trainer import ResumeMismatch
+
     error = check(args)
     if error is None:
         try:
             return train(args)
+        except ResumeMismatch as exc:
+            flag = {**FLAGS, **(flags or {})}.get(exc.field, f"--{exc.field.replace('_', '-')}")
+            error = (f"--resume: the run in {args.out} was made with {flag} {exc.saved}, this one asks for "
+                     f"{exc.requested}; resume with the run's options, or train into a new --out")
         except errors as exc:
-            error = str(exc)
+            error = " ".join(str(exc).split())
     print(f"{prog}: error: {error}", file=sys.stderr)
     return 2
+
+
+def write_results(out: str | None, record: Mapping[str, Any]) -> Path | None:
+    """Write ``record`` as ``out/results.json`` (atomically; nothing without ``--out``)."""
+    from ..report import write_json
+
+    if out is None:
+        return None
+    path = write_json(Path(out) / RESULTS_FILE, dict(record))
+    print(f"results written to {path}")
+    return path

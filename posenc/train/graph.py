@@ -10,12 +10,13 @@
 Datasets (see :mod:`posenc.graph.datasets`): ``csl`` (generated: ``--csl-per-class`` graphs per
 class, the last ``--csl-test-per-class`` of each class test); ``molecules`` (NCI SMILES shipped in
 RDKit's wheel, target penalized logP, random 80/10/10 split, cached under ``--cache-dir``); or a
-path / ``module:attr`` holding a list of PyG ``Data`` (integer ``y``: classification, float ``y``:
+file holding a list of PyG ``Data`` (loaded with ``weights_only=True``, never imported; Python
+code that provides graphs is named explicitly with ``--dataset-module package.module:attr``) (integer ``y``: classification, float ``y``:
 regression with the L1 loss, as GPS on ZINC; one ``y`` per graph, or per node with ``--task node``).
 
 Encodings are precomputed once per graph with posenc's transforms: ``lap`` (``--lap-k``
 eigenvectors and eigenvalues, canonical signs; the encoding flips signs at random in training),
-``rwse`` (``--rwse-steps`` return probabilities); ``spd`` is computed per batch from the edges.
+``rwse`` (``--walk-length`` return probabilities); ``spd`` is computed per batch from the edges.
 Training goes through :class:`posenc.training.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
 atomic checkpoints in ``--out``, ``--resume``, DDP under ``torchrun``. The final evaluation reports
 accuracy (classification) or MAE (regression) on the validation and test splits.
@@ -24,14 +25,14 @@ accuracy (classification) or MAE (regression) on the validation and test splits.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import RESUME_WITHOUT_OUT, add_run_arguments, run_checked
+from . import run_checked, write_results
+from ..argtypes import nonnegative_int, positive_int
+from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
 from ..report import format_table
 
 PROG = "posenc train graph"
@@ -39,31 +40,31 @@ BUILTIN = ("csl", "molecules")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True,
-                        help="csl, molecules, a file of PyG graphs (torch.save'd list of Data or InMemoryDataset.save), "
-                             "or an importable module:attr")
-    parser.add_argument("--encoding", required=True, help="a graph encoding (posenc list --modality graph) or 'none'")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset", help="csl, molecules, or a file of PyG graphs (a torch.save'd list of Data, or "
+                                          "InMemoryDataset.save output; loaded as data, never imported)")
+    source.add_argument("--dataset-module", metavar="MODULE:ATTR",
+                        help="Python code providing the graphs: an importable dataset object or a callable returning "
+                             "one (imported and run: name only code you trust)")
+    parser.add_argument("--encoding", required=True, help="a graph encoding (posenc list --modality graph), or 'none'")
     parser.add_argument("--task", choices=("graph", "node"), default="graph", help="one target per graph or per node")
-    parser.add_argument("--lap-k", type=int, default=8, help="lap: eigenvectors per node (default 8)")
+    parser.add_argument("--lap-k", type=positive_int, default=8, help="lap: eigenvectors per node (the API's k)")
     parser.add_argument("--lap-sign", choices=("flip", "signnet"), default="flip",
                         help="lap: random sign flips in training, or SignNet")
-    parser.add_argument("--rwse-steps", type=int, default=20, help="rwse: walk length K (default 20, as GraphGPS)")
-    parser.add_argument("--spd-max-distance", type=int, default=20, help="spd: distances beyond share one bucket")
-    parser.add_argument("--csl-per-class", type=int, default=15, help="csl: graphs per class (default 15: 150 graphs)")
-    parser.add_argument("--csl-test-per-class", type=int, default=5, help="csl: test graphs per class (default 5)")
-    parser.add_argument("--molecules-limit", type=int, default=None,
+    parser.add_argument("--walk-length", type=positive_int, default=20,
+                        help="rwse: random-walk steps K (the API's walk_length; 20 as GraphGPS)")
+    parser.add_argument("--spd-max-distance", type=nonnegative_int, default=20,
+                        help="spd: distances beyond share one bucket (the API's max_distance)")
+    parser.add_argument("--csl-per-class", type=positive_int, default=15, help="csl: graphs per class")
+    parser.add_argument("--csl-test-per-class", type=positive_int, default=5, help="csl: test graphs per class")
+    parser.add_argument("--molecules-limit", type=positive_int, default=None,
                         help="molecules: use only the first N molecules (default all ~5,000)")
     parser.add_argument("--cache-dir", default=None, help="molecules: cache directory (default $POSENC_CACHE or ~/.cache/posenc)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: csl 60, else 10); or give --steps")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
-    parser.add_argument("--batch-size", type=int, default=None, help="graphs per batch and process (default: csl 10, else 64)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of the steps")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=3)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--epochs", type=positive_int, default=None, help="training epochs (default: csl 60, else 10); or give --steps")
+    add_optim_arguments(parser, steps=None, batch_size=None, lr=1e-3, weight_decay=0.01,
+                        steps_help="optimizer steps (overrides --epochs)",
+                        batch_help="graphs per batch and process (default: csl 10, else 64)")
+    add_model_arguments(parser, dim=64, depth=3, heads=4)
     parser.add_argument("--local", choices=("auto", "gine", "gin", "none"), default="auto",
                         help="message-passing layer: auto = GINE with edge features, GIN without")
     parser.add_argument("--pool", choices=("mean", "add", "max"), default="mean", help="graph pooling")
@@ -72,46 +73,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (before anything is loaded), or None."""
-    from ..common.registry import get
-
-    if args.encoding != "none":
-        try:
-            info = get(args.encoding)
-        except KeyError as exc:
-            return f"--encoding: {exc.args[0]}"
-        if info.modality != "graph":
-            return f"--encoding: {args.encoding!r} is a {info.modality} encoding; choose a graph encoding or 'none'"
+    error = encoding_error(args.encoding, ("graph",), model="the GPS graph transformer", bidirectional=True)
+    if error is not None:
+        return error
     if args.dataset in BUILTIN and args.task != "graph":
         return f"--task node: dataset {args.dataset!r} has one target per graph"
-    positive = ("lap_k", "rwse_steps", "csl_per_class", "csl_test_per_class", "dim", "depth", "heads")
-    for name in positive + ("epochs", "steps", "batch_size", "molecules_limit"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            return f"--{name.replace('_', '-')} must be positive, got {value}"
-    for name in ("spd_max_distance", "checkpoint_every", "eval_every"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
     if args.csl_test_per_class >= args.csl_per_class:
         return (f"--csl-test-per-class ({args.csl_test_per_class}) must be below --csl-per-class "
                 f"({args.csl_per_class}) to leave training graphs")
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    if args.lr <= 0:
-        return f"--lr must be positive, got {args.lr}"
-    if args.weight_decay < 0:
-        return f"--weight-decay must be >= 0, got {args.weight_decay}"
-    if not 0 <= args.dropout < 1:
-        return f"--dropout must be in [0, 1), got {args.dropout}"
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        return f"--warmup-steps must be >= 0, got {args.warmup_steps}"
-    if args.resume and args.out is None:
-        return RESUME_WITHOUT_OUT
-    return None
+    return out_dir_error(args.out, args.resume)
 
 
 def run(args: argparse.Namespace) -> int:
     # FileNotFoundError too: a user dataset path that does not exist
-    return run_checked(PROG, args, check, _train, (ValueError, TypeError, FileNotFoundError))
+    return run_checked(PROG, args, check, _train, (ValueError, TypeError, OSError))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,6 +129,9 @@ def load_task(args: argparse.Namespace) -> GraphTask:
         graphs = gd.molecule_dataset(limit=args.molecules_limit, cache_dir=cache)
         splits = gd.random_splits(len(graphs), seed=args.seed)
         return GraphTask("molecules", graphs, splits, gd.NODE_FEATURES, gd.EDGE_FEATURES, 1, "regression", "graph")
+    if args.dataset_module is not None:
+        graphs = gd.load_user_dataset(args.dataset_module, entry_point=True)
+        return _user_task(args.dataset_module, graphs, args.task, args.seed)
     graphs = gd.load_user_dataset(args.dataset)
     return _user_task(args.dataset, graphs, args.task, args.seed)
 
@@ -200,7 +180,7 @@ def _user_task(name: str, graphs: list, level: str, seed: int) -> GraphTask:
     return GraphTask(name, graphs, splits, next(iter(in_dims)), edge_dim, out_dim, kind, level)
 
 
-def add_encoding_features(graphs: list, encoding: str, *, lap_k: int = 8, rwse_steps: int = 20) -> list:
+def add_encoding_features(graphs: list, encoding: str, *, lap_k: int = 8, walk_length: int = 20) -> list:
     """Precompute the per-node features an input-hook encoding reads (see
     :func:`posenc.graph.gps.node_positions`): ``lap`` with canonical signs and the eigenvalues,
     ``rwse``; other encodings need nothing precomputed. Modifies and returns ``graphs``."""
@@ -210,7 +190,7 @@ def add_encoding_features(graphs: list, encoding: str, *, lap_k: int = 8, rwse_s
     if encoding == "lap":
         transform = AddLaplacianPE(lap_k, LAP_ATTR, random_sign=False, eigenvalues_attr=LAP_EIGENVALUES_ATTR)
     elif encoding == "rwse":
-        transform = AddRandomWalkSE(rwse_steps, RWSE_ATTR)
+        transform = AddRandomWalkSE(walk_length, RWSE_ATTR)
     else:
         return graphs
     return [transform(g) for g in graphs]
@@ -220,7 +200,7 @@ def encoding_options(args: argparse.Namespace) -> dict:
     if args.encoding == "lap":
         return {"k": args.lap_k, "sign": args.lap_sign}
     if args.encoding == "rwse":
-        return {"walk_length": args.rwse_steps}
+        return {"walk_length": args.walk_length}
     if args.encoding == "spd":
         return {"max_distance": args.spd_max_distance}
     return {}
@@ -297,7 +277,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..graph.gps import GPS
 
     task = load_task(args)
-    task.graphs = add_encoding_features(task.graphs, args.encoding, lap_k=args.lap_k, rwse_steps=args.rwse_steps)
+    task.graphs = add_encoding_features(task.graphs, args.encoding, lap_k=args.lap_k, walk_length=args.walk_length)
     steps, batch_size = default_schedule(task, args)
     model_config = {
         "in_dim": task.in_dim, "out_dim": task.out_dim, "dim": args.dim, "depth": args.depth,
@@ -315,7 +295,7 @@ def _train(args: argparse.Namespace) -> int:
 
     config = TrainConfig(
         steps=steps, batch_size=batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=max(1, steps // 20) if args.warmup_steps is None else args.warmup_steps,
+        warmup_steps=args.warmup_steps,
         seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
         progress=not args.no_progress, log_every=max(1, min(50, steps // 10)),
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
@@ -333,14 +313,13 @@ def _train(args: argparse.Namespace) -> int:
     print(f"final evaluation, {what}:")
     rows = [[s, f"{metrics[f'{s}_{task.metric}']:.4f}"] for s in eval_sets]
     print(format_table(["split", task.metric], rows, align="lr"))
-    result = {"dataset": task.name, "encoding": args.encoding, "metric": task.metric, "steps": trainer.step,
-              "train_loss": metrics["train_loss"], **{f"{s}_{task.metric}": metrics[f"{s}_{task.metric}"] for s in eval_sets}}
+    scores = {f"{s}_{task.metric}": metrics[f"{s}_{task.metric}"] for s in eval_sets}
+    result = {"command": "train graph", "encoding": args.encoding, "model_config": model_config,
+              "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
+              "metrics": scores, "dataset": task.name, "metric": task.metric, **scores}
     if task.name == "molecules":
         from ..graph.datasets import molecule_target_name
 
         result["target"] = molecule_target_name()
-    if args.out is not None:
-        path = Path(args.out) / "results.json"
-        path.write_text(json.dumps(result, indent=2))
-        print(f"results written to {path}")
+    write_results(args.out, result)
     return 0

@@ -18,90 +18,68 @@ atomic checkpoints in ``--out``, ``--resume``, DDP under ``torchrun``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
-from ..argtypes import int_list, key_value
+from . import run_checked, write_results
+from ..argtypes import int_list, nonnegative_int, positive_int
+from ..options import (
+    FEATURE_MAP_HELP,
+    add_encoding_arguments,
+    add_model_arguments,
+    add_optim_arguments,
+    add_run_arguments,
+    encoding_error,
+    out_dir_error,
+)
 from ..report import format_table
-from ..common.registry import get
+
+# the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)
+TASK_NAMES = ("copy", "reverse", "sort", "addition", "recall")
 
 PROG = "posenc train seq"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--encoding", required=True, help="a registered encoding (posenc list --modality seq) or 'none'")
-    parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                        help="constructor argument of the encoding (JSON value), e.g. symmetric=true; repeatable")
+    add_encoding_arguments(parser, what="a registered seq encoding (posenc list --modality seq)", example="symmetric=true")
     parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
     data = parser.add_mutually_exclusive_group()
-    data.add_argument("--task", default=None, help="a synthetic task: copy, reverse, sort, addition, recall")
+    data.add_argument("--task", default=None, choices=TASK_NAMES, help="a synthetic task instead of text")
     data.add_argument("--data", default=None, help="a UTF-8 text file (default: CPython's pydoc text)")
-    parser.add_argument("--seq-len", type=int, default=128, help="text: training window in bytes (default 128)")
-    parser.add_argument("--length", type=int, default=16, help="task: largest training size (default 16)")
-    parser.add_argument("--num-symbols", type=int, default=64, help="task: symbol alphabet (default 64)")
+    parser.add_argument("--seq-len", type=positive_int, default=128, help="text: training window in bytes")
+    parser.add_argument("--length", type=positive_int, default=16, help="task: largest training size")
+    parser.add_argument("--num-symbols", type=positive_int, default=64, help="task: symbol alphabet")
     parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
                         help="comma-separated evaluation lengths (default 1x, 2x, 4x the training length)")
-    parser.add_argument("--eval-tokens", type=int, default=16384, help="text: tokens scored per evaluation length")
-    parser.add_argument("--eval-examples", type=int, default=256, help="task: examples per evaluation length")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=32, help="per process")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default: a tenth of --steps")
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--max-len", type=int, default=None,
+    parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="text: tokens scored per evaluation length")
+    parser.add_argument("--eval-examples", type=positive_int, default=256, help="task: examples per evaluation length")
+    add_optim_arguments(parser, steps=1000, batch_size=32, lr=1e-3, weight_decay=0.01)
+    add_model_arguments(parser, dim=128, depth=4, heads=4)
+    parser.add_argument("--max-len", type=positive_int, default=None,
                         help="length the encoding is built for (learned tables); default the longest evaluation")
     add_run_arguments(parser)
-    parser.add_argument("--sample-tokens", type=int, default=0, help="text: bytes to generate after training (greedy)")
+    parser.add_argument("--sample-tokens", type=nonnegative_int, default=0, help="text: bytes to generate after training (greedy)")
 
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (before anything is built), or None."""
-    from ..seq.tasks import TASKS
-
-    if args.encoding != "none":
-        try:
-            get(args.encoding)
-        except KeyError as exc:
-            return f"--encoding: {exc.args[0]}"
-    error = attention_kind_error(args.encoding, getattr(args, "feature_map", None))
+    error = encoding_error(args.encoding, ("seq",), model="the causal LM", bidirectional=False,
+                           feature_map=getattr(args, "feature_map", None))
     if error is not None:
         return error
-    if args.task is not None and args.task not in TASKS:
-        return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
     if args.data is not None and not Path(args.data).is_file():
         return f"--data: text file {args.data!r} does not exist"
-    for name in ("steps", "batch_size", "seq_len", "length", "num_symbols", "eval_tokens", "eval_examples",
-                 "dim", "depth", "heads", "sample_tokens", "checkpoint_every", "eval_every"):
-        value = getattr(args, name)
-        low = 0 if name in ("sample_tokens", "checkpoint_every", "eval_every") else 1
-        if value < low:
-            return f"--{name.replace('_', '-')} must be {'>= 0' if low == 0 else 'positive'}, got {value}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    if args.lr <= 0:
-        return f"--lr must be positive, got {args.lr}"
-    if not 0 <= args.dropout < 1:
-        return f"--dropout must be in [0, 1), got {args.dropout}"
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        return f"--warmup-steps must be >= 0, got {args.warmup_steps}"
-    if args.max_len is not None and args.max_len < 1:
-        return f"--max-len must be positive, got {args.max_len}"
-    if args.resume and args.out is None:
-        return RESUME_WITHOUT_OUT
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
-    return None
+    return out_dir_error(args.out, args.resume)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,8 +140,8 @@ def _train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
     config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        warmup_steps=args.steps // 10 if args.warmup_steps is None else args.warmup_steps,
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
         seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
         progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
@@ -179,9 +157,10 @@ def _train(args: argparse.Namespace) -> int:
     what = "exact match (fraction of answers fully right)" if metric == "exact" else "bits per byte (lower is better)"
     print(f"final evaluation, {what}:")
     print(format_table(["length", metric], [[n, f"{metrics[f'{metric}@{n}']:.4f}"] for n in eval_lens], align="rr"))
-    result = {"encoding": args.encoding, "source": source, "metric": metric, "steps": trainer.step,
-              "train_loss": metrics["train_loss"], "eval": {str(n): metrics[f"{metric}@{n}"] for n in eval_lens},
-              "model_config": model_config,
+    result = {"command": "train seq", "encoding": args.encoding, "model_config": model_config,
+              "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
+              "metrics": {f"{metric}@{n}": metrics[f"{metric}@{n}"] for n in eval_lens},
+              "source": source, "metric": metric, "eval": {str(n): metrics[f"{metric}@{n}"] for n in eval_lens},
               # what posenc extend needs to score the run again: the text and the training length
               "train_data": ({"kind": "task", "task": args.task, "length": args.length} if args.task is not None else
                              {"kind": "text", "path": None if args.data is None else str(Path(args.data).resolve()),
@@ -192,8 +171,5 @@ def _train(args: argparse.Namespace) -> int:
         sample = model.generate(prompt, args.sample_tokens, greedy=True)
         result["sample"] = bytes(sample[0].tolist()).decode("utf-8", errors="replace")
         print("greedy sample:\n" + result["sample"])
-    if args.out is not None:
-        path = Path(args.out) / "results.json"
-        path.write_text(json.dumps(result, indent=2))
-        print(f"results written to {path}")
+    write_results(args.out, result)
     return 0

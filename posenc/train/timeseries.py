@@ -9,32 +9,41 @@ report its test accuracy.
 ``--dataset`` is a dataset bundled in the sktime wheel (found offline), a folder holding
 ``NAME_TRAIN.ts`` and ``NAME_TEST.ts``, or a ``NAME_TRAIN.ts`` file. Defaults are ConvTran's
 (embedding 16, 8 heads, feed-forward 256, dropout 0.01, 100 epochs, batch 16, lr 1e-3).
-With ``--out`` the trainer writes ``metrics.jsonl`` and an atomic ``checkpoint.pt`` every 10
-epochs; ``--resume`` continues from it.
+With ``--out`` the trainer writes ``metrics.jsonl``, an atomic ``checkpoint.pt`` every 10 epochs
+(or every ``--checkpoint-every`` steps) and ``results.json``; ``--resume`` continues from it.
+``--steps`` overrides ``--epochs``. Encodings: ``none``, a timeseries encoding, a seq encoding that
+attends both ways, or ``input+attention`` such as ``tape+erpe``; ``--encoding-option`` passes
+constructor arguments (``NAME.KEY=VALUE`` for one part of a combination).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 
-from . import RESUME_WITHOUT_OUT
-from ..argtypes import dropout_rate, positive_float, positive_int
-from ..timeseries.ts_format import TsFormatError
+from . import run_checked, write_results
+from ..argtypes import dropout_rate, nonnegative_int, positive_float, positive_int
+from ..options import add_encoding_arguments, add_run_arguments, encoding_error, out_dir_error
+
+PROG = "posenc train timeseries"
+# the encodings the classifier takes: its own, and seq encodings that attend both ways
+MODALITIES = ("timeseries", "seq")
 
 _DEFAULT_ENCODING = "tape+erpe"
 
 
 def encoding_spec(text: str) -> str:
-    """argparse type: ``none``, a registered name, or ``input+attention`` (checked by building it)."""
-    from ..timeseries.convtran import build_encodings
-
-    try:
-        build_encodings(text, dim=16, num_heads=8, max_len=8)
-    except (ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    """argparse type: ``none``, a registered name, or ``input+attention``: each part must be an
+    encoding the classifier takes (checked from the registry, nothing is built)."""
+    text = text.strip()
+    if text == "none":
+        return text
+    parts = [p.strip() for p in text.split("+")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected a name, 'none' or input+attention such as tape+erpe; got {text!r}")
+    for part in parts:
+        error = encoding_error(part, MODALITIES, model="the ConvTran classifier", bidirectional=True, flag="")
+        if error is not None:
+            raise argparse.ArgumentTypeError(error.lstrip(": "))
     return text
 
 
@@ -42,6 +51,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") ->
     """Model and training options shared by ``train`` and ``bench`` (ConvTran's defaults)."""
     p = prefix
     parser.add_argument(f"--{p}epochs", type=positive_int, default=100, help="training epochs (default: %(default)s)")
+    parser.add_argument(f"--{p}steps", type=positive_int, default=None, help="optimizer steps (overrides --epochs)")
     parser.add_argument(f"--{p}batch-size", type=positive_int, default=16, help="default: %(default)s")
     parser.add_argument(f"--{p}lr", type=positive_float, default=1e-3, help="constant learning rate (default: %(default)s)")
     parser.add_argument(f"--{p}dim", type=positive_int, default=16, help="embedding width (default: %(default)s)")
@@ -58,17 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="BasicMotions",
                         help="bundled dataset name, a folder with NAME_TRAIN.ts/NAME_TEST.ts, or a NAME_TRAIN.ts file "
                              "(default: %(default)s)")
-    parser.add_argument("--encoding", type=encoding_spec, default=_DEFAULT_ENCODING,
-                        help="'none', a registered encoding, or input+attention such as tape+erpe (default: %(default)s)")
+    add_encoding_arguments(parser, what="a timeseries or bidirectional seq encoding, or input+attention such as "
+                           "tape+erpe (posenc list --modality timeseries)", default=_DEFAULT_ENCODING,
+                           example="erpe.variant=vector", spec_type=encoding_spec)
     add_model_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads; 0 keeps torch's default (default: 1, the fastest for these tiny "
-                             "models on CPU)")
-    parser.add_argument("--out", default=None, help="directory for metrics.jsonl, checkpoint.pt and result.json")
-    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--threads", type=nonnegative_int, default=1,
+                        help="torch CPU threads; 0 keeps torch's default (1 is the fastest for these tiny models on CPU)")
+    add_run_arguments(parser, checkpoint_help="steps between checkpoints (0: every 10 epochs)")
 
 
 def settings_from_args(args: argparse.Namespace, encoding: str, seed: int):
@@ -77,6 +83,7 @@ def settings_from_args(args: argparse.Namespace, encoding: str, seed: int):
     return ClassifierSettings(
         encoding=encoding, dim=args.dim, num_heads=args.heads, ff_dim=args.ff_dim, dropout=args.dropout,
         attn_scale=args.attn_scale, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
+        encoding_options=dict(getattr(args, "encoding_option", []) or []) or None,
     )
 
 
@@ -86,25 +93,30 @@ def check_model_args(args: argparse.Namespace, *, prefix: str = "") -> str | Non
     return None
 
 
+def check(args: argparse.Namespace) -> str | None:
+    error = check_model_args(args)
+    if error is None and args.encoding == "none" and args.encoding_option:
+        error = "--encoding-option needs an encoding (got --encoding none)"
+    return error or out_dir_error(args.out, args.resume)
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..timeseries.ts_format import TsFormatError
+
+    return run_checked(PROG, args, check, _train, (ValueError, TypeError, TsFormatError, OSError),
+                       flags={"steps": "--epochs/--steps (steps)"})
+
+
+def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from ..timeseries.classify import train_classifier
+    from ..timeseries.classify import classifier_config, train_classifier
     from ..timeseries.datasets import load_dataset
 
-    error = check_model_args(args)
-    if error is None and args.resume and args.out is None:
-        error = RESUME_WITHOUT_OUT
-    if error is None and args.threads < 0:
-        error = f"--threads must be >= 0, got {args.threads}"
-    if error is not None:
-        print(f"posenc train timeseries: {error}", file=sys.stderr)
-        return 2
     try:
         train, test = load_dataset(args.dataset, normalize=args.normalize)
-    except (ValueError, TsFormatError, OSError) as exc:
-        print(f"posenc train timeseries: --dataset: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--dataset: {exc}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = settings_from_args(args, args.encoding, args.seed)
@@ -114,22 +126,21 @@ def run(args: argparse.Namespace) -> int:
         f"{len(train.classes)} classes; encoding {args.encoding}",
         flush=True,
     )
-    try:
-        _, metrics = train_classifier(
-            train, test, settings, device=args.device, out_dir=args.out, resume=args.resume,
-            progress=not args.no_progress,
-        )
-    except ValueError as exc:
-        if not args.resume:
-            raise
-        print(f"posenc train timeseries: --resume: {exc}", file=sys.stderr)  # a checkpoint of another model
-        return 2
+    _, metrics = train_classifier(
+        train, test, settings, steps=args.steps, device=args.device, out_dir=args.out, resume=args.resume,
+        progress=not args.no_progress, checkpoint_every=args.checkpoint_every or None, eval_every=args.eval_every,
+    )
     print(f"test accuracy {metrics['test_accuracy']:.4f} (loss {metrics['test_loss']:.4f}) after "
           f"{int(metrics['steps'])} steps, {metrics['train_seconds']:.1f} s")
-    if args.out is not None:
-        path = os.path.join(args.out, "result.json")
-        with open(path, "w") as f:
-            json.dump({"dataset": args.dataset, "encoding": args.encoding, "settings": vars(settings), **metrics}, f, indent=2)
-            f.write("\n")
-        print(f"wrote {path}")
+    max_len = max(train.max_length, test.max_length)
+    write_results(args.out, {
+        "command": "train timeseries", "encoding": args.encoding,
+        "model_config": classifier_config(settings, train, max_len),
+        "train_config": {"epochs": args.epochs, "steps": int(metrics["steps"]), "batch_size": settings.batch_size,
+                         "lr": settings.lr, "seed": settings.seed},
+        "steps": int(metrics["steps"]), "train_loss": metrics["train_loss"],
+        "metrics": {"test_accuracy": metrics["test_accuracy"], "test_loss": metrics["test_loss"]},
+        "dataset": args.dataset, "settings": {k: v for k, v in vars(settings).items()},
+        "train_seconds": metrics["train_seconds"],
+    })
     return 0

@@ -28,7 +28,6 @@ The helpers :func:`build_vit`, :func:`accuracy` and :func:`train_vit` are shared
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -39,27 +38,27 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import FEATURE_MAP_HELP, RESUME_WITHOUT_OUT, add_run_arguments, attention_kind_error, run_checked
-from ..argtypes import int_list, key_value, positive_float_list
+from . import run_checked, write_results
+from ..argtypes import int_list, positive_float, positive_float_list, positive_int
+from ..options import (
+    FEATURE_MAP_HELP,
+    add_encoding_arguments,
+    add_model_arguments,
+    add_optim_arguments,
+    add_run_arguments,
+    encoding_error,
+    out_dir_error,
+)
 from ..report import format_table
-from ..common.registry import get
 
 PROG = "posenc train vision"
 # Registered encodings a ViT takes: the 2D ones, and the 1D ones over the flattened patch order.
 MODALITIES = ("vision", "seq")
 
 
-def check_encoding(name: str, flag: str = "--encoding") -> str | None:
+def check_encoding(name: str, flag: str = "--encoding", feature_map: str | None = None) -> str | None:
     """What is wrong with an encoding name for a ViT, or None ("none" means no encoding)."""
-    if name == "none":
-        return None
-    try:
-        info = get(name)
-    except KeyError as exc:
-        return f"{flag}: {exc.args[0]}"
-    if info.modality not in MODALITIES:
-        return f"{flag}: {name!r} is a {info.modality} encoding; a ViT takes vision or seq encodings (posenc list --modality vision)"
-    return None
+    return encoding_error(name, MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
 
 
 def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
@@ -68,60 +67,37 @@ def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--encoding", required=True,
-                        help="a registered vision or seq encoding (posenc list --modality vision) or 'none'")
-    parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                        help="constructor argument of the encoding (JSON value), e.g. layout=mae; repeatable")
+    add_encoding_arguments(parser, what="a registered vision or seq encoding (posenc list --modality vision)",
+                           example="layout=mae")
     parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
-    parser.add_argument("--img-size", type=int, default=32, help="training image side: the canvas for digits (default 32)")
-    parser.add_argument("--digit-size", type=int, default=16, help="digits: side of the digit on the canvas (default 16)")
+    parser.add_argument("--img-size", type=positive_int, default=32, help="training image side: the canvas for digits (default 32)")
+    parser.add_argument("--digit-size", type=positive_int, default=16, help="digits: side of the digit on the canvas (default 16)")
     parser.add_argument("--task", default="class", help="digits: 'class' (10 classes) or 'where' (class and quadrant, 40)")
-    parser.add_argument("--repeats", type=int, default=10, help="digits: placements per training digit (default 10)")
-    parser.add_argument("--in-chans", type=int, default=None,
+    parser.add_argument("--repeats", type=positive_int, default=10, help="digits: placements per training digit (default 10)")
+    parser.add_argument("--in-chans", type=positive_int, default=None,
                         help="image channels (digits: 1; image folder: 3 for RGB, or 1 for grayscale; default 3)")
-    parser.add_argument("--patch", type=int, default=4, help="patch side in pixels (default 4)")
+    parser.add_argument("--patch", type=positive_int, default=4, help="patch side in pixels (default 4)")
     parser.add_argument("--eval-scales", type=positive_float_list, default=[1.0, 1.5, 2.0],
                         help="evaluation sizes as factors of --img-size (default 1,1.5,2)")
     parser.add_argument("--eval-mode", choices=("scale", "grow"), default="scale",
                         help="scale: resize the whole image; grow: digits keep their size on a larger canvas")
-    parser.add_argument("--dim", type=int, default=96)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--mlp-ratio", type=float, default=2.0)
+    add_model_arguments(parser, dim=96, depth=4, heads=4)
+    parser.add_argument("--mlp-ratio", type=positive_float, default=2.0, help="MLP width as a multiple of --dim")
     parser.add_argument("--pool", choices=("cls", "avg"), default="cls", help="class token or global average pooling")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=64, help="per process")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.05)
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default: a tenth of --steps")
+    add_optim_arguments(parser, steps=1000, batch_size=64, lr=1e-3, weight_decay=0.05)
     add_run_arguments(parser)
 
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (before any data is read or model built), or None."""
-    error = check_encoding(args.encoding) or attention_kind_error(args.encoding, getattr(args, "feature_map", None))
+    error = check_encoding(args.encoding, feature_map=getattr(args, "feature_map", None))
     if error is not None:
         return error
-    for name in ("img_size", "digit_size", "repeats", "patch", "dim", "depth", "heads", "steps", "batch_size"):
-        value = getattr(args, name)
-        if value < 1:
-            return f"--{name.replace('_', '-')} must be positive, got {value}"
-    for name in ("checkpoint_every", "eval_every"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    if args.lr <= 0:
-        return f"--lr must be positive, got {args.lr}"
-    if args.weight_decay < 0:
-        return f"--weight-decay must be >= 0, got {args.weight_decay}"
-    if args.mlp_ratio <= 0:
-        return f"--mlp-ratio must be positive, got {args.mlp_ratio}"
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        return f"--warmup-steps must be >= 0, got {args.warmup_steps}"
     if args.img_size % args.patch:
         return f"--img-size {args.img_size} is not divisible by --patch {args.patch}"
     for scale in args.eval_scales:
@@ -151,11 +127,9 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--peg-blocks is for --encoding peg (got --encoding {args.encoding})"
     if any(b >= args.depth for b in args.peg_blocks):
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
-    if args.resume and args.out is None:
-        return RESUME_WITHOUT_OUT
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
-    return None
+    return out_dir_error(args.out, args.resume)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,13 +163,14 @@ def vit_config(
     encoding_options: Mapping[str, object] | None = None,
     peg_blocks: Sequence[int] = (0,),
     feature_map: str | None = None,
+    dropout: float = 0.0,
 ) -> dict[str, object]:
     """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG."""
     config: dict[str, object] = {
         "img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes,
         "dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio, "pool": pool,
         "encoding": None if encoding in (None, "none") else encoding,
-        "encoding_options": dict(encoding_options or {}),
+        "encoding_options": dict(encoding_options or {}), "dropout": dropout,
     }
     if feature_map is not None:  # absent for softmax: configs written before linear attention still load
         config["feature_map"] = feature_map
@@ -286,10 +261,11 @@ def _train(args: argparse.Namespace) -> int:
         args.encoding, img_size=args.img_size, patch_size=args.patch, in_chans=in_chans, num_classes=num_classes,
         dim=args.dim, depth=args.depth, num_heads=args.heads, mlp_ratio=args.mlp_ratio, pool=args.pool,
         encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks, feature_map=getattr(args, "feature_map", None),
+        dropout=args.dropout,
     )
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.steps // 10 if args.warmup_steps is None else args.warmup_steps,
+        warmup_steps=args.warmup_steps,
         seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
         progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
@@ -304,14 +280,13 @@ def _train(args: argparse.Namespace) -> int:
     rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
     print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
     result = {
-        "encoding": args.encoding, "source": source, "steps": trainer.step, "eval_mode": args.eval_mode,
-        "train_size": args.img_size, "train_loss": metrics["train_loss"], "model_config": model_config,
+        "command": "train vision", "encoding": args.encoding, "model_config": model_config,
+        "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
+        "metrics": {f"acc@{s}": _json_number(metrics[f"acc@{s}"]) for s in sets},
+        "source": source, "eval_mode": args.eval_mode, "train_size": args.img_size,
         "accuracy": {str(s): _json_number(metrics[f"acc@{s}"]) for s in sets},
     }
-    if args.out is not None:
-        path = Path(args.out) / "results.json"
-        path.write_text(json.dumps(result, indent=2))
-        print(f"results written to {path}")
+    write_results(args.out, result)
     return 0
 
 

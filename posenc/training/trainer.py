@@ -73,6 +73,21 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # ----------------------------------------------------------------------------------------------
 # Configuration
 
+# The settings that shape training: a resumed run must keep them (the schedule depends on them).
+RESUME_FIELDS = ("steps", "batch_size", "lr", "weight_decay", "warmup_steps", "min_lr_ratio", "grad_clip")
+
+
+class ResumeMismatch(ValueError):
+    """A checkpoint was written under other training settings than the run resuming it."""
+
+    def __init__(self, path: str, field: str, saved: Any, requested: Any) -> None:
+        self.path, self.field, self.saved, self.requested = path, field, saved, requested
+        super().__init__(
+            f"checkpoint {path} was written with {field}={saved!r}, but this run has {field}={requested!r}; resuming "
+            f"continues the same run, so the settings that shape training must match (use {field}={saved!r}, or start "
+            "a new run in another out_dir)"
+        )
+
 
 @dataclass
 class TrainConfig:
@@ -316,6 +331,15 @@ class Trainer:
                 f"{n} samples / {self.world_size} process(es) = {per_rank}; lower batch_size or add data"
             )
         self.batches_per_epoch = per_rank // config.batch_size
+        # Runs never clobber: checked on every rank before the process group forms, so no rank can
+        # have written yet.
+        if self.out_dir is not None and not config.resume:
+            held = [f for f in (METRICS_FILE, CHECKPOINT_FILE) if os.path.lexists(os.path.join(self.out_dir, f))]
+            if held:
+                raise ValueError(
+                    f"out_dir {self.out_dir!r} already holds a run ({', '.join(held)}); pass resume=True to continue "
+                    "it, or choose another out_dir"
+                )
 
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is what NCCL collectives use
@@ -475,13 +499,11 @@ class Trainer:
         ckpt = load_checkpoint(path)
         check_model_matches(ckpt, self.model, self.model_config, path)
         saved_cfg = ckpt.get("config") or {}
-        for name, now in (("batch_size", self.config.batch_size), ("world_size", self.world_size)):
+        for name in ("world_size", *RESUME_FIELDS):
+            now = self.world_size if name == "world_size" else getattr(self.config, name)
             then = ckpt["world_size"] if name == "world_size" else saved_cfg.get(name)
             if then != now:
-                raise ValueError(
-                    f"checkpoint {path} was written with {name}={then}, but this run has {name}={now}; "
-                    f"the data position cannot carry over (use the same {name}, or resume=False)"
-                )
+                raise ResumeMismatch(path, name, then, now)
         if saved_cfg.get("seed") != self.config.seed and self.is_main:
             logger.warning("resuming %s written with seed=%s under seed=%s: the data order changes", path, saved_cfg.get("seed"), self.config.seed)
         self.model.load_state_dict(ckpt["model"])

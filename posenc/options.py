@@ -1,0 +1,127 @@
+"""One option vocabulary for every ``posenc`` command that builds or trains a model.
+
+The train commands, the benches and the demo take their options from these groups, so the same
+thing has the same flag, type, check and help everywhere; every ``--help`` shows the defaults
+(:mod:`posenc.cli` uses argparse's defaults formatter). Values are checked while parsing by the
+types of :mod:`posenc.argtypes` (which apply the rules of :mod:`posenc.common.checks`): a bad value
+is one line and exit status 2 before any work starts. Rules between options (``--dim`` divisible by
+``--heads``) are checked by each command's ``check(args)``; :func:`encoding_error` is the one rule
+for which encodings a command's model takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from .argtypes import (
+    device_name,
+    dropout_rate,
+    key_value,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    seed_value,
+)
+
+RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
+FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
+                    "on the input or on q and k run on it, and SPE runs only on it")
+# TrainConfig field -> the flag that sets it, for messages about a run (resume mismatches)
+FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "weight_decay": "--weight-decay",
+         "warmup_steps": "--warmup-steps", "min_lr_ratio": "--min-lr-ratio", "grad_clip": "--grad-clip",
+         "world_size": "the number of processes (torchrun --nproc_per_node)"}
+
+
+def add_encoding_arguments(parser: argparse.ArgumentParser, *, what: str, default: str | None = None,
+                           example: str = "KEY=VALUE", spec_type=None) -> None:
+    """``--encoding`` (required unless ``default``; parsed by ``spec_type`` when given) and
+    ``--encoding-option`` (repeatable ``KEY=VALUE``, JSON values)."""
+    parser.add_argument("--encoding", required=default is None, default=default, type=spec_type, help=f"{what}, or 'none'")
+    parser.add_argument("--encoding-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                        help=f"constructor argument of the encoding (JSON value), e.g. {example}; repeatable")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, dim: int, depth: int | None, heads: int,
+                        dropout: float = 0.0) -> None:
+    """``--dim``, ``--depth`` (when the model has a depth), ``--heads``, ``--dropout``."""
+    parser.add_argument("--dim", type=positive_int, default=dim, help="model width")
+    if depth is not None:
+        parser.add_argument("--depth", type=positive_int, default=depth, help="transformer blocks")
+    parser.add_argument("--heads", type=positive_int, default=heads, help="attention heads (must divide --dim)")
+    parser.add_argument("--dropout", type=dropout_rate, default=dropout, help="dropout rate in [0, 1)")
+
+
+def add_optim_arguments(parser: argparse.ArgumentParser, *, steps: int | None, batch_size: int | None, lr: float,
+                        weight_decay: float, steps_help: str = "optimizer steps",
+                        batch_help: str = "examples per batch and process") -> None:
+    """``--steps``, ``--batch-size``, ``--lr``, ``--weight-decay``, ``--warmup-steps``."""
+    parser.add_argument("--steps", type=positive_int, default=steps, help=steps_help)
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size, help=batch_help)
+    parser.add_argument("--lr", type=positive_float, default=lr, help="peak learning rate (AdamW)")
+    parser.add_argument("--weight-decay", type=nonnegative_float, default=weight_decay, help="AdamW weight decay")
+    parser.add_argument("--warmup-steps", type=nonnegative_int, default=None,
+                        help="linear warm-up before the cosine decay (default: min(100, steps // 10))")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, checkpoint_help: str = "steps between checkpoints "
+                      "(0: at the end)") -> None:
+    """Seed, device, run directory, resumption, checkpoint and evaluation intervals, progress."""
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="run directory for metrics.jsonl, checkpoint.pt and results.json; it must be new or "
+                             "empty unless --resume (default: nothing written)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its checkpoint, with the same training options")
+    parser.add_argument("--checkpoint-every", type=nonnegative_int, default=0, help=checkpoint_help)
+    parser.add_argument("--eval-every", type=nonnegative_int, default=0, help="steps between evaluations (0: at the end)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+
+
+def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirectional: bool,
+                   flag: str = "--encoding", feature_map: str | None = None) -> str | None:
+    """Why ``model`` cannot take the encoding ``name`` (one line naming ``flag``), or None.
+
+    The one rule for every command: the name is registered, its modality is one of ``modalities``,
+    a bidirectional model refuses causal-only encodings, and the attention kind (softmax or the
+    linear ``feature_map``) can run it (:func:`posenc.common.plan.check_attention_kind`). Checked
+    from the registry alone, before anything is built.
+    """
+    from .common.encoding import class_needs
+    from .common.plan import check_attention_kind
+    from .common.registry import get
+
+    if name == "none":
+        return None
+    try:
+        info = get(name)
+    except KeyError as exc:
+        return f"{flag}: {exc.args[0]}"
+    if info.modality not in modalities:
+        return (f"{flag}: {name!r} is a {info.modality} encoding; {model} takes {' or '.join(modalities)} encodings "
+                f"(posenc list --modality {modalities[0]})")
+    if bidirectional and info.causal_only:
+        return f"{flag}: {name!r} is defined for causal attention only; {model} attends both ways"
+    try:
+        check_attention_kind(class_needs(info.cls), feature_map, name)
+    except ValueError as exc:
+        hint = " (--feature-map elu or favor)" if feature_map is None else ""
+        return f"{flag}: {exc.args[0]}{hint}"
+    return None
+
+
+def out_dir_error(out: str | None, resume: bool) -> str | None:
+    """Why ``--out`` cannot take this run, or None: runs never clobber. A new or empty directory
+    starts a run; one holding files needs ``--resume`` (which continues the run there)."""
+    import os
+
+    if out is None:
+        return RESUME_WITHOUT_OUT if resume else None
+    if os.path.lexists(out) and not os.path.isdir(out):
+        return f"--out: {out!r} exists and is not a directory"
+    if not resume and os.path.isdir(out) and any(os.scandir(out)):
+        return (f"--out: {out!r} already holds files (an earlier run?); add --resume to continue that run, "
+                "or choose a new directory")
+    return None
