@@ -42,11 +42,11 @@ def test_bench_graph_pe_writes_table_and_json(tmp_path, capsys):
 
 def test_guarded_child_reports_timeouts_and_results():
     data = graph_pe.random_graph(30, 60, seed=1)
-    status, wall, _, out = graph_pe.run_guarded("pyg_rwse_one", (data, 4), timeout=60, memory_gb=8)
+    status, wall, _, out = graph_pe.run_guarded(graph_pe.pyg_rwse_one, (data, 4), timeout=60, memory_gb=8)
     assert status == "ok" and wall > 0 and out.shape == (30, 4)
-    status, _, _, _ = graph_pe.run_guarded("pyg_rwse_one", (data, 4), timeout=1e-3, memory_gb=8)
+    status, _, _, _ = graph_pe.run_guarded(graph_pe.pyg_rwse_one, (data, 4), timeout=1e-3, memory_gb=8)
     assert status == "timeout"
-    status, _, _, _ = graph_pe.run_guarded("pyg_rwse_one", (data, 4), timeout=60, memory_gb=1e-6)
+    status, _, _, _ = graph_pe.run_guarded(graph_pe.pyg_rwse_one, (data, 4), timeout=60, memory_gb=1e-6)
     assert status in ("memory", "ok")  # a fast child may finish before the first memory poll
 
 

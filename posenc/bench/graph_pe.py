@@ -41,10 +41,8 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import statistics
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -52,10 +50,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..argtypes import positive_float, positive_int
+from ..report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
-from ..report import format_table
-from ..report import Progress
-from .timing import error_text
+from .timing import error_text, time_interleaved
 
 LAP, RWSE = "LapPE", "RWSE"
 
@@ -186,44 +183,10 @@ def _timed(fn: Callable[[], object]) -> tuple[float, float, object]:
     return time.perf_counter() - start, time.process_time() - cpu, out
 
 
-def _time_rows(steps: dict[str, Callable[[], object]], repeats: int, bar: Progress) -> dict[str, tuple]:
-    """Warm-up round, then ``repeats`` interleaved rounds: ``name -> (wall median, cpu median, output, error)``."""
-    walls: dict[str, list[float]] = {n: [] for n in steps}
-    cpus: dict[str, list[float]] = {n: [] for n in steps}
-    outs: dict[str, object] = {}
-    errors: dict[str, str] = {}
-    names = list(steps)
-    for r in range(repeats + 1):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            if name in errors:
-                continue
-            try:
-                wall, cpu, out = _timed(steps[name])
-            except Exception as exc:  # reported in the table
-                errors[name] = error_text(exc)
-                continue
-            outs[name] = out
-            if r > 0:
-                walls[name].append(wall)
-                cpus[name].append(cpu)
-            bar.update(note=f"{'round' if r else 'warm-up'} {r}/{repeats}: {name}")
-    return {
-        n: (
-            statistics.median(walls[n]) if walls[n] and n not in errors else None,
-            statistics.median(cpus[n]) if cpus[n] and n not in errors else None,
-            outs.get(n),
-            errors.get(n),
-            walls[n],
-        )
-        for n in names
-    }
-
-
-def _child(conn, fn_name: str, args: tuple, threads: int) -> None:  # pragma: no cover - a child process
+def _child(conn, fn: Callable[..., torch.Tensor], args: tuple, threads: int) -> None:  # pragma: no cover - a child process
     try:
         torch.set_num_threads(threads)
-        wall, cpu, out = _timed(lambda: globals()[fn_name](*args))
+        wall, cpu, out = _timed(lambda: fn(*args))
         # As a numpy array: a tensor would travel through torch's shared-memory sharing, whose
         # socket is gone once this process exits.
         conn.send(("ok", wall, cpu, out.numpy()))
@@ -239,14 +202,15 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def run_guarded(fn_name: str, args: tuple, *, timeout: float, memory_gb: float) -> tuple:
-    """Run ``globals()[fn_name](*args)`` in a child process; stop it after ``timeout`` seconds or
-    when its resident memory passes ``memory_gb``. Returns ``(status, wall, cpu, out_or_error)``
-    with status "ok", "timeout", "memory" or "error"."""
+def run_guarded(fn: Callable[..., torch.Tensor], args: tuple, *, timeout: float, memory_gb: float) -> tuple:
+    """Run ``fn(*args)`` in a child process (``fn`` a module-level function: the spawned child
+    imports it by its qualified name); stop it after ``timeout`` seconds or when its resident memory
+    passes ``memory_gb``. Returns ``(status, wall, cpu, out_or_error)`` with status "ok", "timeout",
+    "memory" or "error"."""
     # spawn, not fork: a child forked from a process whose OpenMP pool has run can hang.
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn_name, args, torch.get_num_threads()), daemon=True)
+    proc = ctx.Process(target=_child, args=(send, fn, args, torch.get_num_threads()), daemon=True)
     start = time.perf_counter()
     proc.start()
     send.close()
@@ -279,7 +243,7 @@ def run_guarded(fn_name: str, args: tuple, *, timeout: float, memory_gb: float) 
     return status, time.perf_counter() - start, None, None
 
 
-# Functions the child process runs (by name, so that any start method can find them).
+# Functions the child process runs (module level, so that a spawned child can import them).
 
 def pyg_rwse_one(data, walk_length: int) -> torch.Tensor:
     from torch_geometric.transforms import AddRandomWalkPE
@@ -290,11 +254,11 @@ def pyg_rwse_one(data, walk_length: int) -> torch.Tensor:
 # ---- workloads --------------------------------------------------------------------------------
 
 def _quiet_pyg():
-    """PyG's Batch and transforms, imported without the deprecation notice its import prints."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        from torch_geometric.data import Batch
-        from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
+    """PyG's Batch and transforms (imported through posenc.graph.pyg, without PyG's import-time warning)."""
+    from torch_geometric.data import Batch
+    from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
+
+    from ..graph import pyg  # noqa: F401
 
     return Batch, AddLaplacianEigenvectorPE, AddRandomWalkPE
 
@@ -336,8 +300,13 @@ def bench_molecules(config: GraphPEBenchConfig, rows: list[Row], notes: list[str
             batch.edge_index, batch.batch, walk, num_graphs=batch.num_graphs),
     }
     bar = Progress(len(steps) * (config.repeats + 1), "molecules", enabled=progress)
-    timed = _time_rows({f"{e}|{i}": fn for (e, i), fn in steps.items()}, config.repeats, bar)
+    results = time_interleaved({f"{e}|{i}": fn for (e, i), fn in steps.items()}, repeats=config.repeats, warmup=1,
+                               device=torch.device("cpu"), progress=bar, keep_output=True)
     bar.close()
+    timed = {name: (None if r.median_ms is None else r.median_ms / 1e3,
+                    None if r.median_cpu_ms is None else r.median_cpu_ms / 1e3,
+                    r.output if r.error is None else None, r.error, [t / 1e3 for t in r.times_ms])
+             for name, r in results.items()}
     ptr = batch.ptr.tolist()
     for (enc, impl) in steps:
         wall, cpu, out, error, times = timed[f"{enc}|{impl}"]
@@ -386,7 +355,7 @@ def bench_large(config: GraphPEBenchConfig, rows: list[Row], notes: list[str], p
     pyg = Row("large", RWSE, "PyG AddRandomWalkPE (child process)")
     rows.insert(len(rows) - 1, pyg)
     status, wall, cpu, out = run_guarded(
-        "pyg_rwse_one", (data, walk), timeout=config.pyg_timeout, memory_gb=config.pyg_memory_gb
+        pyg_rwse_one, (data, walk), timeout=config.pyg_timeout, memory_gb=config.pyg_memory_gb
     )
     bar.update(note="PyG random walk")
     bar.close()

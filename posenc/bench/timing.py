@@ -32,14 +32,21 @@ def error_text(exc: BaseException) -> str:
 
 @dataclass
 class TimingResult:
-    """Per-step wall times in milliseconds (timed rounds only), or the error that stopped the step."""
+    """Per-step wall and process CPU times in milliseconds (timed rounds only), the last output
+    (when asked for), or the error that stopped the step."""
 
     times_ms: list[float] = field(default_factory=list)
     error: str | None = None
+    cpu_ms: list[float] = field(default_factory=list)
+    output: object = None
 
     @property
     def median_ms(self) -> float | None:
         return statistics.median(self.times_ms) if self.times_ms and self.error is None else None
+
+    @property
+    def median_cpu_ms(self) -> float | None:
+        return statistics.median(self.cpu_ms) if self.cpu_ms and self.error is None else None
 
 
 def time_interleaved(
@@ -49,7 +56,8 @@ def time_interleaved(
     warmup: int,
     device: torch.device,
     before_step: Mapping[str, Callable[[], object]] | None = None,
-    progress: bool = True,
+    progress: bool | Progress = True,
+    keep_output: bool = False,
 ) -> dict[str, TimingResult]:
     """Time each of ``steps`` ``repeats`` times after ``warmup`` untimed rounds, round robin.
 
@@ -58,7 +66,8 @@ def time_interleaved(
         repeats: timed rounds (>= 1); warmup: untimed rounds first (>= 0).
         device: synchronized before and after each timed step.
         before_step: name -> an untimed callable run before each step (e.g. clearing gradients).
-        progress: report progress on stderr.
+        progress: report progress on stderr (or on this :class:`~posenc.report.Progress`, left open).
+        keep_output: keep each step's last return value (to check results against each other).
 
     Returns:
         name -> :class:`TimingResult`; a step that raised has ``error`` set and no median.
@@ -69,7 +78,8 @@ def time_interleaved(
     results = {name: TimingResult() for name in names}
     before_step = before_step or {}
     rounds = warmup + repeats
-    bar = Progress(rounds * len(names), "timing", enabled=progress)
+    own_bar = not isinstance(progress, Progress)
+    bar = Progress(rounds * len(names), "timing", enabled=bool(progress)) if own_bar else progress
     try:
         for r in range(rounds):
             timed = r >= warmup
@@ -83,16 +93,20 @@ def time_interleaved(
                     if name in before_step:
                         before_step[name]()
                     synchronize(device)
-                    start = time.perf_counter()
-                    steps[name]()
+                    cpu, start = time.process_time(), time.perf_counter()
+                    out = steps[name]()
                     synchronize(device)
-                    elapsed = time.perf_counter() - start
+                    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
                 except Exception as exc:  # a failing row is reported, not fatal
                     result.error = error_text(exc)
                 else:
                     if timed:
                         result.times_ms.append(elapsed * 1e3)
+                        result.cpu_ms.append(cpu * 1e3)
+                    if keep_output:
+                        result.output = out
                 bar.update(note=f"{'round' if timed else 'warm-up'} {r + 1}/{rounds}: {name}")
     finally:
-        bar.close()
+        if own_bar:
+            bar.close()
     return results

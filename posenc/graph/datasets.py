@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+
+from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time FutureWarning)
+
+# isort: split
 from torch_geometric.data import Data
 
 from ..training.checkpoint import save_atomic

@@ -27,6 +27,10 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time FutureWarning)
+
+# isort: split
 from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
 from ..common.attention import Backend, MultiheadAttention

@@ -21,6 +21,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time FutureWarning)
+
+# isort: split
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 

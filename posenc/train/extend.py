@@ -57,11 +57,11 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.checkpoint import load_checkpoint
+    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ..seq.context import canonical_method, plan_extension, rotary_layers
     from ..seq.data import load_corpus, split_text
-    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ..seq.models import CausalLM
+    from ..training.checkpoint import load_checkpoint
 
     run_dir = Path(args.run_dir)
     results_path, ckpt_path = run_dir / "results.json", run_dir / "checkpoint.pt"

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import run_checked, write_results
 from ..argtypes import nonnegative_int, positive_int
 from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
 from ..report import format_table
+from . import run_checked, write_results
 
 PROG = "posenc train graph"
 BUILTIN = ("csl", "molecules")
@@ -273,8 +273,8 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..training.trainer import TrainConfig, Trainer
     from ..graph.gps import GPS
+    from ..training.trainer import TrainConfig, Trainer
 
     task = load_task(args)
     task.graphs = add_encoding_features(task.graphs, args.encoding, lap_k=args.lap_k, walk_length=args.walk_length)

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import run_checked, write_results
 from ..argtypes import int_list, nonnegative_int, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
@@ -35,6 +34,7 @@ from ..options import (
     out_dir_error,
 )
 from ..report import format_table
+from . import run_checked, write_results
 
 # the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)
 TASK_NAMES = ("copy", "reverse", "sort", "addition", "recall")
@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..training.trainer import TrainConfig, Trainer
     from ..seq.data import ByteWindows, eval_windows, load_corpus, split_text
     from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ..seq.models import CausalLM
     from ..seq.tasks import TaskDataset, make_task, masked_loss
+    from ..training.trainer import TrainConfig, Trainer
 
     options = dict(args.encoding_option)
     share = {"auto": None, "yes": True, "no": False}[args.share_encoding]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import run_checked, write_results
 from ..argtypes import dropout_rate, nonnegative_int, positive_float, positive_int
 from ..options import add_encoding_arguments, add_run_arguments, encoding_error, out_dir_error
+from . import run_checked, write_results
 
 PROG = "posenc train timeseries"
 # the encodings the classifier takes: its own, and seq encodings that attend both ways

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import run_checked, write_results
 from ..argtypes import int_list, positive_float, positive_float_list, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
@@ -50,6 +49,7 @@ from ..options import (
     out_dir_error,
 )
 from ..report import format_table
+from . import run_checked, write_results
 
 PROG = "posenc train vision"
 # Registered encodings a ViT takes: the 2D ones, and the 1D ones over the flattened patch order.
