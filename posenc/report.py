@@ -159,3 +159,15 @@ def optional(module: str, what: str) -> ModuleType:
         extra = EXTRAS.get(module.split(".")[0])
         how = f"pip install 'posenc[{extra}]'" if extra else f"pip install {module.split('.')[0]}"
         raise MissingExtra(f"{what} needs {module.split('.')[0]}, which is not installed ({how})") from None
+
+
+def pyplot() -> ModuleType | None:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None after one line on stderr saying
+    the plot is skipped and how to get it (the tables and JSON are written all the same)."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        print("note: matplotlib is not installed, so no plot is drawn (pip install 'posenc[plot]')", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")

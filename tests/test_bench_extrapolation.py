@@ -93,3 +93,15 @@ def test_linear_attention_runs_with_spe_and_says_so(tmp_path, capsys):
     assert [r["hooks"] for r in data["results"]] == ["-", "qk", "qk"]
     assert all(0 <= v <= 1 for r in data["results"] for v in r["eval"].values())
     assert "linear attention, feature map favor" in printed
+
+
+def test_log_axis_ticks_read_distinct_numbers_even_on_a_narrow_range():
+    from posenc.bench.extrapolation import log_ticks
+
+    ticks, labels = log_ticks(2.05, 2.09)
+    assert len(set(labels)) == len(labels) == 5 and labels[0] == "2.05" and labels[-1] == "2.09"
+    assert ticks[0] == 2.05 and abs(ticks[-1] - 2.09) < 1e-12
+    assert all(b / a == pytest.approx(ticks[1] / ticks[0]) for a, b in zip(ticks, ticks[1:]))  # even on a log axis
+    assert log_ticks(1.5, 4.6)[1] == ["1.5", "2.0", "2.6", "3.5", "4.6"]
+    with pytest.raises(ValueError, match="0 < low <= high"):
+        log_ticks(0.0, 1.0)

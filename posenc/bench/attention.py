@@ -724,13 +724,11 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
 
     False (and a message on stderr) without matplotlib.
     """
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'posenc[plot]')", file=sys.stderr)
+    from ..report import pyplot
+
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     lens, growth = result.seq_lens, result.growth()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))

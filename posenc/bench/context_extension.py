@@ -156,10 +156,11 @@ def _table(rows: list[dict], lens: list[int], finetune_steps: int) -> str:
 
 
 def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None:
-    import matplotlib
+    from ..report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
 
     panels = [("zero_shot", "zero-shot")] + ([("finetuned", "after the fine-tune")] if rows[0]["finetuned"] else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), sharey=True, squeeze=False)

@@ -230,11 +230,27 @@ def _table(rows: list[dict], eval_lens: list[int]) -> str:
     return format_table(headers, body, align="ll" + "r" * (len(eval_lens) + 1))
 
 
-def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -> None:
-    import matplotlib
+def log_ticks(low: float, high: float, count: int = 5) -> tuple[list[float], list[str]]:
+    """``count`` ticks spread evenly on a log axis over ``[low, high]``, labelled with as few
+    decimals as keep every label distinct (fixed decimals made all labels of a narrow range equal)."""
+    if not (0 < low <= high):
+        raise ValueError(f"log ticks need 0 < low <= high; got low={low}, high={high}")
+    if high / low < 1.0001:
+        return [low], [f"{low:.3g}"]
+    ticks = [low * (high / low) ** (i / (count - 1)) for i in range(count)]
+    for decimals in range(1, 7):
+        labels = [f"{t:.{decimals}f}" for t in ticks]
+        if len(set(labels)) == len(labels):
+            return ticks, labels
+    return ticks, [f"{t:.6g}" for t in ticks]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -> None:
+    from ..report import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for r in rows:
@@ -244,11 +260,14 @@ def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -
     ax.set_xscale("log", base=2)
     ax.set_xticks(args.eval_lens, [str(n) for n in args.eval_lens])
     if metric == "bits_per_byte":
-        from matplotlib.ticker import FormatStrFormatter
+        from matplotlib.ticker import NullFormatter
 
+        values = [v for r in rows for v in r["eval"].values() if v is not None]
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f"))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
+        if values:
+            ticks, labels = log_ticks(min(values), max(values))
+            ax.set_yticks(ticks, labels)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("bits per byte (log scale)")
     else:
         ax.set_ylabel("exact match")

@@ -311,13 +311,11 @@ def render(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> bool:
     """Accuracy against image size, one line per encoding, one panel per mode. False without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'posenc[plot]')", file=sys.stderr)
+    from ..report import pyplot
+
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     modes, sizes = result["modes"], result["sizes"]
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4), squeeze=False)

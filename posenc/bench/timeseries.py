@@ -130,10 +130,11 @@ def render(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], runs: list[dict], path: str) -> None:
     """Mean test accuracy per encoding (bars, std as error bars, each seed as a dot), one panel per dataset."""
-    import matplotlib
+    from ..report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return None
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.6), squeeze=False)
