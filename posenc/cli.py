@@ -119,14 +119,15 @@ def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from .report import format_table
     from .common.registry import available
+    from .report import format_table, hook_text
 
     infos = available(args.modality)
     if not infos:
         print(f"no encodings registered for modality {args.modality!r}")
         return 0
-    rows = [[i.name, i.modality, ",".join(i.hooks) or "-", "yes" if i.causal_only else "no", i.paper] for i in infos]
+    rows = [[i.name, i.modality, hook_text(i.hooks, i.cls.between_blocks), "yes" if i.causal_only else "no", i.paper]
+            for i in infos]
     print(format_table(["name", "modality", "hooks", "causal-only", "paper"], rows))
     print(f"\n{len(infos)} encoding{'s' if len(infos) != 1 else ''}")
     return 0

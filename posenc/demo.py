@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from .report import format_table
+from .options import out_dir_error
+from .report import format_table, write_json
 
 Row = dict[str, object]
 
@@ -74,7 +74,7 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         error = part_module(part).check(args)
         if error is not None:
             return error
-    return None
+    return out_dir_error(args.out, False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
         results[part] = rows
         print(_table(rows), flush=True)
     if args.out is not None:
-        path = Path(args.out) / "results.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        path = write_json(Path(args.out) / "results.json", results)
         print(f"\nresults written to {path}")
     return 0

@@ -171,3 +171,10 @@ def pyplot() -> ModuleType | None:
         return None
     matplotlib.use("Agg")
     return importlib.import_module("matplotlib.pyplot")
+
+
+def hook_text(hooks, between_blocks: bool = False) -> str:
+    """The hooks as ``posenc list``, the README and the demo name them: ``input``, ``qk``, ...;
+    ``input (between blocks)`` for an input encoding added between blocks (PEG)."""
+    text = ",".join(sorted(str(getattr(h, "value", h)) for h in hooks)) or "-"
+    return text.replace("input", "input (between blocks)") if between_blocks else text

@@ -98,9 +98,9 @@ def test_vision_demo_part_trains_each_encoding(tmp_path, capsys):
     assert demo.run(_demo_args(tmp_path)) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["vision"]
     assert [r["encoding"] for r in rows] == ["learned2d", "peg", "rope2d_mixed"]
-    assert [r["hook"] for r in rows] == ["input", "conditional", "qk"]
+    assert [r["hook"] for r in rows] == ["input", "input (between blocks)", "qk"]  # as posenc list names them
     for r in rows:
-        assert 0 <= r["acc@32"] <= 1 and 0 <= r["acc@64"] <= 1
+        assert 0 <= r["acc@32"] <= 1 and 0 <= r["acc@48"] <= 1 and 0 <= r["acc@64"] <= 1
     assert vision_part.TITLE in capsys.readouterr().out
     assert demo.run(_demo_args(tmp_path, vision_encodings="peg,rope9")) == 2
     assert "--vision-encodings: unknown encoding 'rope9'" in capsys.readouterr().err

@@ -98,6 +98,9 @@ class PositionEncoding(nn.Module):
     """
 
     hooks: ClassVar[frozenset[Hook]] = frozenset()
+    # An input encoding the models add between blocks (PEG: conditional on the features there)
+    # rather than once before the first block; the hook is still ``input``.
+    between_blocks: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     supports_kv_cache: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False

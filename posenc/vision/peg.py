@@ -47,6 +47,7 @@ class PEG(PositionEncoding):
     """
 
     hooks = frozenset({Hook.INPUT})
+    between_blocks = True
 
     def __init__(self, dim: int, kernel_size: int = 3, num_prefix_tokens: int = 0) -> None:
         super().__init__()
