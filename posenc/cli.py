@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Callable, Mapping, Sequence
 
@@ -181,4 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # ``python -m posenc.cli`` puts the working directory first on the import path; nothing there
+    # may be imported by accident (a stray torch.py or a dataset's neighbour), so it goes.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
     sys.exit(main())

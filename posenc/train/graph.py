@@ -5,7 +5,7 @@
     posenc train graph --dataset csl --encoding lap             # CSL classification, test accuracy
     posenc train graph --dataset molecules --encoding rwse      # penalized logP regression, test MAE
     posenc train graph --dataset my_graphs.pt --encoding spd    # your own PyG graphs
-    torchrun --standalone --nproc_per_node 2 -m posenc.cli train graph --dataset csl --encoding rwse
+    torchrun --standalone --nproc_per_node 2 --no-python posenc train graph --dataset csl --encoding rwse
 
 Datasets (see :mod:`posenc.graph.datasets`): ``csl`` (generated: ``--csl-per-class`` graphs per
 class, the last ``--csl-test-per-class`` of each class test); ``molecules`` (NCI SMILES shipped in

@@ -5,7 +5,7 @@
     posenc train seq --encoding alibi                           # bytes of CPython's pydoc text
     posenc train seq --encoding rope --data my.txt --seq-len 256
     posenc train seq --encoding t5 --task reverse --length 16   # evaluated at 16, 32, 64
-    torchrun --standalone --nproc_per_node 2 -m posenc.cli train seq --encoding fire --out runs/fire
+    torchrun --standalone --nproc_per_node 2 --no-python posenc train seq --encoding fire --out runs/fire
 
 Text: next-byte prediction on windows of ``--seq-len`` bytes; the final evaluation reports bits
 per byte on the held-out tail (last 10%) at each ``--eval-lens`` (default 1x, 2x, 4x the training

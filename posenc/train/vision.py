@@ -7,7 +7,7 @@ on an image folder, and evaluate it at the training size and at larger ones.
     posenc train vision --encoding rope2d_mixed --eval-scales 1,1.5,2,3
     posenc train vision --encoding sincos2d --encoding-option layout=mae --task where
     posenc train vision --encoding learned2d --data ~/pets --img-size 64 --patch 8 --in-chans 3
-    torchrun --standalone --nproc_per_node 2 -m posenc.cli train vision --encoding axial --out runs/axial
+    torchrun --standalone --nproc_per_node 2 --no-python posenc train vision --encoding axial --out runs/axial
 
 Digits (the default): scikit-learn's 8x8 digits resized to ``--digit-size`` and placed at seeded
 random positions on a ``--img-size`` canvas (see :mod:`posenc.vision.data`); ``--task class``
