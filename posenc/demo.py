@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from .argtypes import device_name, positive_int, seed_value
 from .options import out_dir_error
 from .report import format_table, write_json
 
@@ -44,10 +45,10 @@ def part_module(part: str) -> ModuleType:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, from {', '.join(PARTS)}")
-    parser.add_argument("--steps", type=int, default=500, help="training steps per model (default 500)")
-    parser.add_argument("--eval-windows", type=int, default=256, help="validation examples per evaluation")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--steps", type=positive_int, default=500, help="training steps per model (default 500)")
+    parser.add_argument("--eval-windows", type=positive_int, default=256, help="validation examples per evaluation")
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for metrics, checkpoints and results.json")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     for part in PARTS:

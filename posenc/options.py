@@ -12,6 +12,7 @@ for which encodings a command's model takes.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Sequence
 
 from .argtypes import (
@@ -78,6 +79,50 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, checkpoint_help: str =
     parser.add_argument("--checkpoint-every", type=nonnegative_int, default=0, help=checkpoint_help)
     parser.add_argument("--eval-every", type=nonnegative_int, default=0, help="steps between evaluations (0: at the end)")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
+    parser.add_argument("--allow-large", action="store_true",
+                        help="run even when the size estimate says a step needs more memory than this machine has "
+                             "or hours of work on a CPU")
+
+
+# A step estimated above this many floating-point operations is refused on a CPU (about an hour
+# per step on two cores at tens of GFLOP/s) unless --allow-large.
+CPU_STEP_FLOPS_LIMIT = 2e14
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def size_error(*, batch: int, tokens: int, dim: int, depth: int, device: str, allow: bool,
+               what: str = "a training step") -> str | None:
+    """Why a transformer of this size cannot be trained here, estimated before anything is
+    allocated (one line with the estimate), or None. Memory: parameters and AdamW state plus the
+    activations kept for the backward pass (about 16 floats per token, width and block, attention
+    chunked so no ``T x T`` tensor stays); work: about ``12 * batch * depth * T^2 * dim`` for the
+    attention and ``72 * batch * T * depth * dim^2`` for the rest, forward and backward."""
+    if allow:
+        return None
+    params = depth * 12 * dim * dim
+    memory = 4 * (4 * params + 16 * batch * tokens * dim * depth)
+    flops = 12 * batch * depth * tokens * tokens * dim + 72 * batch * tokens * depth * dim * dim
+    available = _physical_memory()
+    on_cpu = device == "cpu" or (device == "auto" and not _cuda_available())
+    if available is not None and on_cpu and memory > 0.8 * available:
+        return (f"{what} at batch {batch} x {tokens} tokens, width {dim}, depth {depth} needs about "
+                f"{memory / 2**30:.1f} GiB; this machine has {available / 2**30:.1f} GiB (lower the sizes, or --allow-large)")
+    if on_cpu and flops > CPU_STEP_FLOPS_LIMIT:
+        return (f"{what} at batch {batch} x {tokens} tokens, width {dim}, depth {depth} is about {flops:.1e} "
+                f"floating-point operations, hours per step on a CPU (lower the sizes, or --allow-large)")
+    return None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirectional: bool,
@@ -115,8 +160,6 @@ def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirect
 def out_dir_error(out: str | None, resume: bool) -> str | None:
     """Why ``--out`` cannot take this run, or None: runs never clobber. A new or empty directory
     starts a run; one holding files needs ``--resume`` (which continues the run there)."""
-    import os
-
     if out is None:
         return RESUME_WITHOUT_OUT if resume else None
     if os.path.lexists(out) and not os.path.isdir(out):

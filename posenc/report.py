@@ -123,6 +123,15 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file (0o666 less the umask): every
+    file of a run directory gets it, whether written directly or renamed from a temporary file
+    (which ``tempfile`` creates 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as indented JSON to ``path`` atomically: a temporary file in the same folder,
     then a rename, which replaces a symbolic link at ``path`` instead of writing through it."""
@@ -132,7 +141,7 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(_json_safe(data), f, indent=2)
             f.write("\n")
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -35,6 +35,12 @@ def _misuses(tmp: str) -> list[tuple[list[str], str]]:
         (["train", "timeseries", "--encoding", "lap"], "'lap' is a graph encoding; the ConvTran classifier takes"),
         (["train", "timeseries", "--threads", "-1"], "argument --threads: expected a non-negative integer"),
         (["demo", "--out", full], "already holds files"),
+        (["train", "seq", "--encoding", "rope", "--task", "copy", "--length", "100000"], "GiB; this machine has"),
+        (["train", "seq", "--encoding", "rope", "--dim", "100000000"], "(lower the sizes, or --allow-large)"),
+        (["train", "vision", "--encoding", "peg", "--img-size", "4096"], "(lower the sizes, or --allow-large)"),
+        (["train", "seq", "--encoding", "rope", "--task", "copy", "--length", "3", "--lr", "1e30", "--steps", "20",
+          "--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--no-progress", "--eval-examples", "4"],
+         "training diverged: training loss is nan"),
     ]
 
 

@@ -58,3 +58,14 @@ def test_every_readme_posenc_command_is_a_valid_command_line():
         argv = shlex.split(line)[1:]
         args = build_parser(argv).parse_args(argv)
         assert callable(args.handler), line
+
+
+def test_every_docs_page_python_block_runs():
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert {p.stem for p in pages} >= {"training", "seq", "vision", "graph", "timeseries"}
+    for page in pages:
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)):
+            try:
+                exec(compile(block, f"{page.name} python block {i}", "exec"), {})
+            except Exception as exc:  # pragma: no cover - the message names the block
+                raise AssertionError(f"{page.name} python block {i} fails: {type(exc).__name__}: {exc}") from exc

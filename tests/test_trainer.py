@@ -492,3 +492,32 @@ def test_default_warmup_is_a_tenth_of_a_short_run_and_explicit_values_are_kept()
     assert TrainConfig(steps=300).warmup_steps == 30
     assert TrainConfig(steps=5000).warmup_steps == 100
     assert TrainConfig(steps=6, warmup_steps=10).warmup_steps == 10  # documented: the whole run is warm-up
+
+
+def test_run_directory_writes_stay_inside_and_stale_temporaries_go(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (out / ".checkpoint.pt.abc123.tmp").write_bytes(b"partial")  # a killed checkpoint write
+    Trainer(TinyNet(), _regression_data(), _mse, _cfg(steps=2, out_dir=str(out))).fit()
+    assert not list(out.glob(".*.tmp"))
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # checkpoint.pt as the others, not tempfile's 0600
+    # a symbolic link where the trainer writes is refused, and its target is untouched
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").symlink_to(outside)
+    with pytest.raises(ValueError, match="metrics.jsonl is a symbolic link"):
+        Trainer(TinyNet(), _regression_data(), _mse, _cfg(steps=2, out_dir=str(out), resume=True)).fit()
+    assert outside.read_text() == "keep me"
+
+
+def test_results_json_replaces_a_link_instead_of_writing_through_it(tmp_path):
+    from posenc.report import write_json
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (tmp_path / "results.json").symlink_to(outside)
+    write_json(tmp_path / "results.json", {"a": float("nan")})
+    assert outside.read_text() == "keep me" and not (tmp_path / "results.json").is_symlink()
+    assert (tmp_path / "results.json").read_text() == '{\n  "a": null\n}\n'

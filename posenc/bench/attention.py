@@ -68,17 +68,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..argtypes import int_list, seed_value
 from ..common import chunk_pool
 from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.linear_attention import FEATURE_MAPS, make_feature_map
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, available, build
-from ..argtypes import int_list
+from ..report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
-from ..report import format_table
-from ..report import Progress
 from .timing import error_text, synchronize, time_interleaved
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -897,7 +896,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run one busy process (a Python loop on one core, in its own session) for the whole run; noted in the header and JSON",
     )
     parser.add_argument("--plans", action="store_true", help="after the table, each row's kernel path and why it was taken")
-    parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
+    parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
 
 

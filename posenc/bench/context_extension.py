@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..argtypes import int_list, positive_int
+from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ..report import format_table
 
 PROG = "posenc bench context-extension"
@@ -45,19 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-lens", type=int_list(minimum=1), default=[128, 256, 512, 1024],
                         help="evaluation lengths; the longest is the target (default 128,256,512,1024)")
     parser.add_argument("--steps", type=positive_int, default=600, help="training steps of the base model (default 600)")
-    parser.add_argument("--finetune-steps", type=int, default=100, help="fine-tuning steps per method (default 100; 0: none)")
+    parser.add_argument("--finetune-steps", type=nonnegative_int, default=100, help="fine-tuning steps per method (default 100; 0: none)")
     parser.add_argument("--finetune-batch", type=positive_int, default=4, help="fine-tuning batch (default 4)")
-    parser.add_argument("--finetune-lr", type=float, default=5e-4, help="fine-tuning learning rate (default 5e-4)")
+    parser.add_argument("--finetune-lr", type=positive_float, default=5e-4, help="fine-tuning learning rate (default 5e-4)")
     parser.add_argument("--methods", default=",".join(BENCH_METHODS),
                         help=f"comma-separated methods (default {','.join(BENCH_METHODS)})")
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=positive_float, default=2e-3)
     parser.add_argument("--dim", type=positive_int, default=128)
     parser.add_argument("--depth", type=positive_int, default=2)
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for context_extension.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ..seq.context import extend_context
     from ..seq.data import pydoc_corpus, split_text
     from ..seq.models import CausalLM
-    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
 
     start = time.perf_counter()
     train_text, valid_text = split_text(pydoc_corpus())

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from ..argtypes import int_list, positive_int
+from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
+from ..common.encoding import class_needs
 from ..common.linear_attention import FEATURE_MAPS
 from ..common.plan import check_attention_kind
-from ..common.encoding import class_needs
 from ..common.registry import available, get
 from ..report import format_table
 
@@ -67,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation lengths (default 128,256,512,1024; with --task 8,16,32)")
     parser.add_argument("--steps", type=positive_int, default=None, help="training steps per model (default 500; task 1500)")
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=positive_float, default=2e-3)
     parser.add_argument("--dim", type=positive_int, default=128)
     parser.add_argument("--depth", type=positive_int, default=2)
     parser.add_argument("--heads", type=positive_int, default=4)
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="text: tokens scored per evaluation length")
     parser.add_argument("--eval-examples", type=positive_int, default=256, help="task: examples per evaluation size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for extrapolation.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -156,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
-    from ..training.trainer import TrainConfig, Trainer
-    from ..seq.data import ByteWindows, pydoc_corpus, split_text
     from ..seq.byte_lm import bits_per_byte_at, next_byte_loss
+    from ..seq.data import ByteWindows, pydoc_corpus, split_text
     from ..seq.evaluation import task_eval_set, task_exact_match
     from ..seq.models import CausalLM
     from ..seq.tasks import TaskDataset, make_task, masked_loss
+    from ..training.trainer import TrainConfig, Trainer
 
     if args.task is not None:
         task = make_task(args.task)

@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import positive_float, positive_int, seed_value
 from ..report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
@@ -490,7 +490,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--background-load", dest="background_processes", action="store_const", const=1, default=0,
         help="run one busy process (a Python loop on one core, in its own session) for the whole run; noted in the header and JSON",
     )
-    parser.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
+    parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write graph_pe.json and graph_pe.txt (the table) into DIR")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")

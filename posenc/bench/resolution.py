@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from ..argtypes import int_list, positive_float_list
+from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
 from ..report import format_table
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
@@ -55,24 +55,24 @@ CLAIM_BETTER = ("peg", "rope2d_mixed")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS),
                         help=f"comma-separated vision or seq encodings, or 'none' (default {','.join(DEFAULT_ENCODINGS)})")
-    parser.add_argument("--img-size", type=int, default=32, help="training canvas side S (default 32)")
-    parser.add_argument("--digit-size", type=int, default=16, help="digit side on the training canvas (default 16)")
+    parser.add_argument("--img-size", type=positive_int, default=32, help="training canvas side S (default 32)")
+    parser.add_argument("--digit-size", type=positive_int, default=16, help="digit side on the training canvas (default 16)")
     parser.add_argument("--task", default="class", help="'class' (10 classes) or 'where' (class and quadrant, 40)")
-    parser.add_argument("--patch", type=int, default=4, help="patch side (default 4)")
+    parser.add_argument("--patch", type=positive_int, default=4, help="patch side (default 4)")
     parser.add_argument("--scales", type=positive_float_list, default=[1.0, 1.5, 2.0],
                         help="evaluation sizes as factors of S (default 1,1.5,2)")
     parser.add_argument("--modes", default="scale,grow", help="evaluation modes: scale, grow or both (default both)")
-    parser.add_argument("--steps", type=int, default=800, help="training steps per model (default 800)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=10, help="placements per training digit (default 10)")
+    parser.add_argument("--steps", type=positive_int, default=800, help="training steps per model (default 800)")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--lr", type=positive_float, default=2e-3)
+    parser.add_argument("--dim", type=positive_int, default=64)
+    parser.add_argument("--depth", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--repeats", type=positive_int, default=10, help="placements per training digit (default 10)")
     parser.add_argument("--seeds", type=int_list(minimum=0), default=[0, 1],
                         help="comma-separated seeds; results are averaged (default 0,1)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--threads", type=nonnegative_int, default=0, help="torch CPU threads (0: leave torch's default)")
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for resolution.json and resolution.png")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -142,9 +142,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
     from ..report import Progress
-
-    from ..training.trainer import TrainConfig
     from ..train.vision import accuracy, eval_sizes, train_vit, vit_config
+    from ..training.trainer import TrainConfig
     from ..vision.data import DigitsCanvas, digits_at_size
 
     names = [n for n in args.encodings.split(",") if n]

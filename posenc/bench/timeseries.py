@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from ..argtypes import nonnegative_int
 from ..report import format_table
 
 DEFAULT_DATASETS = ("BasicMotions", "JapaneseVowels")
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"encoding specs (default: {','.join(DEFAULT_ENCODINGS)})")
     parser.add_argument("--seeds", type=_seeds, default=(0, 1, 2), help="default: 0,1,2")
     add_model_arguments(parser)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    parser.add_argument("--threads", type=nonnegative_int, default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="default: %(default)s")
     parser.add_argument("--out", default=None, help="directory for timeseries.json and timeseries.png")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"posenc bench timeseries: {error}", file=sys.stderr)
         return 2
     import torch
+
     from ..report import Progress
     from ..timeseries.classify import train_classifier
     from ..timeseries.datasets import load_dataset

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..argtypes import positive_int
 from ..common.registry import get
 from ..training.trainer import TrainConfig, Trainer
 
@@ -22,7 +23,7 @@ Row = dict[str, object]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph-encodings", default="none,lap,rwse",
                         help="graph encodings for the graph part (from none, lap, rwse, spd)")
-    parser.add_argument("--graph-per-class", type=int, default=15,
+    parser.add_argument("--graph-per-class", type=positive_int, default=15,
                         help="CSL graphs per class for the graph part (a third of them test; default 15)")
 
 

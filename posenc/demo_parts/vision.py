@@ -41,8 +41,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
-    from ..training.trainer import TrainConfig
     from ..train.vision import train_vit, vit_config
+    from ..training.trainer import TrainConfig
     from ..vision.data import DigitsCanvas, digits_at_size
 
     train = DigitsCanvas("train", canvas_size=IMG_SIZE, digit_size=16, repeats=10, seed=args.seed)

@@ -46,6 +46,8 @@ def run_checked(
     if error is None:
         try:
             return train(args)
+        except FloatingPointError as exc:  # the trainer stops on a non-finite loss
+            error = f"training diverged: {exc} (lower --lr, or check the data for NaN)"
         except ResumeMismatch as exc:
             flag = {**FLAGS, **(flags or {})}.get(exc.field, f"--{exc.field.replace('_', '-')}")
             error = (f"--resume: the run in {args.out} was made with {flag} {exc.saved}, this one asks for "

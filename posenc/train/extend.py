@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..argtypes import int_list, key_value
+from ..argtypes import device_name, int_list, key_value, nonnegative_int, positive_float, positive_int, seed_value
 
 PROG = "posenc extend"
 
@@ -35,19 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by posenc train seq --out (a text run)")
     parser.add_argument("--method", required=True, choices=(*METHODS, *METHOD_ALIASES),
                         help="context extension (pi = linear; none = plain RoPE, i.e. raw extrapolation)")
-    parser.add_argument("--factor", type=float, default=None, help="context scale s >= 1 (default 4; none: 1)")
+    parser.add_argument("--factor", type=positive_float, default=None, help="context scale s >= 1 (default 4; none: 1)")
     parser.add_argument("--option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
                         help="a parameter of the method (JSON value), e.g. beta_fast=16; repeatable")
-    parser.add_argument("--finetune-steps", type=int, default=0, help="steps of fine-tuning after the switch (default 0)")
-    parser.add_argument("--finetune-len", type=int, default=None, help="fine-tuning window in bytes (default factor * L0)")
-    parser.add_argument("--lr", type=float, default=2e-4, help="fine-tuning learning rate (default 2e-4)")
-    parser.add_argument("--batch-size", type=int, default=8, help="fine-tuning batch (default 8)")
+    parser.add_argument("--finetune-steps", type=nonnegative_int, default=0, help="steps of fine-tuning after the switch (default 0)")
+    parser.add_argument("--finetune-len", type=positive_int, default=None, help="fine-tuning window in bytes (default factor * L0)")
+    parser.add_argument("--lr", type=positive_float, default=2e-4, help="fine-tuning learning rate (default 2e-4)")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="fine-tuning batch (default 8)")
     parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
                         help="evaluation lengths (default L0, 2 L0, 4 L0 and factor * L0)")
-    parser.add_argument("--eval-tokens", type=int, default=16384, help="tokens scored per evaluation length")
+    parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/extend-METHOD-xFACTOR)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 

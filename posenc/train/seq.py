@@ -32,6 +32,7 @@ from ..options import (
     add_run_arguments,
     encoding_error,
     out_dir_error,
+    size_error,
 )
 from ..report import format_table
 from . import run_checked, write_results
@@ -79,6 +80,21 @@ def check(args: argparse.Namespace) -> str | None:
         return "--encoding-option needs an encoding (got --encoding none)"
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
+    # the longest sequence a step sees: a task's example (question and answer) or the longest window
+    if args.task is not None:
+        from ..seq.tasks import make_task
+
+        try:
+            task = make_task(args.task, num_symbols=args.num_symbols)
+            tokens = max(task.max_total_length(n) for n in [args.length, *(args.eval_lens or [4 * args.length])])
+        except ValueError as exc:
+            return f"--task {args.task}: {exc}"
+    else:
+        tokens = max([args.seq_len, *(args.eval_lens or [4 * args.seq_len])])
+    error = size_error(batch=args.batch_size, tokens=tokens, dim=args.dim, depth=args.depth, device=args.device,
+                       allow=args.allow_large)
+    if error is not None:
+        return error
     return out_dir_error(args.out, args.resume)
 
 

@@ -47,6 +47,7 @@ from ..options import (
     add_run_arguments,
     encoding_error,
     out_dir_error,
+    size_error,
 )
 from ..report import format_table
 from . import run_checked, write_results
@@ -129,6 +130,11 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
+    largest = max(eval_sizes(args.img_size, args.eval_scales) + [args.img_size])
+    error = size_error(batch=args.batch_size, tokens=(largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
+                       device=args.device, allow=args.allow_large)
+    if error is not None:
+        return error
     return out_dir_error(args.out, args.resume)
 
 

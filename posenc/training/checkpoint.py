@@ -29,6 +29,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
+
+from ..report import file_mode
 from torch import nn
 
 CHECKPOINT_FORMAT = 1
@@ -113,7 +115,8 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, file_mode())  # as the run's other files, not tempfile's 0o600
+        os.replace(tmp, path)  # replaces a symbolic link at path, never writes through it
     except BaseException:
         try:
             os.unlink(tmp)

@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -48,7 +49,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ..report import Progress
+from ..report import Progress, file_mode
 from ..common.checks import check_bool, check_int, check_number, is_int
 from . import distributed as distu
 from .checkpoint import (
@@ -428,10 +429,25 @@ class Trainer:
 
     # ---- logging ------------------------------------------------------------------------------
 
+    def _prepare_out_dir(self) -> None:
+        """Rank 0, before anything is written: the run directory exists, holds no symbolic link
+        where the trainer writes (a link would send a write outside it), and no temporary files
+        left by a checkpoint write that was killed."""
+        os.makedirs(self.out_dir, exist_ok=True)
+        for name in (METRICS_FILE, CHECKPOINT_FILE):
+            path = os.path.join(self.out_dir, name)
+            if os.path.islink(path):
+                raise ValueError(f"{path} is a symbolic link; the trainer writes only plain files inside out_dir "
+                                 "(remove the link)")
+        for entry in os.scandir(self.out_dir):
+            stale = entry.name.startswith((f".{CHECKPOINT_FILE}.", f".{METRICS_FILE}.")) and entry.name.endswith(".tmp")
+            if stale and not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)  # left by a write that was killed; never read
+
     def _open_metrics(self, resumed_step: int | None) -> None:
         if not self.is_main or self.metrics_path is None:
             return
-        os.makedirs(self.out_dir, exist_ok=True)
+        self._prepare_out_dir()
         kept: list[str] = []
         if resumed_step is not None and os.path.exists(self.metrics_path):
             with open(self.metrics_path, encoding="utf-8") as f:
@@ -442,10 +458,14 @@ class Trainer:
                         continue  # a line cut short by a kill
                     if isinstance(rec, dict) and rec.get("step", 0) <= resumed_step:
                         kept.append(json.dumps(rec))
-        self._metrics_file = open(self.metrics_path, "w", encoding="utf-8")
-        for line in kept:
-            self._metrics_file.write(line + "\n")
-        self._metrics_file.flush()
+        # the kept lines go to a fresh temporary file renamed over the log: never through a link
+        fd, tmp = tempfile.mkstemp(prefix=f".{METRICS_FILE}.", suffix=".tmp", dir=self.out_dir)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in kept:
+                f.write(line + "\n")
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, self.metrics_path)
+        self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
         if self._metrics_file is not None:
