@@ -160,7 +160,7 @@ def _one(args: argparse.Namespace, name: str) -> dict:
     from ..seq.data import ByteWindows, pydoc_corpus, split_text
     from ..seq.evaluation import task_eval_set, task_exact_match
     from ..seq.models import CausalLM
-    from ..seq.tasks import TaskDataset, make_task, masked_loss
+    from ..seq.tasks import TaskDataset, make_task, task_loss
     from ..training.trainer import TrainConfig, Trainer
 
     if args.task is not None:
@@ -169,10 +169,7 @@ def _one(args: argparse.Namespace, name: str) -> dict:
             task.check_length(n)
         vocab, max_len = task.vocab_size, task.max_total_length(args.train_len)
         train = TaskDataset(task, max(args.batch_size, args.steps * args.batch_size), args.train_len, seed=args.seed)
-
-        def loss_fn(model, batch):
-            tokens, targets, mask = batch
-            return masked_loss(model(tokens), targets, mask), {}
+        loss_fn = task_loss
 
         def score(model, n: int) -> float:
             return task_exact_match(model, task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n))

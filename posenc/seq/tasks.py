@@ -258,3 +258,10 @@ def masked_loss(logits: Tensor, targets: Tensor, loss_mask: Tensor) -> Tensor:
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
     m = loss_mask.flatten().to(loss.dtype)
     return (loss * m).sum() / m.sum().clamp_min(1.0)
+
+
+def task_loss(model: torch.nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, dict]:
+    """The trainer's ``loss_fn`` for a task batch ``(tokens, targets, loss_mask)``: the answer's
+    mean cross-entropy (``posenc train seq`` and ``posenc bench extrapolation`` share it)."""
+    tokens, targets, mask = batch
+    return masked_loss(model(tokens), targets, mask), {}

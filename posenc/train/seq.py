@@ -21,7 +21,6 @@ import argparse
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..argtypes import int_list, nonnegative_int, positive_int
 from ..options import (
@@ -103,10 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from ..seq.byte_lm import next_byte_loss
     from ..seq.data import ByteWindows, eval_windows, load_corpus, split_text
     from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ..seq.models import CausalLM
-    from ..seq.tasks import TaskDataset, make_task, masked_loss
+    from ..seq.tasks import TaskDataset, make_task, task_loss
     from ..training.trainer import TrainConfig, Trainer
 
     options = dict(args.encoding_option)
@@ -122,10 +122,7 @@ def _train(args: argparse.Namespace) -> int:
         train = TaskDataset(task, num_examples, args.length, seed=args.seed)
         eval_sets = {n: task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n) for n in eval_lens}
         metric = "exact"
-
-        def loss_fn(model, batch):
-            tokens, targets, mask = batch
-            return masked_loss(model(tokens), targets, mask), {}
+        loss_fn = task_loss
 
         def evaluate(model) -> dict[str, float]:
             return {f"exact@{n}": task_exact_match(model, s) for n, s in eval_sets.items()}
@@ -138,10 +135,7 @@ def _train(args: argparse.Namespace) -> int:
         train = ByteWindows(train_text, args.seq_len)
         eval_sets = {n: eval_windows(valid_text, n, args.eval_tokens) for n in eval_lens}
         metric = "bpb"
-
-        def loss_fn(model, batch):
-            x, y = batch
-            return F.cross_entropy(model(x).flatten(0, 1), y.flatten()), {}
+        loss_fn = next_byte_loss
 
         def evaluate(model) -> dict[str, float]:
             return {f"bpb@{n}": bits_per_byte(model, *s) for n, s in eval_sets.items()}
