@@ -190,6 +190,16 @@ def test_causal_encoder_sees_order_and_full_encoder_does_not():
         torch.testing.assert_close(one.encode(x), one.encode(rev), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("encoding", ["alibi", "sinusoidal", "rope"])
+def test_an_encoder_encoding_gives_a_bidirectional_encoder_order(encoding):
+    x = torch.randn(2, 12, 2)
+    with torch.no_grad():
+        model = _model(1, encoder_mask="full", encoder_encoding=encoding)
+        assert (model.encode(x) - model.encode(x.flip(1))).abs().max() > 1e-4
+        assert model(x, out_length=30).shape == (2, 30, 2)
+    assert all(block.attn.encoding is None for block in model.decoder.blocks)  # never in the decoder
+
+
 def test_training_step_reduces_the_loss():
     model = _model().train()
     x = SmoothCurves(16, 16, seed=0).data
@@ -228,6 +238,10 @@ def test_model_bad_input(call, exc, needle):
         ({"degree": 0}, "degree must be an int >= 1"),
         ({"encoder_mask": "left"}, "encoder_mask must be one of causal, full"),
         ({"decoder_window": 0}, "decoder_window must be None or a positive int"),
+        ({"encoder_encoding": "fire"}, "encoder_encoding 'fire' is defined for causal attention only"),
+        ({"encoder_encoding": "alibi", "encoding_options": {"symmetric": False}}, "causal attention only"),
+        ({"encoder_encoding": "nope2"}, "encoder_encoding: unknown encoding 'nope2'"),
+        ({"encoding_options": {"base": 10.0}}, "encoding_options needs an encoding name"),
     ],
 )
 def test_constructor_bad_input(kw, needle):

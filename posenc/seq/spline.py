@@ -34,18 +34,24 @@ backwards. ``encoder_mask="causal"`` (the default) gives the encoder order the w
 ``<= i`` and the control tokens, placed after the inputs, see every input. No positional
 encoding is added anywhere. The order reaches the control tokens from the second block on (in
 the first they read the inputs as a set), so a causal encoder needs ``depth >= 2``.
-``encoder_mask="full"`` is the purely bidirectional encoder.
+``encoder_mask="full"`` is the purely bidirectional encoder. ``encoder_encoding`` (not the
+paper's model) puts a posenc encoding in the encoder only, e.g. ALiBi; the decoder never has one.
+On the synthetic curves of ``posenc bench spline`` that variant learns far faster than the causal
+NoPE encoder, which still extrapolates best to longer inputs.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
+from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
+from ..common.registry import ModelDims, build, get
+from .latent_autoencoder import spread_positions
 
 EncoderMask = Literal["causal", "full"]
 ENCODER_MASKS = ("causal", "full")
@@ -173,6 +179,28 @@ def _check_length(length: object, name: str) -> int:
     return length
 
 
+def _build_encoding(
+    name: str | None, options: Mapping[str, object] | None, dim: int, num_heads: int, max_len: int
+) -> PositionEncoding | None:
+    """A registered sequence encoding for bidirectional use (ALiBi symmetric), or None."""
+    if name is None:
+        if options:
+            raise ValueError("encoding_options needs an encoding name; got encoder_encoding=None")
+        return None
+    try:
+        get(name)
+    except KeyError as exc:
+        raise ValueError(f"encoder_encoding: {exc.args[0]}") from None
+    options = dict(options or {})
+    if name == "alibi":
+        options.setdefault("symmetric", True)
+    enc = build(name, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len), **options)
+    if enc.causal_only:
+        raise ValueError(f"encoder_encoding {name!r} is defined for causal attention only; the control tokens "
+                         "attend to every input")
+    return enc
+
+
 class SplineTransformer(nn.Module):
     """Spline-based Transformer autoencoder (see the module docstring).
 
@@ -190,6 +218,14 @@ class SplineTransformer(nn.Module):
         decoder_window: None for full attention in the decoder, or a sliding window (tokens
             ``|i - j| < window``): then an edit of control point ``j`` changes only outputs within
             ``decoder_depth * (window - 1)`` samples of the trajectory's changed part.
+        encoder_encoding: None (the paper's model: no positional encoding anywhere), or a
+            registered sequence encoding for the *encoder only* (``"alibi"``, ``"rope"``, ...;
+            ALiBi is built symmetric): the input tokens get positions ``0 .. L-1``, the control
+            tokens evenly spread positions over them (as in
+            :class:`~posenc.seq.PositionalAutoencoder`); an input encoding is added to the input
+            tokens only. The decoder never has one.
+        encoding_options: constructor arguments of ``encoder_encoding``.
+        max_len: for encoder encodings with a table of positions.
         backend: attention kernel path of the blocks.
 
     Shapes: ``x [B, L, in_dim]`` -> ``encode`` -> ``[B, K, D]`` -> ``decode(., N)`` -> ``[B, N, in_dim]``.
@@ -209,6 +245,9 @@ class SplineTransformer(nn.Module):
         dropout: float = 0.0,
         encoder_mask: EncoderMask = "causal",
         decoder_window: int | None = None,
+        encoder_encoding: str | None = None,
+        encoding_options: Mapping[str, object] | None = None,
+        max_len: int = 4096,
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -226,9 +265,11 @@ class SplineTransformer(nn.Module):
             raise ValueError(f"decoder_window must be None or a positive int; got {decoder_window!r}")
         self.in_dim, self.dim = in_dim, dim
         self.encoder_mask, self.decoder_window = encoder_mask, decoder_window
+        self.encoder_encoding = _build_encoding(encoder_encoding, encoding_options, dim, num_heads, max_len)
         self.in_proj = nn.Linear(in_dim, dim)
         self.control_tokens = nn.Parameter(torch.randn(num_control_points, dim) * 0.02)
-        self.encoder = TransformerEncoder(dim, depth, num_heads, mlp_ratio=mlp_ratio, dropout=dropout, backend=backend)
+        self.encoder = TransformerEncoder(dim, depth, num_heads, encoding=attention_part(self.encoder_encoding),
+                                          mlp_ratio=mlp_ratio, dropout=dropout, backend=backend)
         self.to_control = nn.Linear(dim, dim)
         self.decoder = TransformerEncoder(
             dim, decoder_depth, num_heads, mlp_ratio=mlp_ratio, dropout=dropout, backend=backend
@@ -247,9 +288,16 @@ class SplineTransformer(nn.Module):
         """Control points ``[B, K, D]`` of the sequences ``x [B, L, in_dim]``."""
         x = self._check_input(x)
         b, length, _ = x.shape
-        tokens = torch.cat((self.in_proj(x), self.control_tokens.expand(b, -1, -1)), dim=1)
+        h = self.in_proj(x)
+        enc, positions = self.encoder_encoding, None
+        if enc is not None:
+            seq_pos = torch.arange(length, device=x.device).unsqueeze(0)
+            if Hook.INPUT in enc.hooks:
+                h = enc.encode_input(h, seq_pos)
+            positions = torch.cat((seq_pos.float(), spread_positions(seq_pos, self.num_control_points)), dim=1)
+        tokens = torch.cat((h, self.control_tokens.expand(b, -1, -1)), dim=1)
         mask = AttentionMask(causal=True) if self.encoder_mask == "causal" else None
-        h = self.encoder(tokens, mask=mask)  # positions are unused: no encoding is attached
+        h = self.encoder(tokens, mask=mask, positions=positions)  # without an encoding, positions are unused
         return self.to_control(h[:, length:])
 
     def trajectory(self, control_points: Tensor, length: int) -> Tensor:
