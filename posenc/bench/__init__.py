@@ -36,6 +36,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "posenc.bench.graph_pe",
         "time Laplacian and random-walk encodings against PyG's transforms (table, JSON)",
     ),
+    "spline": (
+        "posenc.bench.spline",
+        "Spline-based Transformer vs ALiBi and sinusoidal autoencoders on synthetic 2D curves: reconstruction MSE "
+        "at the training length and at longer / finer sampling (table, plot, JSON)",
+    ),
     "timeseries": (
         "posenc.bench.timeseries",
         "encoding ablation of the ConvTran-style classifier on the bundled UEA datasets (table, plot, JSON)",

@@ -1,6 +1,8 @@
 """Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE),
-the reference models (:class:`CausalLM`, :class:`SequenceEncoder`) and post-hoc context
-extension of trained RoPE models (:func:`extend_context`)."""
+the reference models (:class:`CausalLM`, :class:`SequenceEncoder`), post-hoc context
+extension of trained RoPE models (:func:`extend_context`), and the Spline-based Transformer
+(:class:`SplineTransformer`, an autoencoder without positional encoding) with its baseline
+(:class:`PositionalAutoencoder`) and synthetic curves (:class:`SmoothCurves`)."""
 
 # absolute and input encodings
 from .alibi import ALiBi, alibi_slopes
@@ -49,6 +51,11 @@ from .spe import ConvSPE, SineSPE
 # reference models
 from .models import CausalLM, SequenceEncoder
 
+# spline-based transformer (no positional encoding) and its positional baseline
+from .curves import SmoothCurves
+from .latent_autoencoder import PositionalAutoencoder
+from .spline import SplineTransformer, bspline_basis, evaluate_spline
+
 __all__ = [
     "ALiBi", "alibi_slopes", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
     "RotaryEncoding", "rope_inv_freq", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
@@ -59,4 +66,5 @@ __all__ = [
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
     "SineSPE", "ConvSPE",
     "CausalLM", "SequenceEncoder",
+    "SplineTransformer", "evaluate_spline", "bspline_basis", "PositionalAutoencoder", "SmoothCurves",
 ]
