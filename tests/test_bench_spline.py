@@ -65,7 +65,7 @@ def test_spline_encoder_variant_and_scales(tmp_path, capsys):
         (["--models", "fire"], "--models fire: encoding 'fire' is defined for causal attention only"),
         (["--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),
         (["--control-points", "3"], "--control-points (3) must be at least --degree + 1 (4)"),
-        (["--lr", "0"], "--lr must be positive"),
+        (["--lr", "0"], "argument --lr: expected a positive number, got '0'"),
         (["--scales", "1,0"], "--scales"),
         (["--length", "0"], "--length"),
     ],

@@ -59,9 +59,9 @@ from pathlib import Path
 
 import torch
 
-from ..argtypes import int_list, positive_int
+from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
+from ..report import format_table
 from .load import format_load_average, load_average
-from .report import format_table
 
 PROG = "posenc bench spline"
 DEFAULT_MODELS = ("spline", "spline+alibi", "alibi", "sinusoidal")
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation lengths as multiples of --length (default 1,2,4)")
     parser.add_argument("--steps", type=positive_int, default=1000, help="training steps per model (default 1000)")
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up then cosine; default 3e-3)")
+    parser.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate (warm-up then cosine; default 3e-3)")
     parser.add_argument("--dim", type=positive_int, default=64)
     parser.add_argument("--depth", type=positive_int, default=2, help="blocks in the encoder and in the decoder (default 2)")
     parser.add_argument("--heads", type=positive_int, default=4)
@@ -104,10 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the attention of the 'spline' model's encoder (default causal: order without positional "
                              "encoding; 'spline+ENCODING' encoders are always bidirectional)")
     parser.add_argument("--eval-curves", type=positive_int, default=256, help="held-out curves (default 256)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--threads", type=nonnegative_int, default=1,
                         help="torch CPU threads (default 1: these small models gain nothing from a second one)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for spline.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
@@ -136,8 +136,6 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.control_points < args.degree + 1:
         return (f"--control-points ({args.control_points}) must be at least --degree + 1 ({args.degree + 1}) for a "
                 f"degree-{args.degree} B-spline")
-    if not args.lr > 0:
-        return f"--lr must be positive, got {args.lr}"
     if args.threads < 0:
         return f"--threads must be >= 0 (0: torch's default), got {args.threads}"
     if args.seed < 0:
@@ -316,11 +314,11 @@ def _table(rows: list[dict], scales: list[int], mean_point: dict[int, float]) ->
 
 
 def _plot(drawings: dict, args: argparse.Namespace, plot_scale: int, path: Path) -> None:
-    import matplotlib
+    from ..report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     columns = ["1x"] + ([f"{plot_scale}x longer", f"{plot_scale}x finer"] if plot_scale != 1 else [])
     names = list(drawings)
     fig, axes = plt.subplots(len(names), len(columns), figsize=(3.4 * len(columns), 3.0 * len(names)), squeeze=False)
