@@ -17,6 +17,9 @@ from .rope import (
     NTKRoPE,
     RotaryEncoding,
     YaRNRoPE,
+    apply_rope,
+    rope_cos_sin,
+    rope_frequencies,
     rope_inv_freq,
 )
 from .rope_scaling import (
@@ -28,6 +31,11 @@ from .rope_scaling import (
     NTKScaling,
     RopeScaling,
     YaRNScaling,
+    register_rope_scaling,
+    rope_scaling,
+    rope_scaling_entries,
+    rope_scaling_entry,
+    rope_scaling_from_dict,
 )
 from .xpos import XPos, xpos_zeta
 from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
@@ -51,9 +59,10 @@ from .models import CausalLM, SequenceEncoder
 
 __all__ = [
     "ALiBi", "alibi_slopes", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
-    "RotaryEncoding", "rope_inv_freq", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
+    "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
     "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
-    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "XPos", "xpos_zeta",
+    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling", "rope_scaling", "rope_scaling_entries",
+    "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
