@@ -49,7 +49,7 @@ add_loader(_load_modalities)
 
 
 def __getattr__(name: str):
-    if name in MODALITY_PACKAGES:
+    if name in MODALITY_PACKAGES or name == "functional":  # posenc.functional imports seq and vision
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

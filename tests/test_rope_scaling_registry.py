@@ -59,7 +59,7 @@ def test_public_names_are_the_registry_classes():
     ("longrope", {"short_factor": [1.0, 1.0], "long_factor": [1.5, 2.0], "original_max_len": 32, "select": "long"}),
 ])
 def test_a_scaling_round_trips_through_plain_values(method, params):
-    scaling = rs.rope_scaling(method, **params)
+    scaling = rs.rope_scaling_config(method, **params)
     plain = scaling.to_dict()
     assert plain["method"] == method
     import json
@@ -68,11 +68,11 @@ def test_a_scaling_round_trips_through_plain_values(method, params):
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: rs.rope_scaling("spin", factor=2.0), "unknown RoPE scaling 'spin'; registered: linear, ntk"),
-    (lambda: rs.rope_scaling("linear", factor=2.0, beta=1.0), "linear: unknown parameter.s. beta; it takes factor"),
-    (lambda: rs.rope_scaling("yarn", factor=2.0), "yarn: missing parameter.s. original_max_len"),
+    (lambda: rs.rope_scaling_config("spin", factor=2.0), "unknown RoPE scaling 'spin'; registered: linear, ntk"),
+    (lambda: rs.rope_scaling_config("linear", factor=2.0, beta=1.0), "linear: unknown parameter.s. beta; it takes factor"),
+    (lambda: rs.rope_scaling_config("yarn", factor=2.0), "yarn: missing parameter.s. original_max_len"),
     (lambda: rs.rope_scaling_from_dict({"factor": 2.0}), "needs a 'method' key"),
-    (lambda: rs.rope_scaling("pi", factor=0.5), "factor must be >= 1.0, got 0.5"),  # an alias, checked
+    (lambda: rs.rope_scaling_config("pi", factor=0.5), "factor must be >= 1.0, got 0.5"),  # an alias, checked
 ])
 def test_bad_scalings_are_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):

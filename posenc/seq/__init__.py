@@ -3,7 +3,7 @@ the reference models (:class:`CausalLM`, :class:`SequenceEncoder`) and post-hoc 
 extension of trained RoPE models (:func:`extend_context`)."""
 
 # absolute and input encodings
-from .alibi import ALiBi, alibi_slopes
+from .alibi import ALiBi, alibi_bias, alibi_penalty, alibi_slopes
 from .learned import LearnedEncoding
 from .nope import NoPE
 from .sinusoidal import SinusoidalEncoding
@@ -32,7 +32,7 @@ from .rope_scaling import (
     RopeScaling,
     YaRNScaling,
     register_rope_scaling,
-    rope_scaling,
+    rope_scaling_config,
     rope_scaling_entries,
     rope_scaling_entry,
     rope_scaling_from_dict,
@@ -47,7 +47,7 @@ from .deberta import DeBERTa, deberta_index, log_bucket_position
 from .fire import FIRE
 from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .shaw import ShawRelative
-from .t5 import T5Bias, t5_bucket
+from .t5 import T5Bias, t5_bias, t5_bucket, t5_relative_buckets
 from .transformer_xl import TransformerXLRelative
 from .tupe import TUPE
 
@@ -58,14 +58,15 @@ from .spe import ConvSPE, SineSPE
 from .models import CausalLM, SequenceEncoder
 
 __all__ = [
-    "ALiBi", "alibi_slopes", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
+    "ALiBi", "alibi_slopes", "alibi_bias", "alibi_penalty", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
     "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
     "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
-    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling", "rope_scaling", "rope_scaling_entries",
+    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling", "rope_scaling_config", "rope_scaling_entries",
     "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
-    "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
+    "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "t5_relative_buckets", "t5_bias",
+    "TransformerXLRelative", "TUPE",
     "SineSPE", "ConvSPE",
     "CausalLM", "SequenceEncoder",
 ]

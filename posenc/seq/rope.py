@@ -108,11 +108,10 @@ def rope_cos_sin(
 def _batch_positions(positions: Tensor, length: int, name: str) -> Tensor:
     if not isinstance(positions, Tensor):
         raise TypeError(f"{name} must be a tensor of positions, got {type(positions).__name__}")
-    if positions.dim() == 1:
-        positions = positions.unsqueeze(0)
-    if positions.dim() != 2 or positions.shape[1] != length:
+    batched = positions.unsqueeze(0) if positions.dim() == 1 else positions
+    if batched.dim() != 2 or batched.shape[1] != length:
         raise ValueError(f"{name} must be [{length}] or [batch or 1, {length}]; got {tuple(positions.shape)}")
-    return positions
+    return batched
 
 
 def apply_rope(

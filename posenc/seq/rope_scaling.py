@@ -312,7 +312,7 @@ def rope_scaling_entry(name: str) -> RopeScalingEntry:
     raise ValueError(f"unknown RoPE scaling {name!r}; registered: {known}")
 
 
-def rope_scaling(method: str, **params: Any) -> RopeScaling:
+def rope_scaling_config(method: str, **params: Any) -> RopeScaling:
     """The typed config of scaling ``method`` (a name or alias) with ``params``, checked; an unknown
     parameter is a ValueError naming the ones it takes."""
     entry = rope_scaling_entry(method)
@@ -331,7 +331,7 @@ def rope_scaling_from_dict(data: Mapping[str, Any]) -> RopeScaling:
     if not isinstance(data, Mapping) or "method" not in data:
         raise ValueError(f"a RoPE scaling dict needs a 'method' key; got {data!r}")
     params = dict(data)
-    return rope_scaling(params.pop("method"), **params)
+    return rope_scaling_config(params.pop("method"), **params)
 
 
 class _FunctionView(Mapping):
