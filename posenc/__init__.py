@@ -23,6 +23,7 @@ from .common import (
     PairwiseBias,
     Plan,
     PositionEncoding,
+    TorchMultiheadAttention,
     TransformerBlock,
     TransformerEncoder,
     attend,
@@ -56,6 +57,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention",
-    "PairwiseBias", "Plan", "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build",
+    "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock", "TransformerEncoder",
+    "attend", "available", "build",
     "linear_attention", "plan", "register",
 ]
