@@ -41,12 +41,21 @@ alone does not.
 
 from __future__ import annotations
 
-from .common.relative import clipped_relative_index, relative_position_grid, relative_positions
+from .common.relative import (
+    clipped_relative_index,
+    relative_position_grid,
+    relative_positions,
+)
 from .common.rotary import PAIRINGS, apply_rotary, rotary_angles, rotary_cos_sin
 from .common.sinusoid import sinusoid_frequencies, sinusoid_table
 from .seq.alibi import alibi_bias, alibi_penalty, alibi_slopes
 from .seq.rope import apply_rope, rope_cos_sin, rope_frequencies
-from .seq.rope_scaling import ROPE_SCALINGS, RopeScaling, rope_scaling_config, rope_scaling_from_dict
+from .seq.rope_scaling import (
+    ROPE_SCALINGS,
+    RopeScaling,
+    rope_scaling_config,
+    rope_scaling_from_dict,
+)
 from .seq.t5 import t5_bias, t5_relative_buckets
 from .vision.sincos2d import sincos2d_grid, sincos2d_table
 

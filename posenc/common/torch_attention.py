@@ -39,8 +39,6 @@ and ``kv_pos`` (keyword-only, ``[L]`` or ``[N, L]``) for offsets, packed or 2D p
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -155,7 +153,7 @@ class TorchMultiheadAttention(nn.Module):
     @classmethod
     def from_torch(
         cls, mha: nn.MultiheadAttention, *, encoding: PositionEncoding | None = None, backend: Backend = "auto"
-    ) -> "TorchMultiheadAttention":
+    ) -> TorchMultiheadAttention:
         """A copy of torch's layer ``mha`` (sizes, dropout, batch_first, weights) with ``encoding``."""
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"mha must be a torch.nn.MultiheadAttention; got {type(mha).__name__}")

@@ -31,7 +31,12 @@ from typing import Any
 from torch import nn
 
 from .rope import RotaryEncoding
-from .rope_scaling import RopeScaling, rope_scaling_entries, rope_scaling_entry
+from .rope_scaling import (
+    RopeScaling,
+    rope_scaling_entries,
+    rope_scaling_entry,
+    rope_scaling_from_dict,
+)
 
 # Everything below is read from the scaling registry (:mod:`.rope_scaling`): a scaling registered
 # there is a method here, with its options, at once.
@@ -216,3 +221,31 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
     scaling = make_scaling(method, rotary_dim=rotary_dim, factor=1.0 if method == "none" else float(factor),
                            original_max_len=None if original is None else int(original), **options)
     return RotaryEncoding(head_dim, base=float(base), rotary_dim=rotary_dim, pairing=pairing, scaling=scaling)
+
+
+# --- saving a model's scalings ---------------------------------------------------------------------
+
+
+def rope_scaling_state(model: nn.Module) -> dict[str, Any]:
+    """``{"rope_scalings": [scaling dict or None per rotary layer]}`` (plain values; empty for a
+    model without rotary layers): what :func:`extend_context` changes, which a model's constructor
+    arguments do not tell. Saved by ``save_pretrained``."""
+    layers = rotary_layers(model)
+    if not layers:
+        return {}
+    return {"rope_scalings": [None if layer.scaling is None else layer.scaling.to_dict() for layer in layers]}
+
+
+def load_rope_scaling_state(model: nn.Module, state: Mapping[str, Any]) -> None:
+    """Apply :func:`rope_scaling_state`'s values to ``model`` (built from the same arguments)."""
+    unknown = sorted(set(state) - {"rope_scalings"})
+    if unknown:
+        raise ValueError(f"unknown saved state key(s) {', '.join(map(repr, unknown))}; expected 'rope_scalings'")
+    if "rope_scalings" not in state:
+        return
+    layers, saved = rotary_layers(model), state["rope_scalings"]
+    if not isinstance(saved, list) or len(saved) != len(layers):
+        raise ValueError(f"rope_scalings must list one scaling (or null) per rotary layer ({len(layers)}); got {saved!r}")
+    scalings = [None if d is None else rope_scaling_from_dict(d) for d in saved]  # all checked before any change
+    for layer, scaling in zip(layers, scalings):
+        layer.set_scaling(scaling)

@@ -38,7 +38,13 @@ from torch import Tensor
 
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import PAIRINGS, Pairing, apply_rotary_qk, check_pairing, rotary_cos_sin
+from ..common.rotary import (
+    PAIRINGS,
+    Pairing,
+    apply_rotary_qk,
+    check_pairing,
+    rotary_cos_sin,
+)
 from .rope_scaling import (
     RopeScaling,
     RopeScalingEntry,

@@ -142,7 +142,7 @@ class RopeScaling:
         self.entry.validate(**self.params())
 
     @property
-    def entry(self) -> "RopeScalingEntry":
+    def entry(self) -> RopeScalingEntry:
         return rope_scaling_entry(self.name)
 
     @property
