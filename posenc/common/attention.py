@@ -313,6 +313,10 @@ class MultiheadAttention(nn.Module):
 
     Shapes:
         ``x [B, Tq, C]``, ``context [B, Tk, kv_dim]`` -> ``[B, Tq, C]``.
+
+    For ``torch.nn.MultiheadAttention``'s call (``query, key, value, attn_mask=...``), to replace
+    torch's layer in existing code or inside ``torch.nn.TransformerEncoderLayer``, use
+    :class:`~posenc.common.torch_attention.TorchMultiheadAttention`.
     """
 
     def __init__(

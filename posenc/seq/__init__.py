@@ -59,10 +59,10 @@ from .models import CausalLM, SequenceEncoder
 
 __all__ = [
     "ALiBi", "alibi_slopes", "alibi_bias", "alibi_penalty", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
-    "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
-    "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
-    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling", "rope_scaling_config", "rope_scaling_entries",
-    "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
+    "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE",
+    "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling",
+    "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling",
+    "rope_scaling_config", "rope_scaling_entries", "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "t5_relative_buckets", "t5_bias",
