@@ -23,6 +23,7 @@ from .common import (
     PairwiseBias,
     Plan,
     PositionEncoding,
+    TorchMultiheadAttention,
     TransformerBlock,
     TransformerEncoder,
     attend,
@@ -48,14 +49,24 @@ def _load_modalities() -> None:
 add_loader(_load_modalities)
 
 
+def load(path):
+    """The reference model saved at ``path``: a ``save_pretrained`` directory, a ``posenc train
+    --out`` directory or a ``posenc extend`` output; on the CPU, in eval mode. See
+    :mod:`posenc.loading`."""
+    from .loading import load as _load
+
+    return _load(path)
+
+
 def __getattr__(name: str):
-    if name in MODALITY_PACKAGES:
+    if name in MODALITY_PACKAGES or name == "functional":  # posenc.functional imports seq and vision
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention",
-    "PairwiseBias", "Plan", "PositionEncoding", "TransformerBlock", "TransformerEncoder", "attend", "available", "build",
-    "linear_attention", "plan", "register",
+    "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock", "TransformerEncoder",
+    "attend", "available", "build",
+    "linear_attention", "load", "plan", "register",
 ]

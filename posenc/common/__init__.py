@@ -14,9 +14,11 @@ from .plan import BACKENDS, Plan, make_plan
 from .registry import EncodingInfo, ModelDims, available, build, register
 from .rotary import apply_rotary, rotary_angles
 from .sinusoid import sinusoid_frequencies, sinusoid_table
+from .torch_attention import TorchMultiheadAttention
 
 __all__ = [
-    "BACKENDS", "MultiheadAttention", "attend", "plan", "Plan", "make_plan", "AttentionNeeds", "MLP", "TransformerBlock",
+    "BACKENDS", "MultiheadAttention", "TorchMultiheadAttention", "attend", "plan", "Plan", "make_plan",
+    "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",
     "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "apply_rotary",
     "rotary_angles", "sinusoid_frequencies", "sinusoid_table", "FeatureMap", "EluFeatureMap", "FavorFeatureMap",

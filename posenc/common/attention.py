@@ -9,7 +9,7 @@ explicit positions and an optional KV cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +19,7 @@ from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
 from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
 from .masks import AttentionMask
-from .pairwise import PairwiseBias
+from .pairwise import PairwiseBias, dense_bias, sum_of_biases
 from .plan import BACKENDS, Backend, Plan, make_plan
 from .shapes import check_qkv
 
@@ -61,13 +61,18 @@ class _Prepared:
 def _prepare(
     q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, kv_pos: Tensor, encoding: PositionEncoding | None,
     mask: AttentionMask | None, scale: float | None, backend: str, qk_transformed: bool,
-    feature_map: FeatureMap | None = None,
+    feature_map: FeatureMap | None = None, attn_bias: Tensor | None = None,
 ) -> _Prepared:
     """Apply the q/k transform, build the encoding's terms and make the plan (no attention yet)."""
     b, hq, tq, d = q.shape
     tk = k.shape[2]
     scale = d ** -0.5 if scale is None else scale
     needs = encoding.attention_needs() if encoding is not None else NO_NEEDS
+    encoding_bias = needs.score_bias
+    if attn_bias is not None:
+        if feature_map is not None:
+            raise ValueError("attn_bias is added to softmax scores; linear attention (feature_map) has none")
+        needs = replace(needs, score_bias=True)  # the caller's bias takes the score-bias paths
     if needs.qk and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
     prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale, feature_map=feature_map)  # type: ignore[arg-type]
@@ -80,7 +85,8 @@ def _prepare(
         )
         return prep
     if needs.score_bias:
-        prep.bias = encoding.score_bias(q, k, q_pos, kv_pos)
+        own = encoding.score_bias(q, k, q_pos, kv_pos) if encoding_bias else None
+        prep.bias = sum_of_biases(own, None if attn_bias is None else dense_bias(attn_bias))
     if needs.score_transform:
 
         def score_transform(scores: Tensor, q: Tensor, k: Tensor, rows: slice, keys: slice, allowed) -> Tensor:
@@ -148,6 +154,7 @@ def attend(
     backend: Backend = "auto",
     qk_transformed: bool = False,
     feature_map: FeatureMap | None = None,
+    attn_bias: Tensor | None = None,
 ) -> Tensor:
     """Attention of ``q [B, Hq, Tq, D]`` over ``k, v [B, Hkv, Tk, D]`` (``Hq`` a multiple of ``Hkv``).
 
@@ -169,6 +176,10 @@ def attend(
             (:func:`posenc.common.linear_attention.linear_attention`; ``scale`` is then unused, the
             map defines the similarity). Only the q/k hooks apply; an encoding with a score bias
             or an after-softmax term is a ValueError.
+        attn_bias: a float tensor ``[B or 1, Hq or 1, Tq, Tk]`` added to the scores before the
+            softmax, beside the encoding's bias (a caller's additive attention mask; ``-inf``
+            removes a pair, and a row removed whole gives NaN, as in torch). It takes the
+            score-bias paths (dense on CPU, FlexAttention on CUDA).
 
     Returns:
         ``[B, Hq, Tq, D]``.
@@ -179,11 +190,61 @@ def attend(
     q_pos = normalize_positions(q_pos, tq, b, "q_pos")
     kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
     check_attention_args(encoding, mask, b, hq, tq, tk)
+    check_attn_bias(attn_bias, b, hq, tq, tk)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if tq == 0 or tk == 0:  # nothing to attend to (or from): zeros, as for fully masked rows
         return q.new_zeros(b, hq, tq, d)
-    return _run(_prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map), mask)
+    prep = _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map, attn_bias)
+    return _run(prep, mask)
+
+
+def attend_with_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    q_pos: Tensor,
+    kv_pos: Tensor,
+    encoding: PositionEncoding | None = None,
+    mask: AttentionMask | None = None,
+    scale: float | None = None,
+    qk_transformed: bool = False,
+    attn_bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """:func:`attend` with the attention weights returned too, by the explicit math path in one
+    block (:func:`posenc.common.kernels.weights_path`): ``(out [B, Hq, Tq, D], weights [B, Hq,
+    Tq, Tk])``. ``weights`` is the matrix applied to ``V``: the probabilities after dropout, plus an
+    after-softmax bias (eRPE). This path keeps the whole ``[B, H, Tq, Tk]`` matrix and gives up
+    the fused kernels: use it when the weights are wanted, or for attention dropout
+    (``dropout_p``, applied as given: pass 0 outside training), which only it implements."""
+    check_qkv(q, k, v)
+    b, hq, tq, d = q.shape
+    tk = k.shape[2]
+    q_pos = normalize_positions(q_pos, tq, b, "q_pos")
+    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
+    check_attention_args(encoding, mask, b, hq, tq, tk)
+    check_attn_bias(attn_bias, b, hq, tq, tk)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
+    if tq == 0 or tk == 0:
+        return q.new_zeros(b, hq, tq, d), q.new_zeros(b, hq, tq, tk)
+    prep = _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, "auto", qk_transformed, None, attn_bias)
+    return kernels.weights_path(prep.q, prep.k, prep.v, mask, prep.bias, prep.scale, prep.prob_bias, prep.value_term,
+                                prep.score_transform, dropout_p)
+
+
+def check_attn_bias(attn_bias: Tensor | None, batch: int, heads: int, q_len: int, kv_len: int) -> None:
+    """``attn_bias`` is None or a float ``[B or 1, H or 1, Tq, Tk]`` tensor; else a ValueError."""
+    if attn_bias is None:
+        return
+    if (not isinstance(attn_bias, Tensor) or attn_bias.dim() != 4 or not attn_bias.dtype.is_floating_point
+            or attn_bias.shape[0] not in (1, batch) or attn_bias.shape[1] not in (1, heads)
+            or tuple(attn_bias.shape[2:]) != (q_len, kv_len)):
+        got = f"{tuple(attn_bias.shape)} {attn_bias.dtype}" if isinstance(attn_bias, Tensor) else type(attn_bias).__name__
+        raise ValueError(f"attn_bias must be a float tensor [batch={batch} or 1, heads={heads} or 1, {q_len}, {kv_len}]; "
+                         f"got {got}")
 
 
 def plan(
@@ -199,6 +260,7 @@ def plan(
     backend: Backend = "auto",
     qk_transformed: bool = False,
     feature_map: FeatureMap | None = None,
+    attn_bias: Tensor | None = None,
 ) -> Plan:
     """The :class:`~posenc.common.plan.Plan` that :func:`attend` would follow for these
     arguments, in the current grad mode, without running the attention (the encoding's q/k
@@ -212,9 +274,10 @@ def plan(
     q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=q.device)
     kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos", device=q.device)
     check_attention_args(encoding, mask, b, hq, tq, tk)
+    check_attn_bias(attn_bias, b, hq, tq, tk)
     if tq == 0 or tk == 0:
         return Plan("sdpa", "an empty sequence: zeros, no kernel runs")
-    return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map).plan
+    return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map, attn_bias).plan
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
@@ -250,6 +313,10 @@ class MultiheadAttention(nn.Module):
 
     Shapes:
         ``x [B, Tq, C]``, ``context [B, Tk, kv_dim]`` -> ``[B, Tq, C]``.
+
+    For ``torch.nn.MultiheadAttention``'s call (``query, key, value, attn_mask=...``), to replace
+    torch's layer in existing code or inside ``torch.nn.TransformerEncoderLayer``, use
+    :class:`~posenc.common.torch_attention.TorchMultiheadAttention`.
     """
 
     def __init__(

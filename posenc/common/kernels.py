@@ -524,6 +524,63 @@ def _frontier(*groups) -> list[Tensor]:
     return out
 
 
+def _math_block(
+    q_rows: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_idx: Tensor,
+    kv_idx: Tensor,
+    rows: slice,
+    keys: slice,
+    q_len: int,
+    kv_len: int,
+    mask: AttentionMask | None,
+    bias: PairwiseBias | None,
+    scale: float,
+    prob_bias: PairwiseBias | None,
+    value_term: ValueTerm | None,
+    score_transform: ScoreTransform | None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """One block of query rows of the explicit path: ``(out [B, H, rows, D], weights [B, H, rows,
+    keys])``, ``weights`` being the matrix applied to ``V``: the probabilities after dropout (with
+    probability ``dropout_p``, kept entries scaled by ``1 / (1 - p)``) plus the after-softmax
+    bias. ``q_rows``, ``k``, ``v`` are in the working dtype with the key heads repeated."""
+    b, h = q_rows.shape[:2]
+    scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
+    if bias is not None:
+        scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=scores.dtype)
+    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, kv_len)  # [B or 1, 1, rows, keys]
+    if score_transform is not None:
+        scores = score_transform(scores, q_rows, k, rows, keys, allowed)
+    if allowed is not None:
+        row_any = allowed.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
+    probs = torch.softmax(scores, dim=-1)  # [B, H, rows, keys]
+    if allowed is not None:
+        probs = probs.masked_fill(~allowed, 0.0)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    if prob_bias is not None:
+        extra = prob_bias.dense(b, h, q_idx, kv_idx, dtype=probs.dtype)
+        probs = probs + (extra if allowed is None else extra.masked_fill(~allowed, 0.0))
+    out = torch.matmul(probs, v)  # [B, H, rows, D]
+    if value_term is not None:
+        out = out + value_term(probs, rows, keys)
+    return out, probs
+
+
+def _math_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
+    """q, k, v in the working dtype (float32 for half precision), compact, key heads repeated."""
+    groups = q.shape[1] // k.shape[1]
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    # Compact once: q, k, v usually arrive as transposed views of the projections, and every
+    # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
+    q = q.to(work).contiguous()  # [B, Hq, Tq, D]
+    k, v = _repeat_kv(k.to(work), groups).contiguous(), _repeat_kv(v.to(work), groups).contiguous()  # [B, Hq, Tk, D]
+    return q, k, v, work
+
+
 def math_path(
     q: Tensor,
     k: Tensor,
@@ -548,13 +605,8 @@ def math_path(
     ``transform_inputs``: the tensors ``score_transform`` and ``value_term`` read that may need a
     gradient (the encoding's :meth:`~posenc.common.encoding.PositionEncoding.math_parameters`).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
-    groups = q.shape[1] // k.shape[1]
     dtype = q.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    # Compact once: q, k, v usually arrive as transposed views of the projections, and every
-    # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
-    q = q.to(work).contiguous()  # [B, Hq, Tq, D]
-    k, v = _repeat_kv(k.to(work), groups).contiguous(), _repeat_kv(v.to(work), groups).contiguous()  # [B, Hq, Tk, D]
+    q, k, v, _ = _math_inputs(q, k, v)
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     idx = _indices(max(tq, tk), q.device)
@@ -563,25 +615,8 @@ def math_path(
 
     def rows_out(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
         (q_rows,), (k, v) = rows, keys  # [B, H, rows, D], [B, H, kv_end, D] x2
-        q_idx, kv_idx = idx[s:e], idx[:kv_end]
-        scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
-        if bias is not None:
-            scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=work)
-        allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, tq, tk)  # [B or 1, 1, rows, keys]
-        if score_transform is not None:
-            scores = score_transform(scores, q_rows, k, slice(s, e), slice(0, kv_end), allowed)
-        if allowed is not None:
-            row_any = allowed.any(dim=-1, keepdim=True)
-            scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
-        probs = torch.softmax(scores, dim=-1)  # [B, H, rows, keys]
-        if allowed is not None:
-            probs = probs.masked_fill(~allowed, 0.0)
-        if prob_bias is not None:
-            extra = prob_bias.dense(b, h, q_idx, kv_idx, dtype=work)
-            probs = probs + (extra if allowed is None else extra.masked_fill(~allowed, 0.0))
-        out = torch.matmul(probs, v)  # [B, H, rows, D]
-        if value_term is not None:
-            out = out + value_term(probs, slice(s, e), slice(0, kv_end))
+        out, _ = _math_block(q_rows, k, v, idx[s:e], idx[:kv_end], slice(s, e), slice(0, kv_end), tq, tk, mask,
+                             bias, scale, prob_bias, value_term, score_transform)
         return out.to(dtype)
 
     causal = mask is not None and mask.causal
@@ -590,6 +625,31 @@ def math_path(
         bias.learned if bias is not None else (), prob_bias.learned if prob_bias is not None else (), transform_inputs
     )
     return _row_chunked(rows_out, chunks, [q], [k, v], others)
+
+
+def weights_path(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttentionMask | None,
+    bias: PairwiseBias | None,
+    scale: float,
+    prob_bias: PairwiseBias | None = None,
+    value_term: ValueTerm | None = None,
+    score_transform: ScoreTransform | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """The math path in one block under plain autograd, returning the attention weights too:
+    ``(out [B, Hq, Tq, D], weights [B, Hq, Tq, Tk])`` (see :func:`_math_block`). It keeps the whole
+    ``[B, H, Tq, Tk]`` matrix, as returning it requires, and is the one path with attention
+    dropout (``dropout_p``; the caller passes 0 outside training)."""
+    dtype = q.dtype
+    q, k, v, _ = _math_inputs(q, k, v)
+    tq, tk = q.shape[2], k.shape[2]
+    idx = _indices(max(tq, tk), q.device)
+    out, weights = _math_block(q, k, v, idx[:tq], idx[:tk], slice(0, tq), slice(0, tk), tq, tk, mask, bias, scale,
+                               prob_bias, value_term, score_transform, dropout_p)
+    return out.to(dtype), weights.to(dtype)
 
 
 def prob_bias_term(

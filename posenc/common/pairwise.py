@@ -213,3 +213,36 @@ class SharedGradTable:
         if not self._tracked():
             return self._values[:, :, start:stop]
         return _SliceRows.apply(self._values, start, stop, self._sink, self.handle)
+
+
+def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
+    """A :class:`PairwiseBias` that reads a dense tensor ``[B or 1, H or 1, Tq, Tk]`` (a float
+    attention mask given by the caller, e.g. torch's ``attn_mask``); differentiable in ``table``."""
+    if table.dim() != 4 or not table.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a float tensor [batch or 1, heads or 1, queries, keys]; got "
+                         f"{tuple(table.shape)} {table.dtype}")
+    per_head = table.shape[1] > 1
+
+    def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        if is_dense_block(b, h, q_idx, kv_idx):  # a block of rows: slice, keeping broadcast axes
+            return table.index_select(2, q_idx.reshape(-1)).index_select(3, kv_idx.reshape(-1))
+        return table[b if table.shape[0] > 1 else b * 0, h if per_head else h * 0, q_idx, kv_idx]
+
+    learned = (table,) if table.requires_grad else ()
+    return PairwiseBias(fn, per_batch=table.shape[0] > 1, learned=learned, name=name)
+
+
+def sum_of_biases(*biases: PairwiseBias | None) -> PairwiseBias | None:
+    """The sum of the biases given (None ones skipped), as one :class:`PairwiseBias`; None if none."""
+    present = [x for x in biases if x is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        total = present[0](b, h, q_idx, kv_idx)
+        for x in present[1:]:
+            total = total + x(b, h, q_idx, kv_idx)
+        return total
+
+    return PairwiseBias(fn, per_batch=any(x.per_batch for x in present),
+                        learned=tuple(t for x in present for t in x.learned), name=" + ".join(x.name for x in present))

@@ -2,27 +2,55 @@
 
 Two pairing conventions are used by real checkpoints and both are supported, by name:
 
-* ``interleaved=True``: pairs ``(2k, 2k+1)`` (GPT-J, rotary-embedding-torch, torchtune);
-* ``interleaved=False``: half-split pairs ``(k, k + r/2)`` (GPT-NeoX, Hugging Face Llama).
+* ``pairing="interleaved"`` (``interleaved=True``): pairs ``(2k, 2k+1)`` (GPT-J,
+  rotary-embedding-torch, torchtune);
+* ``pairing="half_split"`` (``interleaved=False``): pairs ``(k, k + r/2)`` (GPT-NeoX, Hugging
+  Face Llama).
 
 Only the first ``r = 2 * cos.shape[-1]`` features are rotated (partial rotary); the rest pass
 through. The backward pass is the rotation by the opposite angle, so nothing but ``cos`` and ``sin``
 is saved for it.
+
+The functions here take inverse frequencies; :func:`posenc.functional.rope_cos_sin` and
+:func:`posenc.functional.apply_rope` make them from a base and a context-extension scaling.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
+PAIRINGS = ("half_split", "interleaved")
+Pairing = Literal["half_split", "interleaved"]
+
+
+def check_pairing(pairing: str) -> bool:
+    """``pairing`` checked; returns whether it is interleaved."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+    return pairing == "interleaved"
+
 
 def rotary_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Angles ``positions[..., None] * inv_freq``: ``[..., T]`` x ``[R/2]`` -> ``[..., T, R/2]``.
+    """Angles ``positions[..., t] * inv_freq[..., k]``: ``[..., T]`` x ``[R/2]`` (or ``[..., R/2]``,
+    one set of frequencies per leading index, as length-dependent scalings give) -> ``[..., T, R/2]``.
 
     Computed in float64: in float32 the angle of position 100,000 is off by about 0.01 rad. The
     tables are small (``T x R/2``), so this costs nothing measurable.
     """
-    return positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+    return positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64).unsqueeze(-2)
+
+
+def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, *, attention_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of :func:`rotary_angles` (float64 ``[..., T, R/2]``), each times
+    ``attention_factor`` (a context extension's temperature: the scores are scaled by its square)."""
+    angles = rotary_angles(positions, inv_freq)
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
@@ -78,3 +106,34 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> T
         # Learned frequencies (RoPE-Mixed): let autograd differentiate the angles too.
         return _rotate(x, cos, sin, interleaved)
     return _Rotary.apply(x, cos, sin, interleaved)
+
+
+def apply_rotary_qk(
+    q: Tensor,
+    k: Tensor,
+    q_pos: Tensor,
+    kv_pos: Tensor,
+    inv_freq: Tensor,
+    *,
+    pairing: Pairing,
+    attention_factor: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Rotate queries and keys at their own positions with one set of frequencies.
+
+    Args:
+        q: ``[B, Hq, Tq, D]``; k: ``[B, Hkv, Tk, D]``.
+        q_pos, kv_pos: ``[B or 1, Tq]`` and ``[B or 1, Tk]`` (integer or float).
+        inv_freq: ``[R/2]``, or ``[B or 1, R/2]`` (one set per batch row), ``R <= D``.
+        pairing: "half_split" or "interleaved".
+        attention_factor: multiplies ``cos`` and ``sin`` (both q and k).
+
+    Returns ``(q, k)`` of the same shapes.
+    """
+    interleaved = check_pairing(pairing)
+    cos, sin = rotary_cos_sin(q_pos, inv_freq, attention_factor=attention_factor)  # [B, Tq, R/2]
+    q = apply_rotary(q, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=interleaved)
+    if k.shape[2] > 0:
+        if kv_pos is not q_pos:
+            cos, sin = rotary_cos_sin(kv_pos, inv_freq, attention_factor=attention_factor)
+        k = apply_rotary(k, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=interleaved)
+    return q, k

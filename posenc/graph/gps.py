@@ -37,6 +37,7 @@ from ..common.attention import Backend, MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build
+from ..training.pretrained import PretrainedMixin
 
 LocalKind = Literal["gine", "gin", "none"]
 NormKind = Literal["batch", "layer"]
@@ -135,7 +136,7 @@ LAP_EIGENVALUES_ATTR = "laplacian_eigenvalues"
 RWSE_ATTR = "random_walk_pe"
 
 
-class GPS(nn.Module):
+class GPS(nn.Module, PretrainedMixin):
     """GPS graph transformer with node- or graph-level output.
 
     Args:

@@ -5,7 +5,7 @@ extension of trained RoPE models (:func:`extend_context`), and the Spline-based 
 (:class:`PositionalAutoencoder`) and synthetic curves (:class:`SmoothCurves`)."""
 
 # absolute and input encodings
-from .alibi import ALiBi, alibi_slopes
+from .alibi import ALiBi, alibi_bias, alibi_penalty, alibi_slopes
 from .learned import LearnedEncoding
 from .nope import NoPE
 from .sinusoidal import SinusoidalEncoding
@@ -19,6 +19,9 @@ from .rope import (
     NTKRoPE,
     RotaryEncoding,
     YaRNRoPE,
+    apply_rope,
+    rope_cos_sin,
+    rope_frequencies,
     rope_inv_freq,
 )
 from .rope_scaling import (
@@ -30,6 +33,11 @@ from .rope_scaling import (
     NTKScaling,
     RopeScaling,
     YaRNScaling,
+    register_rope_scaling,
+    rope_scaling_config,
+    rope_scaling_entries,
+    rope_scaling_entry,
+    rope_scaling_from_dict,
 )
 from .xpos import XPos, xpos_zeta
 from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
@@ -41,7 +49,7 @@ from .deberta import DeBERTa, deberta_index, log_bucket_position
 from .fire import FIRE
 from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .shaw import ShawRelative
-from .t5 import T5Bias, t5_bucket
+from .t5 import T5Bias, t5_bias, t5_bucket, t5_relative_buckets
 from .transformer_xl import TransformerXLRelative
 from .tupe import TUPE
 
@@ -57,13 +65,15 @@ from .latent_autoencoder import PositionalAutoencoder
 from .spline import SplineTransformer, bspline_basis, evaluate_spline
 
 __all__ = [
-    "ALiBi", "alibi_slopes", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
-    "RotaryEncoding", "rope_inv_freq", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE",
-    "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling",
-    "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "XPos", "xpos_zeta",
+    "ALiBi", "alibi_slopes", "alibi_bias", "alibi_penalty", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
+    "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE",
+    "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling",
+    "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling",
+    "rope_scaling_config", "rope_scaling_entries", "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
-    "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
+    "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "t5_relative_buckets", "t5_bias",
+    "TransformerXLRelative", "TUPE",
     "SineSPE", "ConvSPE",
     "CausalLM", "SequenceEncoder",
     "SplineTransformer", "evaluate_spline", "bspline_basis", "PositionalAutoencoder", "SmoothCurves",

@@ -4,6 +4,8 @@
 ``-m_h * |i - j|`` serves bidirectional attention. Slopes ``m_h = 2^(-8h/H)``, ``h = 1..H``, for ``H``
 a power of two; otherwise the slopes of the largest power of two below ``H`` followed by every
 other slope of the next power of two. Hook: score bias (a pure function, no gradient).
+Functional form: :func:`alibi_slopes`, :func:`alibi_bias` (the dense bias, causal with the mask
+folded in as ``-inf``, or symmetric) and :func:`alibi_penalty` (the formula both use).
 Kernel: the dense bias into SDPA's fused kernel on CPU, FlexAttention ``score_mod`` on CUDA.
 """
 
@@ -17,12 +19,15 @@ from torch import Tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
+from ..common.relative import relative_position_grid
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """The standard ALiBi slopes (float32 ``[num_heads]``), for any head count."""
-    if num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    """The standard ALiBi slopes (float32 ``[num_heads]``), for any head count: ``2^(-8h/H)``,
+    ``h = 1..H``, for ``H`` a power of two; otherwise those of the largest power of two below
+    ``H``, then every other slope of the next power of two."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads!r}")
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
@@ -32,6 +37,58 @@ def alibi_slopes(num_heads: int) -> Tensor:
     if p < num_heads:
         slopes += power_of_two(2 * p)[0::2][: num_heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_penalty(distance: Tensor, slopes: Tensor, *, symmetric: bool) -> Tensor:
+    """ALiBi's linear penalty, element-wise: ``-m * d`` (causal form) or ``-m * |d|`` (symmetric).
+
+    ``distance`` is the query position minus the key position (``i - j``), ``slopes`` broadcasts
+    against it. For keys after the query (``d < 0``) the causal form is *positive*: it is only
+    meaningful under a causal mask that removes those keys. :func:`alibi_bias` applies that mask
+    itself; :class:`ALiBi` requires a causal mask from the attention call.
+    """
+    return -slopes * (distance.abs() if symmetric else distance)
+
+
+def alibi_bias(
+    q_len: int,
+    k_len: int,
+    slopes: Tensor,
+    *,
+    causal: bool,
+    offset: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """The dense ALiBi bias ``[H, q_len, k_len]`` to add to the attention scores.
+
+    Query ``i`` sits at position ``i + offset`` and key ``j`` at ``j``; ``d = i + offset - j``.
+
+    * ``causal=True``: ``-m_h * d`` for keys at or before the query (``d >= 0``) and ``-inf`` for
+      keys after it: the causal mask is part of the bias, so nothing is ever positive and the
+      result is a complete float mask (``F.scaled_dot_product_attention(q, k, v, attn_mask=bias)``,
+      no ``is_causal``).
+    * ``causal=False``: the symmetric bidirectional variant ``-m_h * |d|``.
+
+    Args:
+        q_len, k_len: query and key counts.
+        slopes: ``[H]`` per-head slopes (:func:`alibi_slopes`).
+        causal: required, so the treatment of keys after the query is always a stated choice.
+        offset: position of query 0 minus position of key 0; default ``k_len - q_len`` (queries
+            at the end of the keys, as with a KV cache; 0 for equal lengths).
+        dtype: of the result; default ``slopes.dtype``.
+
+    Returns ``[H, q_len, k_len]`` on ``slopes``' device.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(slopes, Tensor) or slopes.dim() != 1:
+        raise ValueError(f"slopes must be a [num_heads] tensor (alibi_slopes(H)); got {getattr(slopes, 'shape', slopes)!r}")
+    dtype = slopes.dtype if dtype is None else dtype
+    distance = -relative_position_grid(q_len, k_len, offset=offset, device=slopes.device)  # [Tq, Tk], i - j
+    bias = alibi_penalty(distance.to(dtype), slopes.to(dtype)[:, None, None], symmetric=not causal)
+    if causal:
+        bias = bias.masked_fill(distance < 0, float("-inf"))
+    return bias
 
 
 @register(
@@ -65,10 +122,10 @@ class ALiBi(PositionEncoding):
             slopes = alibi_slopes(self.num_heads).to(slopes.device)
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            # Subtract in the positions' own dtype (exact for integers), then go to float32.
+            # Subtract in the positions' own dtype (exact for integers), then go to float32. The
+            # causal form is positive for keys after the query: the causal mask this encoding
+            # requires (causal_only) removes them.
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(torch.float32)
-            if symmetric:
-                dist = dist.abs()
-            return -slopes[h] * dist
+            return alibi_penalty(dist, slopes[h], symmetric=symmetric)
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="ALiBi")

@@ -24,6 +24,7 @@ Hugging Face derives:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,36 +32,34 @@ from torch import nn
 
 from .rope import RotaryEncoding
 from .rope_scaling import (
-    DynamicNTKScaling,
-    LinearScaling,
-    Llama3Scaling,
-    LongRoPEScaling,
-    NTKScaling,
     RopeScaling,
-    YaRNScaling,
-    ntk_long_factors,
+    rope_scaling_entries,
+    rope_scaling_entry,
+    rope_scaling_from_dict,
 )
 
-METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
+# Everything below is read from the scaling registry (:mod:`.rope_scaling`): a scaling registered
+# there is a method here, with its options, at once.
+METHODS = ("none", *(entry.name for entry in rope_scaling_entries()))
 # Other names users know the methods by.
-METHOD_ALIASES = {"pi": "linear", "dynamic": "dynamic_ntk", "default": "none"}
+METHOD_ALIASES = {"default": "none", **{alias: e.name for e in rope_scaling_entries() for alias in e.aliases}}
 # The methods whose formula needs the length the model was trained at.
-NEEDS_ORIGINAL_LENGTH = ("dynamic_ntk", "yarn", "llama3", "longrope")
+NEEDS_ORIGINAL_LENGTH = tuple(e.name for e in rope_scaling_entries() if e.needs_original_length)
 # The options each method takes besides factor and original_max_len.
-METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
-    "none": (), "linear": (), "ntk": (), "dynamic_ntk": (),
-    "yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
-    "llama3": ("low_freq_factor", "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor", "attention_factor", "select"),
-}
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {"none": (), **{e.name: e.options for e in rope_scaling_entries()}}
 
 
 def canonical_method(method: str) -> str:
-    """``method`` or its alias resolved to one of :data:`METHODS`; else a ValueError."""
-    if not isinstance(method, str) or METHOD_ALIASES.get(method, method) not in METHODS:
-        names = ", ".join(METHODS) + " (aliases: " + ", ".join(f"{a}={m}" for a, m in METHOD_ALIASES.items()) + ")"
-        raise ValueError(f"method must be one of {names}; got {method!r}")
-    return METHOD_ALIASES.get(method, method)
+    """``method`` or its alias resolved to ``"none"`` or a registered scaling; else a ValueError."""
+    if method in ("none", "default"):
+        return "none"
+    try:
+        return rope_scaling_entry(method).name
+    except ValueError:
+        entries = rope_scaling_entries()
+        names = ", ".join(["none", *(e.name for e in entries)]) + " (aliases: " + ", ".join(
+            ["default=none", *(f"{a}={e.name}" for e in entries for a in e.aliases)]) + ")"
+        raise ValueError(f"method must be one of {names}; got {method!r}") from None
 
 
 def make_scaling(
@@ -69,38 +68,36 @@ def make_scaling(
     """The :class:`~.rope_scaling.RopeScaling` for ``method`` (None for ``"none"``), checked.
 
     Args:
-        rotary_dim: the rotated width (LongRoPE's default long factors depend on it).
+        rotary_dim: the rotated width (defaults that depend on it, such as LongRoPE's factor
+            lists, are filled from it).
         factor: the context scale ``s >= 1``.
-        original_max_len: the length the model was trained at; required by dynamic NTK, YaRN,
-            Llama 3 and LongRoPE, ignored by linear and NTK.
+        original_max_len: the length the model was trained at; required by the methods that read
+            it (:data:`NEEDS_ORIGINAL_LENGTH`), ignored by the others (linear, NTK).
         options: the method's own parameters (:data:`METHOD_OPTIONS`).
     """
     method = canonical_method(method)
-    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
-    if unknown:
-        takes = ", ".join(METHOD_OPTIONS[method]) or "none"
-        raise ValueError(f"{method}: unknown option(s) {', '.join(unknown)}; it takes {takes}")
     if method == "none":
+        if options:
+            raise ValueError(f"none: unknown option(s) {', '.join(sorted(options))}; it takes none")
         if factor != 1.0:
             raise ValueError(f"method='none' restores plain RoPE and takes no factor; got factor={factor!r}")
         return None
-    if method in NEEDS_ORIGINAL_LENGTH and original_max_len is None:
+    entry = rope_scaling_entry(method)
+    unknown = sorted(set(options) - set(entry.options))
+    if unknown:
+        raise ValueError(f"{method}: unknown option(s) {', '.join(unknown)}; it takes {', '.join(entry.options) or 'none'}")
+    if entry.needs_original_length and original_max_len is None:
         raise ValueError(f"{method} needs original_max_len: the length the model was trained at")
-    if method == "linear":
-        return LinearScaling(factor)
-    if method == "ntk":
-        return NTKScaling(factor)
-    if method == "dynamic_ntk":
-        return DynamicNTKScaling(original_max_len, factor)
-    if method == "yarn":
-        return YaRNScaling(original_max_len, factor, **options)
-    if method == "llama3":
-        return Llama3Scaling(factor=factor, original_max_len=original_max_len, **options)
-    short = options.pop("short_factor", None)
-    long = options.pop("long_factor", None)
-    short = (1.0,) * (rotary_dim // 2) if short is None else tuple(short)
-    long = ntk_long_factors(rotary_dim, factor) if long is None else tuple(long)
-    return LongRoPEScaling(short, long, original_max_len, factor, **options)
+    params: dict[str, Any] = dict(options)
+    taken = {p.name for p in entry.parameters}
+    if "factor" in taken:
+        params["factor"] = factor
+    if "original_max_len" in taken:
+        params["original_max_len"] = original_max_len
+    for p in entry.parameters:  # a parameter the function requires and the caller left out: a width default
+        if p.name not in params and p.default is inspect.Parameter.empty:
+            params[p.name] = None
+    return entry.config(**entry.with_defaults(rotary_dim, params))
 
 
 def rotary_layers(model: nn.Module) -> list[RotaryEncoding]:
@@ -160,8 +157,9 @@ def plan_extension(
 
 # --- Hugging Face configs ------------------------------------------------------------------------
 
-_HF_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn", "llama3": "llama3",
-             "longrope": "longrope", "su": "longrope"}
+def _hf_types() -> dict[str, str]:
+    """Hugging Face ``rope_type`` -> method, from the registry (``default`` is plain RoPE)."""
+    return {"default": "none", **{t: e.name for e in rope_scaling_entries() for t in e.hf_types}}
 
 
 def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
@@ -192,39 +190,62 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
     rotary_dim = int(head_dim * partial)
     rotary_dim -= rotary_dim % 2
     kind = scaling_dict.get("rope_type", scaling_dict.get("type", "default"))
-    if kind not in _HF_TYPES:
-        raise ValueError(f"rope type {kind!r} has no posenc mapping; known: {', '.join(_HF_TYPES)}")
-    method = _HF_TYPES[kind]
+    hf_types = _hf_types()
+    if kind not in hf_types:
+        raise ValueError(f"rope type {kind!r} has no posenc mapping; known: {', '.join(hf_types)}")
+    method = hf_types[kind]
     max_pos = _get(config, "max_position_embeddings")
     stated = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
     original = stated
     factor = scaling_dict.get("factor")
-    options: dict[str, Any] = {}
+    # the method's own options, under the names Hugging Face uses too
+    options: dict[str, Any] = {key: scaling_dict[key] for key in METHOD_OPTIONS[method]
+                               if scaling_dict.get(key) is not None}
     if method in NEEDS_ORIGINAL_LENGTH:
         if original is None:
             original = max_pos
         if original is None:
             raise ValueError(f"a {kind} config needs max_position_embeddings or original_max_position_embeddings")
-    if method == "yarn":
-        if factor is None:
-            factor = max_pos / original
-        for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"):
-            if scaling_dict.get(key) is not None:
-                options[key] = scaling_dict[key]
+    if method == "yarn" and factor is None:
+        factor = max_pos / original
     elif method == "longrope":
+        missing = [key for key in ("short_factor", "long_factor") if key not in options]
+        if missing:
+            raise ValueError(f"a {kind} rope config needs {' and '.join(missing)}")
         if stated is not None and max_pos is not None:
             factor = max_pos / stated  # Hugging Face: the ratio, whatever factor says (Phi-3)
         elif factor is None:
             factor = 1.0
-        options = {"short_factor": scaling_dict["short_factor"], "long_factor": scaling_dict["long_factor"]}
-        if scaling_dict.get("attention_factor") is not None:
-            options["attention_factor"] = scaling_dict["attention_factor"]
-    elif method == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor"):
-            if key in scaling_dict:
-                options[key] = scaling_dict[key]
     if method != "none" and factor is None:
         raise ValueError(f"a {kind} rope config needs a factor")
     scaling = make_scaling(method, rotary_dim=rotary_dim, factor=1.0 if method == "none" else float(factor),
                            original_max_len=None if original is None else int(original), **options)
     return RotaryEncoding(head_dim, base=float(base), rotary_dim=rotary_dim, pairing=pairing, scaling=scaling)
+
+
+# --- saving a model's scalings ---------------------------------------------------------------------
+
+
+def rope_scaling_state(model: nn.Module) -> dict[str, Any]:
+    """``{"rope_scalings": [scaling dict or None per rotary layer]}`` (plain values; empty for a
+    model without rotary layers): what :func:`extend_context` changes, which a model's constructor
+    arguments do not tell. Saved by ``save_pretrained``."""
+    layers = rotary_layers(model)
+    if not layers:
+        return {}
+    return {"rope_scalings": [None if layer.scaling is None else layer.scaling.to_dict() for layer in layers]}
+
+
+def load_rope_scaling_state(model: nn.Module, state: Mapping[str, Any]) -> None:
+    """Apply :func:`rope_scaling_state`'s values to ``model`` (built from the same arguments)."""
+    unknown = sorted(set(state) - {"rope_scalings"})
+    if unknown:
+        raise ValueError(f"unknown saved state key(s) {', '.join(map(repr, unknown))}; expected 'rope_scalings'")
+    if "rope_scalings" not in state:
+        return
+    layers, saved = rotary_layers(model), state["rope_scalings"]
+    if not isinstance(saved, list) or len(saved) != len(layers):
+        raise ValueError(f"rope_scalings must list one scaling (or null) per rotary layer ({len(layers)}); got {saved!r}")
+    scalings = [None if d is None else rope_scaling_from_dict(d) for d in saved]  # all checked before any change
+    for layer, scaling in zip(layers, scalings):
+        layer.set_scaling(scaling)

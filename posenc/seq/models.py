@@ -23,6 +23,8 @@ from ..common.encoding import Hook, PositionEncoding
 from ..common.kv_cache import KVCache
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
+from ..training.pretrained import PretrainedMixin
+from .context import load_rope_scaling_state, rope_scaling_state
 from .generation import generate as _generate
 
 # Encodings whose learned parameters are shared by all layers in their paper.
@@ -94,7 +96,7 @@ def model_encodings(encoder: TransformerEncoder) -> list[PositionEncoding]:
     return list(seen.values())
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, PretrainedMixin):
     """Decoder-only language model: token embedding, pre-norm causal blocks, tied output head.
 
     Token embeddings are multiplied by ``sqrt(dim)`` as in Vaswani et al.: input encodings of
@@ -122,6 +124,10 @@ class CausalLM(nn.Module):
     Decoding: :meth:`generate`; ``forward(tokens, cache=KVCache(depth))`` runs incrementally
     (positions continue after the cached ones), which encodings with
     ``supports_kv_cache = False`` refuse.
+
+    Saving: :meth:`save_pretrained` / :meth:`from_pretrained` (:mod:`posenc.training.pretrained`);
+    the RoPE scaling of each rotary layer is saved with the config, so a model switched by
+    :func:`~posenc.seq.extend_context` reloads extended.
     """
 
     def __init__(
@@ -199,6 +205,12 @@ class CausalLM(nn.Module):
         h = self.encoder(x, positions=positions, mask=AttentionMask(causal=True), cache=cache)
         return self.head(h)
 
+    def pretrained_state(self) -> dict:
+        return rope_scaling_state(self)
+
+    def load_pretrained_state(self, state) -> None:
+        load_rope_scaling_state(self, state)
+
     def generate(
         self,
         tokens: Tensor,
@@ -222,7 +234,7 @@ Pool = Literal["mean", "cls"]
 TaskKind = Literal["classification", "regression"]
 
 
-class SequenceEncoder(nn.Module):
+class SequenceEncoder(nn.Module, PretrainedMixin):
     """Bidirectional transformer encoder with a pooled classification or regression head.
 
     Args:
@@ -309,6 +321,12 @@ class SequenceEncoder(nn.Module):
     @property
     def encodings(self) -> list[PositionEncoding]:
         return model_encodings(self.encoder)
+
+    def pretrained_state(self) -> dict:
+        return rope_scaling_state(self)
+
+    def load_pretrained_state(self, state) -> None:
+        load_rope_scaling_state(self, state)
 
     def forward(self, x: Tensor, *, key_valid: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         """``[B, num_outputs]`` logits (classification) or predictions (regression).

@@ -12,6 +12,12 @@ Pairing conventions (both are used by real checkpoints): ``pairing="half_split"`
 ``(2k, 2k+1)`` as GPT-J, rotary-embedding-torch and torchtune do. ``rotary_dim = r < head_dim``
 rotates only the first ``r`` features (partial rotary).
 
+The functional form: :func:`rope_frequencies`, :func:`rope_cos_sin` and :func:`apply_rope`
+(re-exported by :mod:`posenc.functional`); :class:`RotaryEncoding` is a thin module over them.
+Each registered scaling of :mod:`.rope_scaling` also gets its own registered encoding
+(``rope_linear``, ``rope_yarn``, ...: :class:`LinearRoPE`, :class:`YaRNRoPE`, ...), made from
+the scaling's registry entry.
+
 Static scalings compute their frequencies once, at construction (a float64 buffer). Length-
 dependent ones (dynamic NTK; LongRoPE switching short/long) take the current length of each batch
 row from the positions passed in, ``T = max(q_pos, kv_pos) + 1``, never from module state
@@ -25,29 +31,27 @@ and the sequence must be run whole.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+import inspect
 
 import torch
 from torch import Tensor
 
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import apply_rotary
-from .rope_scaling import (
-    DynamicNTKScaling,
-    LinearScaling,
-    Llama3Scaling,
-    LongRoPEScaling,
-    LongRoPESelect,
-    NTKScaling,
-    RopeScaling,
-    YaRNScaling,
-    default_inv_freq,
-    ntk_long_factors,
+from ..common.rotary import (
+    PAIRINGS,
+    Pairing,
+    apply_rotary_qk,
+    check_pairing,
+    rotary_cos_sin,
 )
-
-PAIRINGS = ("half_split", "interleaved")
-Pairing = Literal["half_split", "interleaved"]
+from .rope_scaling import (
+    RopeScaling,
+    RopeScalingEntry,
+    _check_factor,
+    default_inv_freq,
+    on_rope_scaling_registered,
+)
 
 
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
@@ -56,11 +60,109 @@ def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
 
 
 def current_length(q_pos: Tensor, kv_pos: Tensor) -> Tensor:
-    """``max(q_pos, kv_pos) + 1`` per batch row, float64 ``[B]``: the length the length-dependent
-    scalings see (q and k must share it, or scores would stop depending on ``i - j`` alone)."""
+    """``max(q_pos, kv_pos) + 1`` per batch row, float64 ``[B]`` (a scalar for 1D positions): the
+    length the length-dependent scalings see (q and k must share it, or scores would stop depending
+    on ``i - j`` alone)."""
     q_max = q_pos.to(torch.float64).amax(dim=-1)
     kv_max = kv_pos.to(torch.float64).amax(dim=-1) if kv_pos.shape[-1] > 0 else q_max
     return torch.maximum(q_max, kv_max) + 1
+
+
+def rope_frequencies(
+    rotary_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None, length: Tensor | float | None = None
+) -> tuple[Tensor, float]:
+    """RoPE's inverse frequencies (float64 ``[r/2]``, or ``[B, r/2]`` for a ``[B]`` length) and
+    attention factor, for ``scaling`` (None: plain RoPE, ``base^(-2k/r)``). ``length``, the current
+    length, is read by the length-dependent scalings only (dynamic NTK, LongRoPE by length; None
+    gives their original-length frequencies and long factors respectively)."""
+    if scaling is None:
+        return default_inv_freq(rotary_dim, base), 1.0
+    if not isinstance(scaling, RopeScaling):
+        raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
+    return scaling.compute(rotary_dim, base, length)
+
+
+def rope_cos_sin(
+    positions: Tensor,
+    dim: int,
+    base: float = 10000.0,
+    *,
+    scaling: RopeScaling | None = None,
+    dtype: torch.dtype | None = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """The cos/sin cache of RoPE: ``cos(p * theta_k) * a`` and ``sin(p * theta_k) * a``.
+
+    Args:
+        positions: ``[..., T]``, integer or float (offsets, packed or per-row positions).
+        dim: the rotated width ``r`` (even): the head dim, or less for partial rotary.
+        base: frequency base (10000).
+        scaling: a context extension (:class:`~.rope_scaling.LinearScaling`, ...); its attention
+            factor ``a`` is folded in. A length-dependent one reads the length from the positions:
+            ``max(positions[..., :]) + 1`` per leading index.
+        dtype: of the result (None: float64, in which the angles are computed).
+
+    Returns:
+        ``(cos, sin)``, each ``[..., T, dim/2]``; pair ``k`` of the half-split or interleaved
+        layout (see :func:`apply_rope`) is rotated by column ``k``.
+    """
+    length = current_length(positions, positions) if scaling is not None and scaling.dynamic else None
+    inv_freq, factor = rope_frequencies(dim, base, scaling, length)
+    cos, sin = rotary_cos_sin(positions, inv_freq.to(positions.device), attention_factor=factor)
+    return (cos, sin) if dtype is None else (cos.to(dtype), sin.to(dtype))
+
+
+def _batch_positions(positions: Tensor, length: int, name: str) -> Tensor:
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name} must be a tensor of positions, got {type(positions).__name__}")
+    batched = positions.unsqueeze(0) if positions.dim() == 1 else positions
+    if batched.dim() != 2 or batched.shape[1] != length:
+        raise ValueError(f"{name} must be [{length}] or [batch or 1, {length}]; got {tuple(positions.shape)}")
+    return batched
+
+
+def apply_rope(
+    q: Tensor,
+    k: Tensor,
+    positions: Tensor,
+    *,
+    k_positions: Tensor | None = None,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    pairing: Pairing = "half_split",
+    scaling: RopeScaling | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Rotate queries and keys by RoPE, ``q_i . k_j`` then depends on ``i - j`` only.
+
+    Args:
+        q: ``[B, Hq, Tq, D]``; k: ``[B, Hkv, Tk, D]`` (transpose a ``[B, T, H, D]`` layout first).
+        positions: the queries' positions, ``[Tq]`` or ``[B or 1, Tq]`` (integer or float).
+        k_positions: the keys' positions, ``[Tk]`` or ``[B or 1, Tk]``; default ``positions``
+            (self-attention; a KV cache passes the cached keys' own positions).
+        base: frequency base (10000).
+        rotary_dim: features rotated, even, ``<= D`` (partial rotary); default ``D``.
+        pairing: "half_split" pairs ``(k, k + r/2)`` (GPT-NeoX, Hugging Face Llama) or
+            "interleaved" pairs ``(2k, 2k+1)`` (GPT-J, torchtune).
+        scaling: a context extension (:mod:`posenc.seq.rope_scaling`); None for plain RoPE.
+            A length-dependent one reads the length ``max(positions, k_positions) + 1`` per row.
+
+    Returns:
+        ``(q, k)`` rotated, same shapes and dtypes (tables computed in float64).
+    """
+    if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must be [batch, heads, tokens, head_dim] with one head_dim; got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
+    head_dim = q.shape[-1]
+    r = head_dim if rotary_dim is None else rotary_dim
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0 or r % 2 or r > head_dim:
+        raise ValueError(f"rotary_dim must be a positive even number <= head_dim ({head_dim}); got {rotary_dim!r}")
+    check_pairing(pairing)
+    q_pos = _batch_positions(positions, q.shape[2], "positions")
+    if k_positions is None and k.shape[2] != q.shape[2]:
+        raise ValueError(f"k has {k.shape[2]} tokens and q {q.shape[2]}: pass k_positions for the keys")
+    kv_pos = q_pos if k_positions is None else _batch_positions(k_positions, k.shape[2], "k_positions")
+    length = current_length(q_pos, kv_pos) if scaling is not None and scaling.dynamic else None
+    inv_freq, factor = rope_frequencies(r, base, scaling, length)
+    return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq.to(q_pos.device), pairing=pairing, attention_factor=factor)
 
 
 @register(
@@ -79,6 +181,7 @@ class RotaryEncoding(PositionEncoding):
             None for plain RoPE.
 
     Shapes: ``q [B, Hq, Tq, D]``, ``k [B, Hkv, Tk, D]``, positions ``[B or 1, T]`` (integer or float).
+    The rotation is :func:`apply_rope`'s.
     """
 
     hooks = frozenset({Hook.QK})
@@ -95,8 +198,7 @@ class RotaryEncoding(PositionEncoding):
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if isinstance(rotary_dim, int) and rotary_dim > head_dim:
             raise ValueError(f"rotary_dim ({rotary_dim}) must not exceed head_dim ({head_dim})")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+        check_pairing(pairing)
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing
@@ -137,10 +239,8 @@ class RotaryEncoding(PositionEncoding):
             return self._frequencies(float(length))
         return self._frequencies()
 
-    def _frequencies(self, seq_len: Tensor | None = None) -> tuple[Tensor, float]:
-        if self.scaling is None:
-            return rope_inv_freq(self.rotary_dim, self.base), 1.0
-        return self.scaling.compute(self.rotary_dim, self.base, seq_len)
+    def _frequencies(self, seq_len: Tensor | float | None = None) -> tuple[Tensor, float]:
+        return rope_frequencies(self.rotary_dim, self.base, self.scaling, seq_len)
 
     def _inv_freq(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """Float64 ``[r/2]``, or ``[B, r/2]`` for a length-dependent scaling."""
@@ -150,30 +250,17 @@ class RotaryEncoding(PositionEncoding):
             return self._frequencies()[0].to(q_pos.device)
         return self.inv_freq
 
-    def _tables(self, positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos, sin [B, 1, T, r/2]`` (float64), times the attention factor."""
-        if positions.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
-        # Float64 angles: in float32 the angle of position 100,000 is off by about 0.01 rad.
-        angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq.unsqueeze(-2)  # [B, T, r/2]
-        angles = angles.unsqueeze(1)
-        cos, sin = angles.cos(), angles.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return cos, sin
-
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
-        interleaved = self.pairing == "interleaved"
+        if q_pos.dim() != 2 or kv_pos.dim() != 2:
+            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
         inv_freq = self._inv_freq(q_pos, kv_pos)
-        cos, sin = self._tables(q_pos, inv_freq)
-        q = apply_rotary(q, cos, sin, interleaved=interleaved)
-        if k.shape[2] > 0:
-            if kv_pos is not q_pos:
-                cos, sin = self._tables(kv_pos, inv_freq)
-            k = apply_rotary(k, cos, sin, interleaved=interleaved)
-        return q, k
+        return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq, pairing=self.pairing,
+                               attention_factor=self.attention_factor)
+
+
+# --- one registered encoding per registered scaling ------------------------------------------------
 
 
 def _original_max_len(max_len: int | None, original_max_len: int | None, factor: float, name: str) -> int:
@@ -190,150 +277,94 @@ def _original_max_len(max_len: int | None, original_max_len: int | None, factor:
     return out
 
 
-@register(
-    "rope_linear",
-    modality="seq",
-    paper="Chen et al. 2023, Extending Context Window via Positional Interpolation, https://arxiv.org/abs/2306.15595",
-    summary="RoPE with positions interpolated: theta / factor",
-)
-class LinearRoPE(RotaryEncoding):
-    """RoPE with linear position interpolation, ``theta_k / factor`` (default factor 4).
-
-    Args: ``head_dim``, ``factor`` (>= 1), and ``base``, ``rotary_dim``, ``pairing`` as for
-    :class:`RotaryEncoding`. Kernel: SDPA.
-    """
-
-    def __init__(
-        self, head_dim: int, factor: float = 4.0, base: float = 10000.0, rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=LinearScaling(factor))
+_P = inspect.Parameter
 
 
-@register(
-    "rope_ntk",
-    modality="seq",
-    paper="bloc97 2023, NTK-Aware Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
-    summary="RoPE with the NTK-aware base: base * factor^(r/(r-2))",
-)
-class NTKRoPE(RotaryEncoding):
-    """RoPE with the NTK-aware base ``base * factor^(r/(r-2))`` (default factor 4). Kernel: SDPA."""
+def _encoding_signature(entry: RopeScalingEntry) -> inspect.Signature:
+    """``(self, head_dim, [max_len,] factor, [original_max_len,] <options>, base, rotary_dim, pairing)``.
 
-    def __init__(
-        self, head_dim: int, factor: float = 4.0, base: float = 10000.0, rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=NTKScaling(factor))
-
-
-@register(
-    "rope_dynamic_ntk",
-    modality="seq",
-    paper="emozilla 2023, Dynamically Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
-    summary="RoPE with an NTK-aware base grown from the current length beyond original_max_len",
-)
-class DynamicNTKRoPE(RotaryEncoding):
-    """RoPE whose base follows the current length ``T`` (max position + 1 of each batch row):
-    ``base * (factor*T/L0 - (factor-1))^(r/(r-2))`` for ``T > L0``, ``base`` below.
-
-    Args: ``head_dim``; ``max_len`` and ``original_max_len`` (``L0``, default
-    ``max_len // factor``); ``factor`` (default 4); ``base``, ``rotary_dim``, ``pairing``.
-    ``supports_kv_cache`` is False (the frequencies change as the sequence grows; see the module
-    docstring). Kernel: SDPA.
-    """
-
-    def __init__(
-        self, head_dim: int, max_len: int | None = None, factor: float = 4.0, original_max_len: int | None = None,
-        base: float = 10000.0, rotary_dim: int | None = None, pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_dynamic_ntk")
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=DynamicNTKScaling(l0, factor))
+    Options without a default in the scaling's function default to None here: the encoding fills
+    them from the rotary width (``entry.fill_defaults``)."""
+    params = [_P("self", _P.POSITIONAL_OR_KEYWORD), _P("head_dim", _P.POSITIONAL_OR_KEYWORD, annotation="int")]
+    by_name = {p.name: p for p in entry.parameters}
+    if entry.needs_original_length:
+        params.append(_P("max_len", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"))
+    if "factor" in by_name:
+        params.append(by_name["factor"].replace(kind=_P.POSITIONAL_OR_KEYWORD))
+    if entry.needs_original_length:
+        params.append(_P("original_max_len", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"))
+    for name in entry.options:
+        p = by_name[name]
+        if p.default is _P.empty:
+            p = p.replace(default=None, annotation=f"{p.annotation} | None" if isinstance(p.annotation, str) else p.annotation)
+        params.append(p.replace(kind=_P.POSITIONAL_OR_KEYWORD))
+    params += [
+        _P("base", _P.POSITIONAL_OR_KEYWORD, default=10000.0, annotation="float"),
+        _P("rotary_dim", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"),
+        _P("pairing", _P.POSITIONAL_OR_KEYWORD, default="half_split", annotation="Pairing"),
+    ]
+    return inspect.Signature(params)
 
 
-@register(
-    "rope_yarn",
-    modality="seq",
-    paper="Peng et al. 2023, YaRN, https://arxiv.org/abs/2309.00071",
-    summary="RoPE with YaRN's ramp between interpolated and original frequencies, and 0.1 ln(s) + 1 attention factor",
-)
-class YaRNRoPE(RotaryEncoding):
-    """YaRN (see :func:`.rope_scaling.yarn_scaling`).
+def scaled_rope_class(entry: RopeScalingEntry) -> type[RotaryEncoding]:
+    """The :class:`RotaryEncoding` subclass of a registered scaling, registered as
+    ``entry.encoding_name`` (made once per scaling, when it is registered)."""
+    signature = _encoding_signature(entry)
+    needs_l0 = entry.needs_original_length
 
-    Args: ``head_dim``; ``max_len`` and ``original_max_len`` (``L0``, default ``max_len // factor``);
-    ``factor`` (4); ``beta_fast`` (32) > ``beta_slow`` (1); ``attention_factor`` (default
-    ``0.1 ln s + 1``); ``mscale``, ``mscale_all_dim`` (DeepSeek's knobs, both or neither);
-    ``truncate`` (floor/ceil the correction range, HF's default); ``base``, ``rotary_dim``,
-    ``pairing``. Kernel: SDPA.
-    """
-
-    def __init__(
-        self, head_dim: int, max_len: int | None = None, factor: float = 4.0, original_max_len: int | None = None,
-        beta_fast: float = 32.0, beta_slow: float = 1.0, attention_factor: float | None = None,
-        mscale: float | None = None, mscale_all_dim: float | None = None, truncate: bool = True,
-        base: float = 10000.0, rotary_dim: int | None = None, pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_yarn")
-        scaling = YaRNScaling(
-            l0, factor, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, truncate
-        )
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
-
-
-@register(
-    "rope_llama3",
-    modality="seq",
-    paper="Llama Team 2024, The Llama 3 Herd of Models, https://arxiv.org/abs/2407.21783",
-    summary="RoPE with Llama 3.1's wavelength-banded frequency scaling",
-)
-class Llama3RoPE(RotaryEncoding):
-    """Llama 3.1 scaling (see :func:`.rope_scaling.llama3_scaling`).
-
-    Args: ``head_dim``; ``max_len`` and ``original_max_len`` (``L0``; Llama 3.1 uses 8192, the
-    default here is ``max_len // factor`` so that a model built for ``max_len`` is the extended
-    one); ``factor`` (8), ``low_freq_factor`` (1) < ``high_freq_factor`` (4); ``base``,
-    ``rotary_dim``, ``pairing``. Kernel: SDPA.
-    """
-
-    def __init__(
-        self, head_dim: int, max_len: int | None = None, factor: float = 8.0, original_max_len: int | None = None,
-        low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
-        base: float = 10000.0, rotary_dim: int | None = None, pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_llama3")
-        scaling = Llama3Scaling(factor, low_freq_factor, high_freq_factor, l0)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
-
-
-@register(
-    "rope_longrope",
-    modality="seq",
-    paper="Ding et al. 2024, LongRoPE, https://arxiv.org/abs/2402.13753",
-    summary="RoPE with per-pair short/long rescale factors, switched beyond original_max_len",
-)
-class LongRoPE(RotaryEncoding):
-    """LongRoPE (see :func:`.rope_scaling.longrope_scaling`).
-
-    Args: ``head_dim``; ``max_len`` and ``original_max_len`` (``L0``, default ``max_len // factor``);
-    ``factor`` (4; the attention factor is ``sqrt(1 + ln factor / ln L0)`` unless
-    ``attention_factor`` is given); ``short_factor`` and ``long_factor``: ``rotary_dim/2``
-    positive numbers each (searched lists from a checkpoint); by default the short list is all
-    ones (plain RoPE inside ``L0``) and the long list ``factor^(2k/(r-2))``, which reproduces the
-    NTK-aware base; ``select``: "by_length" (long factors once the current length exceeds ``L0``,
-    as Phi-3; ``supports_kv_cache`` is then False), or "short"/"long" to fix one list (a cache is
-    then fine); ``base``, ``rotary_dim``, ``pairing``. Kernel: SDPA.
-    """
-
-    def __init__(
-        self, head_dim: int, max_len: int | None = None, factor: float = 4.0, original_max_len: int | None = None,
-        short_factor: Sequence[float] | None = None, long_factor: Sequence[float] | None = None,
-        attention_factor: float | None = None, select: LongRoPESelect = "by_length",
-        base: float = 10000.0, rotary_dim: int | None = None, pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_longrope")
+    def __init__(self, *args, **kwargs) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{entry.encoding_name}: {exc}") from None
+        bound.apply_defaults()
+        params = dict(bound.arguments)
+        params.pop("self")
+        head_dim, base = params.pop("head_dim"), params.pop("base")
+        rotary_dim, pairing = params.pop("rotary_dim"), params.pop("pairing")
+        max_len = params.pop("max_len", None)
+        if "factor" in params:
+            _check_factor(params["factor"])  # before max_len // factor
+        if needs_l0:
+            params["original_max_len"] = _original_max_len(
+                max_len, params["original_max_len"], params.get("factor", 1.0), entry.encoding_name)
         r = head_dim if rotary_dim is None else rotary_dim
-        if short_factor is None:
-            short_factor = (1.0,) * max(r // 2, 0)
-        if long_factor is None:
-            long_factor = ntk_long_factors(r, factor)
-        scaling = LongRoPEScaling(tuple(short_factor), tuple(long_factor), l0, factor, attention_factor, select)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
+        scaling = entry.config(**entry.with_defaults(r, params))
+        RotaryEncoding.__init__(self, head_dim, base, rotary_dim, pairing, scaling=scaling)
+
+    __init__.__signature__ = signature  # type: ignore[attr-defined]  # what posenc.build checks options against
+    args = ", ".join(p for p in list(signature.parameters)[1:])
+    lengths = ("``max_len`` and ``original_max_len`` (``L0``): ``L0`` defaults to ``max_len // factor``, so that a "
+               "model built for ``max_len`` is the extended one. " if needs_l0 else "")
+    doc = (f"{entry.summary} (the {entry.name!r} scaling: :func:`posenc.seq.rope_scaling.{entry.compute.__name__}`).\n\n"
+           f"    Args: ``{args}``, the scaling's parameters as its function takes them. {lengths}Parameters the "
+           "function requires besides these default to None here and are filled from the rotary width. ``base``, "
+           "``rotary_dim``, ``pairing`` as for :class:`RotaryEncoding`. Kernel: SDPA.\n")
+    cls = type(entry.encoding_class_name, (RotaryEncoding,), {
+        "__init__": __init__, "__doc__": doc, "__module__": __name__, "scaling_name": entry.name,
+    })
+    cls.__qualname__ = entry.encoding_class_name
+    return register(entry.encoding_name, modality="seq", paper=entry.paper, summary=entry.summary)(cls)
+
+
+SCALED_ROPE_CLASSES: dict[str, type[RotaryEncoding]] = {}
+
+
+def _on_scaling(entry: RopeScalingEntry) -> None:
+    SCALED_ROPE_CLASSES[entry.name] = scaled_rope_class(entry)
+
+
+on_rope_scaling_registered(_on_scaling)
+
+LinearRoPE = SCALED_ROPE_CLASSES["linear"]
+NTKRoPE = SCALED_ROPE_CLASSES["ntk"]
+DynamicNTKRoPE = SCALED_ROPE_CLASSES["dynamic_ntk"]
+YaRNRoPE = SCALED_ROPE_CLASSES["yarn"]
+Llama3RoPE = SCALED_ROPE_CLASSES["llama3"]
+LongRoPE = SCALED_ROPE_CLASSES["longrope"]
+
+__all__ = [
+    "PAIRINGS", "Pairing", "rope_inv_freq", "current_length", "rope_frequencies", "rope_cos_sin", "apply_rope",
+    "RotaryEncoding", "scaled_rope_class", "SCALED_ROPE_CLASSES", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE",
+    "YaRNRoPE", "Llama3RoPE", "LongRoPE",
+]

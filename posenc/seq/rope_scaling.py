@@ -1,4 +1,4 @@
-"""Context extensions of RoPE: a registry of pure functions with validated parameters.
+"""Context extensions of RoPE: one registry entry per scaling -- a pure function and its checks.
 
 Each scaling maps ``(rotary_dim r, base, its parameters[, current length T])`` to
 ``(inv_freq, attention_factor)``: ``inv_freq`` is float64 ``[r/2]`` (``[B, r/2]`` when ``T`` is a
@@ -30,21 +30,35 @@ are each scaled by it and the scores by its square, as in Hugging Face transform
                   while ``T <= L0``, the long list beyond; attention factor
                   ``sqrt(1 + ln s / ln L0)`` (1 when ``s <= 1``) in both regimes, as in HF.
 
-Every parameter is checked; a bad one is a ``ValueError`` naming it, its value and the valid range.
-The typed configs (:class:`LinearScaling`, ...) hold the parameters for :class:`~.rope.RotaryEncoding`;
-:data:`ROPE_SCALINGS` maps each name to its function.
+One entry per scaling. :func:`register_rope_scaling` decorates the function that computes the
+frequencies and names its dimension-free checks (the style of Hugging Face's rope utilities: a
+``compute`` and a ``validate`` per rope type). Everything else is made from that entry:
+
+* the typed config (:class:`LinearScaling`, ..., :class:`LongRoPEScaling`): a frozen dataclass
+  whose fields are the function's keyword parameters, checked on construction;
+* the registered encoding (``rope_linear``, ...; :mod:`.rope` builds those classes);
+* the names, aliases and options that :func:`posenc.seq.extend_context`, the ``posenc extend``
+  command line and :func:`posenc.seq.rope_from_hf_config` accept.
+
+A new scaling is one decorated function (and its checks); :data:`ROPE_SCALINGS` maps each name to
+its function, :func:`rope_scaling_entry` to the whole entry. Every parameter is checked; a bad
+one is a ``ValueError`` naming it, its value and the valid range.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import torch
 from torch import Tensor
 
 SeqLen = float | Tensor | None
+Frequencies = tuple[Tensor, float]
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -76,15 +90,23 @@ def _check_original_max_len(original_max_len: int) -> None:
         raise ValueError(f"original_max_len must be a positive integer, got {original_max_len!r}")
 
 
-def _check_factor_list(name: str, values: Sequence[float], rotary_dim: int) -> Tensor:
+def _factor_list(name: str, values: Sequence[float]) -> Tensor:
+    """``values`` as a float64 vector of finite positive numbers; else a ValueError naming ``name``."""
     try:
         t = torch.as_tensor(list(values), dtype=torch.float64)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} must be a sequence of numbers, got {values!r}") from exc
-    if t.dim() != 1 or t.numel() != rotary_dim // 2:
-        raise ValueError(f"{name} must hold rotary_dim/2 = {rotary_dim // 2} numbers, got {t.numel()}")
+    if t.dim() != 1 or t.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty flat sequence of numbers, got {values!r}")
     if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
         raise ValueError(f"{name} must be finite and positive; got {values!r}")
+    return t
+
+
+def _check_factor_list(name: str, values: Sequence[float], rotary_dim: int) -> Tensor:
+    t = _factor_list(name, values)
+    if t.numel() != rotary_dim // 2:
+        raise ValueError(f"{name} must hold rotary_dim/2 = {rotary_dim // 2} numbers, got {t.numel()}")
     return t
 
 
@@ -98,7 +120,241 @@ def _check_seq_len(seq_len: SeqLen) -> None:
     _check_number("seq_len", seq_len, minimum=0.0, strict=True)
 
 
-# --- the functions ---------------------------------------------------------------------------
+# --- the registry ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scaling and its parameters: the base of every typed config (:class:`LinearScaling`, ...).
+
+    The subclasses are made by :func:`register_rope_scaling` from the scaling's function: one
+    field per keyword parameter, checked by the entry's ``validate`` on construction (sequences
+    are stored as tuples). ``dynamic``: the frequencies depend on the current length.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, f.name, tuple(float(v) if _is_number(v) else v for v in value))
+        self.entry.validate(**self.params())
+
+    @property
+    def entry(self) -> RopeScalingEntry:
+        return rope_scaling_entry(self.name)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.entry.is_dynamic(self.params())
+
+    def params(self) -> dict[str, Any]:
+        """The parameters, as the scaling's function takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        """``(inv_freq, attention_factor)`` for this width and base (``seq_len``: the current length,
+        read only by the length-dependent scalings)."""
+        return self.entry(rotary_dim, base, seq_len=seq_len, **self.params())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready): ``{"method": name, **params}``; :func:`rope_scaling_from_dict`
+        inverts it."""
+        return {"method": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params().items()}}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class RopeScalingEntry:
+    """One registered scaling: its function, its checks and what is made from them.
+
+    ``compute(rotary_dim, base, *, <parameters>[, seq_len])`` -> ``(inv_freq, attention_factor)``;
+    ``validate(**parameters)``: the checks that need no rotary width (the config runs them on
+    construction; ``compute`` runs them too). ``parameters``: ``compute``'s keyword parameters
+    (``seq_len`` aside), which are the config's fields. ``dynamic``: whether the frequencies
+    depend on the current length (a bool, or a function of the parameters). ``fill_defaults(r,
+    params)``: defaults that depend on the rotary width (LongRoPE's factor lists).
+    """
+
+    name: str
+    compute: Callable[..., Frequencies]
+    validate: Callable[..., None]
+    parameters: tuple[inspect.Parameter, ...]
+    config_name: str
+    encoding_name: str
+    encoding_class_name: str
+    paper: str
+    summary: str
+    aliases: tuple[str, ...] = ()
+    hf_types: tuple[str, ...] = ()
+    dynamic: bool | Callable[[Mapping[str, Any]], bool] = False
+    fill_defaults: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None
+    config: type[RopeScaling] = dataclasses.field(default=RopeScaling, compare=False)
+
+    @property
+    def takes_length(self) -> bool:
+        return "seq_len" in inspect.signature(self.compute).parameters
+
+    @property
+    def needs_original_length(self) -> bool:
+        """The formula needs the length the model was trained at."""
+        return any(p.name == "original_max_len" for p in self.parameters)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The parameters besides ``factor`` and ``original_max_len``."""
+        return tuple(p.name for p in self.parameters if p.name not in ("factor", "original_max_len"))
+
+    def is_dynamic(self, params: Mapping[str, Any]) -> bool:
+        return self.dynamic(params) if callable(self.dynamic) else bool(self.dynamic)
+
+    def with_defaults(self, rotary_dim: int, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with the width-dependent defaults filled in (parameters left None)."""
+        params = dict(params)
+        return self.fill_defaults(rotary_dim, params) if self.fill_defaults is not None else params
+
+    def __call__(self, rotary_dim: int, base: float, *, seq_len: SeqLen = None, **params: Any) -> Frequencies:
+        if self.takes_length:
+            return self.compute(rotary_dim, base, seq_len=seq_len, **params)
+        return self.compute(rotary_dim, base, **params)
+
+
+_ENTRIES: dict[str, RopeScalingEntry] = {}
+_LISTENERS: list[Callable[[RopeScalingEntry], None]] = []
+
+
+def register_rope_scaling(
+    name: str,
+    *,
+    validate: Callable[..., None],
+    config_name: str,
+    encoding_name: str,
+    encoding_class_name: str,
+    paper: str,
+    summary: str,
+    aliases: Sequence[str] = (),
+    hf_types: Sequence[str] = (),
+    dynamic: bool | Callable[[Mapping[str, Any]], bool] = False,
+    fill_defaults: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
+) -> Callable[[Callable[..., Frequencies]], Callable[..., Frequencies]]:
+    """Decorator registering ``compute(rotary_dim, base, *, <keyword parameters>[, seq_len])`` as the
+    scaling ``name``; the function is returned unchanged. Its config class (``config_name``) is
+    made from the keyword parameters (those without a default first) and the encoding
+    (``encoding_name``, class ``encoding_class_name``) by :mod:`.rope` (see the module docstring).
+    ``aliases``: other names users know it by; ``hf_types``: Hugging Face ``rope_type`` values."""
+
+    def deco(compute: Callable[..., Frequencies]) -> Callable[..., Frequencies]:
+        if name in _ENTRIES:
+            raise ValueError(f"RoPE scaling {name!r} is already registered")
+        sig = inspect.signature(compute)
+        positional = [p.name for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        if positional != ["rotary_dim", "base"]:
+            raise TypeError(f"{compute.__name__} must take (rotary_dim, base, *, parameters...); got {sig}")
+        params = tuple(p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.name != "seq_len")
+        entry = RopeScalingEntry(
+            name=name, compute=compute, validate=validate, parameters=params, config_name=config_name,
+            encoding_name=encoding_name, encoding_class_name=encoding_class_name, paper=paper, summary=summary,
+            aliases=tuple(aliases), hf_types=tuple(hf_types), dynamic=dynamic, fill_defaults=fill_defaults,
+        )
+        object.__setattr__(entry, "config", _make_config(entry))
+        _ENTRIES[name] = entry
+        for listener in list(_LISTENERS):
+            listener(entry)
+        return compute
+
+    return deco
+
+
+def _make_config(entry: RopeScalingEntry) -> type[RopeScaling]:
+    fields: list[Any] = []
+    for p in entry.parameters:
+        if p.default is inspect.Parameter.empty:
+            fields.append((p.name, p.annotation))
+        else:
+            fields.append((p.name, p.annotation, dataclasses.field(default=p.default)))
+    doc = (f"{entry.summary}. The typed config of the {entry.name!r} scaling: one field per keyword parameter "
+           f"of :func:`{entry.compute.__name__}`, checked on construction.")
+    cls = dataclasses.make_dataclass(
+        entry.config_name, fields, bases=(RopeScaling,), frozen=True,
+        namespace={"name": entry.name, "__doc__": doc, "__module__": __name__},
+    )
+    cls.__qualname__ = entry.config_name
+    return cls
+
+
+def on_rope_scaling_registered(listener: Callable[[RopeScalingEntry], None]) -> None:
+    """Call ``listener(entry)`` for every scaling registered so far and every one registered later
+    (:mod:`.rope` makes each scaling's encoding class this way)."""
+    _LISTENERS.append(listener)
+    for entry in list(_ENTRIES.values()):
+        listener(entry)
+
+
+def rope_scaling_entries() -> list[RopeScalingEntry]:
+    """Every registered scaling, in registration order."""
+    return list(_ENTRIES.values())
+
+
+def rope_scaling_entry(name: str) -> RopeScalingEntry:
+    """The entry registered as ``name`` or under an alias of it; else a ValueError listing the names."""
+    if isinstance(name, str):
+        if name in _ENTRIES:
+            return _ENTRIES[name]
+        for entry in _ENTRIES.values():
+            if name in entry.aliases:
+                return entry
+    known = ", ".join(_ENTRIES) + " (aliases: " + ", ".join(
+        f"{a}={e.name}" for e in _ENTRIES.values() for a in e.aliases) + ")"
+    raise ValueError(f"unknown RoPE scaling {name!r}; registered: {known}")
+
+
+def rope_scaling_config(method: str, **params: Any) -> RopeScaling:
+    """The typed config of scaling ``method`` (a name or alias) with ``params``, checked; an unknown
+    parameter is a ValueError naming the ones it takes."""
+    entry = rope_scaling_entry(method)
+    taken = [p.name for p in entry.parameters]
+    unknown = sorted(set(params) - set(taken))
+    if unknown:
+        raise ValueError(f"{entry.name}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(taken)}")
+    missing = [p.name for p in entry.parameters if p.default is inspect.Parameter.empty and p.name not in params]
+    if missing:
+        raise ValueError(f"{entry.name}: missing parameter(s) {', '.join(missing)}")
+    return entry.config(**params)
+
+
+def rope_scaling_from_dict(data: Mapping[str, Any]) -> RopeScaling:
+    """Inverse of :meth:`RopeScaling.to_dict`: ``{"method": name, **params}``."""
+    if not isinstance(data, Mapping) or "method" not in data:
+        raise ValueError(f"a RoPE scaling dict needs a 'method' key; got {data!r}")
+    params = dict(data)
+    return rope_scaling_config(params.pop("method"), **params)
+
+
+class _FunctionView(Mapping):
+    """Read-only ``{name: compute function}`` over the registry."""
+
+    def __getitem__(self, name: str) -> Callable[..., Frequencies]:
+        return _ENTRIES[name].compute
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ENTRIES)
+
+    def __len__(self) -> int:
+        return len(_ENTRIES)
+
+    def __repr__(self) -> str:
+        return f"ROPE_SCALINGS({', '.join(_ENTRIES)})"
+
+
+#: Each registered scaling's function, by name (a live view of the registry).
+ROPE_SCALINGS: Mapping[str, Callable[..., Frequencies]] = _FunctionView()
+
+
+# --- the scalings ----------------------------------------------------------------------------
 
 
 def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
@@ -109,34 +365,62 @@ def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
     return base ** (-k / rotary_dim)
 
 
-def linear_scaling(rotary_dim: int, base: float, *, factor: float) -> tuple[Tensor, float]:
-    """Position interpolation: ``theta_k / s``."""
+def _validate_factor_only(*, factor: float) -> None:
     _check_factor(factor)
+
+
+@register_rope_scaling(
+    "linear", validate=_validate_factor_only, config_name="LinearScaling", encoding_name="rope_linear",
+    encoding_class_name="LinearRoPE", aliases=("pi",), hf_types=("linear",),
+    paper="Chen et al. 2023, Extending Context Window via Positional Interpolation, https://arxiv.org/abs/2306.15595",
+    summary="RoPE with positions interpolated: theta / factor",
+)
+def linear_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
+    """Position interpolation: ``theta_k / s``."""
+    _validate_factor_only(factor=factor)
     return default_inv_freq(rotary_dim, base) / factor, 1.0
 
 
-def ntk_scaling(rotary_dim: int, base: float, *, factor: float) -> tuple[Tensor, float]:
-    """NTK-aware base: ``base * s^(r/(r-2))``."""
-    _check_factor(factor)
+def _ntk_exponent_dim(rotary_dim: int, name: str) -> None:
     check_rotary_dim(rotary_dim)
     if rotary_dim < 4:
-        raise ValueError(f"ntk scaling needs rotary_dim >= 4 (the exponent r/(r-2)), got {rotary_dim}")
+        raise ValueError(f"{name} scaling needs rotary_dim >= 4 (the exponent r/(r-2)), got {rotary_dim}")
+
+
+@register_rope_scaling(
+    "ntk", validate=_validate_factor_only, config_name="NTKScaling", encoding_name="rope_ntk",
+    encoding_class_name="NTKRoPE",
+    paper="bloc97 2023, NTK-Aware Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
+    summary="RoPE with the NTK-aware base: base * factor^(r/(r-2))",
+)
+def ntk_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
+    """NTK-aware base: ``base * s^(r/(r-2))``."""
+    _validate_factor_only(factor=factor)
+    _ntk_exponent_dim(rotary_dim, "ntk")
     return default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
 
 
+def _validate_dynamic_ntk(*, original_max_len: int, factor: float) -> None:
+    _check_factor(factor)
+    _check_original_max_len(original_max_len)
+
+
+@register_rope_scaling(
+    "dynamic_ntk", validate=_validate_dynamic_ntk, config_name="DynamicNTKScaling", encoding_name="rope_dynamic_ntk",
+    encoding_class_name="DynamicNTKRoPE", aliases=("dynamic",), hf_types=("dynamic",), dynamic=True,
+    paper="emozilla 2023, Dynamically Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
+    summary="RoPE with an NTK-aware base grown from the current length beyond original_max_len",
+)
 def dynamic_ntk_scaling(
-    rotary_dim: int, base: float, *, factor: float, original_max_len: int, seq_len: SeqLen = None
-) -> tuple[Tensor, float]:
+    rotary_dim: int, base: float, *, original_max_len: int, factor: float = 4.0, seq_len: SeqLen = None
+) -> Frequencies:
     """NTK-aware base from the current length ``seq_len`` (a number, or ``[B]`` for one per row).
 
     ``seq_len <= L0`` (or None) keeps ``base``; beyond it ``base * (s*T/L0 - (s-1))^(r/(r-2))``.
     """
-    _check_factor(factor)
-    _check_original_max_len(original_max_len)
+    _validate_dynamic_ntk(original_max_len=original_max_len, factor=factor)
     _check_seq_len(seq_len)
-    check_rotary_dim(rotary_dim)
-    if rotary_dim < 4:
-        raise ValueError(f"dynamic_ntk scaling needs rotary_dim >= 4 (the exponent r/(r-2)), got {rotary_dim}")
+    _ntk_exponent_dim(rotary_dim, "dynamic_ntk")
     check_base(base)
     if seq_len is None:
         return default_inv_freq(rotary_dim, base), 1.0
@@ -158,21 +442,10 @@ def yarn_correction_dim(rotary_dim: int, base: float, original_max_len: int, rot
     return rotary_dim * math.log(original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def yarn_scaling(
-    rotary_dim: int,
-    base: float,
-    *,
-    factor: float,
-    original_max_len: int,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    attention_factor: float | None = None,
-    mscale: float | None = None,
-    mscale_all_dim: float | None = None,
-    truncate: bool = True,
-) -> tuple[Tensor, float]:
-    """YaRN: a ramp between interpolated (``theta/s``) and original frequencies, plus an
-    attention factor (see the module docstring)."""
+def _validate_yarn(
+    *, original_max_len: int, factor: float, beta_fast: float, beta_slow: float, attention_factor: float | None,
+    mscale: float | None, mscale_all_dim: float | None, truncate: bool,
+) -> None:
     _check_factor(factor)
     _check_original_max_len(original_max_len)
     _check_number("beta_fast", beta_fast, minimum=0.0, strict=True)
@@ -184,6 +457,33 @@ def yarn_scaling(
     for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
         if value is not None:
             _check_number(name, value, minimum=0.0)
+    if not isinstance(truncate, bool):
+        raise ValueError(f"truncate must be True or False, got {truncate!r}")
+
+
+@register_rope_scaling(
+    "yarn", validate=_validate_yarn, config_name="YaRNScaling", encoding_name="rope_yarn",
+    encoding_class_name="YaRNRoPE", hf_types=("yarn",),
+    paper="Peng et al. 2023, YaRN, https://arxiv.org/abs/2309.00071",
+    summary="RoPE with YaRN's ramp between interpolated and original frequencies, and 0.1 ln(s) + 1 attention factor",
+)
+def yarn_scaling(
+    rotary_dim: int,
+    base: float,
+    *,
+    original_max_len: int,
+    factor: float = 4.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    attention_factor: float | None = None,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    truncate: bool = True,
+) -> Frequencies:
+    """YaRN: a ramp between interpolated (``theta/s``) and original frequencies, plus an
+    attention factor (see the module docstring)."""
+    _validate_yarn(original_max_len=original_max_len, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow,
+                   attention_factor=attention_factor, mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
     theta = default_inv_freq(rotary_dim, base)
     if attention_factor is None:
         if mscale is not None and mscale_all_dim is not None:
@@ -202,16 +502,7 @@ def yarn_scaling(
     return theta / factor * ramp + theta * (1 - ramp), float(attention_factor)
 
 
-def llama3_scaling(
-    rotary_dim: int,
-    base: float,
-    *,
-    factor: float = 8.0,
-    low_freq_factor: float = 1.0,
-    high_freq_factor: float = 4.0,
-    original_max_len: int = 8192,
-) -> tuple[Tensor, float]:
-    """Llama 3.1: keep short wavelengths, divide long ones by ``s``, blend in between."""
+def _validate_llama3(*, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_len: int) -> None:
     _check_factor(factor)
     _check_original_max_len(original_max_len)
     _check_number("low_freq_factor", low_freq_factor, minimum=0.0, strict=True)
@@ -220,6 +511,26 @@ def llama3_scaling(
         raise ValueError(
             f"low_freq_factor must be smaller than high_freq_factor, got {low_freq_factor} and {high_freq_factor}"
         )
+
+
+@register_rope_scaling(
+    "llama3", validate=_validate_llama3, config_name="Llama3Scaling", encoding_name="rope_llama3",
+    encoding_class_name="Llama3RoPE", hf_types=("llama3",),
+    paper="Llama Team 2024, The Llama 3 Herd of Models, https://arxiv.org/abs/2407.21783",
+    summary="RoPE with Llama 3.1's wavelength-banded frequency scaling",
+)
+def llama3_scaling(
+    rotary_dim: int,
+    base: float,
+    *,
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_len: int = 8192,
+) -> Frequencies:
+    """Llama 3.1: keep short wavelengths, divide long ones by ``s``, blend in between."""
+    _validate_llama3(factor=factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                     original_max_len=original_max_len)
     theta = default_inv_freq(rotary_dim, base)
     wavelen = 2 * math.pi / theta
     smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
@@ -236,35 +547,22 @@ def longrope_attention_factor(factor: float, original_max_len: int) -> float:
     return math.sqrt(1 + math.log(factor) / math.log(original_max_len))
 
 
-def longrope_scaling(
-    rotary_dim: int,
-    base: float,
-    *,
-    short_factor: Sequence[float],
-    long_factor: Sequence[float],
-    factor: float,
-    original_max_len: int,
-    attention_factor: float | None = None,
-    seq_len: SeqLen = None,
-) -> tuple[Tensor, float]:
-    """LongRoPE: per-pair factors, short up to ``L0`` and long beyond it (``seq_len`` None: long,
-    the extended-context regime; a ``[B]`` tensor: one choice per row)."""
+LongRoPESelect = Literal["by_length", "short", "long"]
+LONGROPE_SELECT = ("by_length", "short", "long")
+
+
+def _validate_longrope(
+    *, short_factor: Sequence[float], long_factor: Sequence[float], original_max_len: int, factor: float,
+    attention_factor: float | None, select: str,
+) -> None:
+    if select not in LONGROPE_SELECT:
+        raise ValueError(f"select must be 'by_length', 'short' or 'long', got {select!r}")
     _check_factor(factor)
     _check_original_max_len(original_max_len)
-    _check_seq_len(seq_len)
-    short = _check_factor_list("short_factor", short_factor, rotary_dim)
-    long = _check_factor_list("long_factor", long_factor, rotary_dim)
+    _factor_list("short_factor", short_factor)  # their length, rotary_dim/2, is checked at use
+    _factor_list("long_factor", long_factor)
     if attention_factor is not None:
         _check_number("attention_factor", attention_factor, minimum=0.0, strict=True)
-    else:
-        attention_factor = longrope_attention_factor(factor, original_max_len)
-    theta = default_inv_freq(rotary_dim, base)
-    short_freq, long_freq = theta / short, theta / long
-    if seq_len is None:
-        return long_freq, float(attention_factor)
-    t = torch.as_tensor(seq_len, dtype=torch.float64)
-    use_long = (t > original_max_len).unsqueeze(-1)
-    return torch.where(use_long, long_freq.to(t.device), short_freq.to(t.device)), float(attention_factor)
 
 
 def ntk_long_factors(rotary_dim: int, factor: float) -> tuple[float, ...]:
@@ -279,146 +577,61 @@ def ntk_long_factors(rotary_dim: int, factor: float) -> tuple[float, ...]:
     return tuple(float(factor) ** (2 * k / (rotary_dim - 2)) for k in range(half))
 
 
-ROPE_SCALINGS: dict[str, Callable[..., tuple[Tensor, float]]] = {
-    "linear": linear_scaling,
-    "ntk": ntk_scaling,
-    "dynamic_ntk": dynamic_ntk_scaling,
-    "yarn": yarn_scaling,
-    "llama3": llama3_scaling,
-    "longrope": longrope_scaling,
-}
+def _longrope_defaults(rotary_dim: int, params: dict[str, Any]) -> dict[str, Any]:
+    """Without searched lists: all ones inside ``L0`` (plain RoPE) and the NTK-aware factors beyond."""
+    if params.get("short_factor") is None:
+        params["short_factor"] = (1.0,) * max(rotary_dim // 2, 0)
+    if params.get("long_factor") is None:
+        params["long_factor"] = ntk_long_factors(rotary_dim, params.get("factor", 4.0))
+    return params
 
 
-# --- typed configs ---------------------------------------------------------------------------
+@register_rope_scaling(
+    "longrope", validate=_validate_longrope, config_name="LongRoPEScaling", encoding_name="rope_longrope",
+    encoding_class_name="LongRoPE", hf_types=("longrope", "su"), dynamic=lambda p: p["select"] == "by_length",
+    fill_defaults=_longrope_defaults,
+    paper="Ding et al. 2024, LongRoPE, https://arxiv.org/abs/2402.13753",
+    summary="RoPE with per-pair short/long rescale factors, switched beyond original_max_len",
+)
+def longrope_scaling(
+    rotary_dim: int,
+    base: float,
+    *,
+    short_factor: Sequence[float],
+    long_factor: Sequence[float],
+    original_max_len: int,
+    factor: float = 4.0,
+    attention_factor: float | None = None,
+    select: LongRoPESelect = "by_length",
+    seq_len: SeqLen = None,
+) -> Frequencies:
+    """LongRoPE: per-pair factors, short up to ``L0`` and long beyond it. ``select="by_length"``
+    picks by ``seq_len`` (None: long, the extended-context regime; a ``[B]`` tensor: one choice
+    per row), as Phi-3 in Hugging Face; ``"short"`` or ``"long"`` fixes one list (the
+    frequencies are then independent of the length)."""
+    _validate_longrope(short_factor=short_factor, long_factor=long_factor, original_max_len=original_max_len,
+                       factor=factor, attention_factor=attention_factor, select=select)
+    _check_seq_len(seq_len)
+    short = _check_factor_list("short_factor", short_factor, rotary_dim)
+    long = _check_factor_list("long_factor", long_factor, rotary_dim)
+    if attention_factor is None:
+        attention_factor = longrope_attention_factor(factor, original_max_len)
+    theta = default_inv_freq(rotary_dim, base)
+    short_freq, long_freq = theta / short, theta / long
+    if select == "short":
+        return short_freq, float(attention_factor)
+    if select == "long" or seq_len is None:
+        return long_freq, float(attention_factor)
+    t = torch.as_tensor(seq_len, dtype=torch.float64)
+    use_long = (t > original_max_len).unsqueeze(-1)
+    return torch.where(use_long, long_freq.to(t.device), short_freq.to(t.device)), float(attention_factor)
 
 
-@dataclass(frozen=True)
-class RopeScaling:
-    """A scaling and its parameters. ``dynamic``: the frequencies depend on the current length."""
+# --- the typed configs, by name (made by the registry) ---------------------------------------
 
-    name: ClassVar[str] = ""
-    dynamic: ClassVar[bool] = False
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class LinearScaling(RopeScaling):
-    factor: float = 4.0
-    name: ClassVar[str] = "linear"
-
-    def __post_init__(self) -> None:
-        _check_factor(self.factor)
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        return linear_scaling(rotary_dim, base, factor=self.factor)
-
-
-@dataclass(frozen=True)
-class NTKScaling(RopeScaling):
-    factor: float = 4.0
-    name: ClassVar[str] = "ntk"
-
-    def __post_init__(self) -> None:
-        _check_factor(self.factor)
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        return ntk_scaling(rotary_dim, base, factor=self.factor)
-
-
-@dataclass(frozen=True)
-class DynamicNTKScaling(RopeScaling):
-    original_max_len: int
-    factor: float = 4.0
-    name: ClassVar[str] = "dynamic_ntk"
-    dynamic: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        _check_factor(self.factor)
-        _check_original_max_len(self.original_max_len)
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        return dynamic_ntk_scaling(
-            rotary_dim, base, factor=self.factor, original_max_len=self.original_max_len, seq_len=seq_len
-        )
-
-
-@dataclass(frozen=True)
-class YaRNScaling(RopeScaling):
-    original_max_len: int
-    factor: float = 4.0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_factor: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool = True
-    name: ClassVar[str] = "yarn"
-
-    def __post_init__(self) -> None:
-        self.compute(2, 10000.0)  # every parameter check; the dimension is checked at use
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        return yarn_scaling(
-            rotary_dim, base, factor=self.factor, original_max_len=self.original_max_len,
-            beta_fast=self.beta_fast, beta_slow=self.beta_slow, attention_factor=self.attention_factor,
-            mscale=self.mscale, mscale_all_dim=self.mscale_all_dim, truncate=self.truncate,
-        )
-
-
-@dataclass(frozen=True)
-class Llama3Scaling(RopeScaling):
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_len: int = 8192
-    name: ClassVar[str] = "llama3"
-
-    def __post_init__(self) -> None:
-        self.compute(2, 10000.0)
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        return llama3_scaling(
-            rotary_dim, base, factor=self.factor, low_freq_factor=self.low_freq_factor,
-            high_freq_factor=self.high_freq_factor, original_max_len=self.original_max_len,
-        )
-
-
-LongRoPESelect = Literal["by_length", "short", "long"]
-
-
-@dataclass(frozen=True)
-class LongRoPEScaling(RopeScaling):
-    """``select``: "by_length" switches to the long factors when the current length exceeds
-    ``L0`` (Phi-3 in HF; the frequencies then depend on the length); "short" or "long" fixes one
-    list."""
-
-    short_factor: tuple[float, ...]
-    long_factor: tuple[float, ...]
-    original_max_len: int
-    factor: float = 4.0
-    attention_factor: float | None = None
-    select: LongRoPESelect = "by_length"
-    name: ClassVar[str] = "longrope"
-
-    def __post_init__(self) -> None:
-        if self.select not in ("by_length", "short", "long"):
-            raise ValueError(f"select must be 'by_length', 'short' or 'long', got {self.select!r}")
-        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
-        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
-        self.compute(2 * len(self.short_factor), 10000.0)
-
-    @property
-    def dynamic(self) -> bool:  # type: ignore[override]
-        return self.select == "by_length"
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> tuple[Tensor, float]:
-        if self.select == "short":
-            seq_len = float(self.original_max_len)  # a length inside L0
-        elif self.select == "long":
-            seq_len = None
-        return longrope_scaling(
-            rotary_dim, base, short_factor=self.short_factor, long_factor=self.long_factor, factor=self.factor,
-            original_max_len=self.original_max_len, attention_factor=self.attention_factor, seq_len=seq_len,
-        )
+LinearScaling = rope_scaling_entry("linear").config
+NTKScaling = rope_scaling_entry("ntk").config
+DynamicNTKScaling = rope_scaling_entry("dynamic_ntk").config
+YaRNScaling = rope_scaling_entry("yarn").config
+Llama3Scaling = rope_scaling_entry("llama3").config
+LongRoPEScaling = rope_scaling_entry("longrope").config

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
+from ..common.relative import clipped_relative_index, relative_positions
 
 
 def _check_positions(q_pos: Tensor, kv_pos: Tensor, name: str) -> None:
@@ -50,8 +51,7 @@ def _check_positions(q_pos: Tensor, kv_pos: Tensor, name: str) -> None:
 
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
     """``clip(j - i, -k, k) + k`` as ``[B or 1, 1, Tq, Tk]`` (long), the slot of each pair."""
-    rel = kv_pos[:, None, None, :] - q_pos[:, None, :, None]
-    return (rel.clamp(-max_relative, max_relative) + max_relative).long()
+    return clipped_relative_index(relative_positions(q_pos, kv_pos), max_relative).unsqueeze(1)
 
 
 @register(
@@ -91,7 +91,7 @@ class ShawRelative(PositionEncoding):
         kmax = self.max_relative
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            slot = (take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx)).clamp(-kmax, kmax) + kmax
+            slot = clipped_relative_index(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx), kmax)
             if is_dense_block(b, h, q_idx, kv_idx):
                 rows = rows_of.rows(q_idx)  # [B, H, rows, 2k+1]
                 return rows.gather(-1, slot.expand(rows.shape[0], rows.shape[1], -1, -1))

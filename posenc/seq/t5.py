@@ -45,8 +45,12 @@ def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> 
         )
 
 
-def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """Bucket index (``long``, same shape) of each relative position ``r = j - i`` (integers)."""
+def t5_relative_buckets(
+    relative_position: Tensor, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """Bucket index (``long``, same shape) of each relative position ``r = j - i`` (key minus
+    query, integers; see the module docstring for the buckets). The convention of the original T5
+    code and Hugging Face ``T5Attention._relative_position_bucket``."""
     _check_buckets(num_buckets, max_distance, bidirectional)
     if relative_position.dtype.is_floating_point:
         raise TypeError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
@@ -66,6 +70,21 @@ def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: in
     log_bucket = exact + (torch.log(ratio) / math.log(max_distance / exact) * (half - exact)).long()
     log_bucket = log_bucket.clamp(max=half - 1)
     return base + torch.where(n < exact, n, log_bucket)
+
+
+def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """:func:`t5_relative_buckets` with keyword-only options (its earlier name)."""
+    return t5_relative_buckets(relative_position, bidirectional, num_buckets, max_distance)
+
+
+def t5_bias(relative_position: Tensor, table: Tensor, *, bidirectional: bool, max_distance: int = 128) -> Tensor:
+    """The T5 bias ``table[bucket(r), h]`` moved to ``[H, ...]``: ``relative_position [...]``
+    (integers, ``j - i``; e.g. :func:`posenc.functional.relative_position_grid`) and ``table
+    [num_buckets, H]`` (learned) -> ``[H, ...]`` (differentiable in ``table``)."""
+    if table.dim() != 2:
+        raise ValueError(f"table must be [num_buckets, num_heads]; got {tuple(table.shape)}")
+    buckets = t5_relative_buckets(relative_position, bidirectional, table.shape[0], max_distance)
+    return table[buckets].movedim(-1, 0)
 
 
 @register(
@@ -97,9 +116,7 @@ class T5Bias(PositionEncoding):
         nn.init.normal_(self.table, std=0.02)
 
     def buckets(self, relative_position: Tensor) -> Tensor:
-        return t5_bucket(
-            relative_position, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
-        )
+        return t5_relative_buckets(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
@@ -107,14 +124,15 @@ class T5Bias(PositionEncoding):
                 f"T5Bias needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
                 f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
             )
-        # One row per relative position that occurs, [R, H], built once per call: the pairwise
+        # One column per relative position that occurs, [H, R], built once per call: the pairwise
         # function is then a gather (no logarithm per pair), and its gradient flows back to the
         # table through this small tensor.
         lo = int(kv_pos.min()) - int(q_pos.max())
         hi = int(kv_pos.max()) - int(q_pos.min())
-        rel = self.table[self.buckets(torch.arange(lo, hi + 1, device=self.table.device))]
+        rel = t5_bias(torch.arange(lo, hi + 1, device=self.table.device), self.table,
+                      bidirectional=self.bidirectional, max_distance=self.max_distance)  # [H, R]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return rel[take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo, h]
+            return rel[h, take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo]
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias")

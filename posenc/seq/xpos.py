@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import apply_rotary
+from ..common.rotary import apply_rotary, rotary_angles
 from .rope import PAIRINGS, Pairing, current_length, rope_inv_freq
 
 
@@ -99,7 +99,7 @@ class XPos(PositionEncoding):
             inv_freq = rope_inv_freq(self.rotary_dim, self.base).to(positions.device)
             log_zeta = xpos_zeta(self.rotary_dim).log().to(positions.device)
         p = positions.to(torch.float64)
-        angles = p.unsqueeze(-1) * inv_freq
+        angles = rotary_angles(p, inv_freq)
         power = (sign / self.scale_base) * (p - centre.unsqueeze(-1))
         scale = torch.exp(power.unsqueeze(-1) * log_zeta)
         return (angles.cos() * scale).unsqueeze(1), (angles.sin() * scale).unsqueeze(1)

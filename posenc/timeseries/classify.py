@@ -65,7 +65,7 @@ def build_classifier(settings: ClassifierSettings, train: SeriesSet, max_len: in
     return ConvTranClassifier(
         train.num_channels, len(train.classes), max_len, dim=settings.dim, num_heads=settings.num_heads,
         ff_dim=settings.ff_dim, dropout=settings.dropout, encoding=settings.encoding, attn_scale=settings.attn_scale,
-        encoding_options=settings.encoding_options,
+        encoding_options=settings.encoding_options, classes=list(train.classes),
     )
 
 

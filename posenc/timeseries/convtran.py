@@ -26,7 +26,7 @@ attention encoding (``"tape+erpe"``, ConvTran's choice). Each name is built with
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from ..common.attention import Backend, attend
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
+from ..training.pretrained import PretrainedMixin
 
 AttnScale = Literal["d_model", "head_dim"]
 
@@ -148,7 +149,7 @@ class ConvTranAttention(nn.Module):
         return self.norm(out.transpose(1, 2).flatten(2))
 
 
-class ConvTranClassifier(nn.Module):
+class ConvTranClassifier(nn.Module, PretrainedMixin):
     """ConvTran-style time-series classifier (see the module docstring).
 
     Args:
@@ -163,6 +164,8 @@ class ConvTranClassifier(nn.Module):
         attn_scale: ``"d_model"`` (``d ** -0.5``, as ConvTran) or ``"head_dim"``.
         kernel_size: of the temporal convolution (ConvTran: 8).
         backend: attention kernel path (see :func:`posenc.common.attention.attend`).
+        classes: the class names, ``num_classes`` of them (kept with the model: saved by
+            :meth:`save_pretrained`); None when unnamed.
 
     Shapes: ``x [B, C, T]`` (float), ``lengths [B]`` (optional; real steps per series) ->
     logits ``[B, K]``.
@@ -183,8 +186,14 @@ class ConvTranClassifier(nn.Module):
         kernel_size: int = 8,
         backend: Backend = "auto",
         encoding_options: dict | None = None,
+        classes: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        if classes is not None:
+            classes = [str(c) for c in classes]
+            if len(classes) != num_classes:
+                raise ValueError(f"classes must name num_classes={num_classes} classes; got {len(classes)}")
+        self.classes = classes
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("max_len", max_len),
                             ("dim", dim), ("num_heads", num_heads), ("ff_dim", ff_dim), ("kernel_size", kernel_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -174,14 +174,26 @@ def check_model_matches(
             problems.append("model_config differs (" + "; ".join(diffs) + ")")
         else:
             problems.append(f"model_config: expected {expected_cfg!r}, found {found_cfg!r}")
-    own = model.state_dict()
-    theirs = ckpt["model"]
+    problems += state_dict_problems(model.state_dict(), ckpt["model"], "the checkpoint")
+    if problems:
+        raise ValueError(
+            f"checkpoint {os.fspath(path)} was written for a different model; "
+            + " | ".join(problems)
+            + ". Use another out_dir, or resume=False to start fresh."
+        )
+
+
+def state_dict_problems(own: Mapping[str, Any], theirs: Mapping[str, Any], where: str) -> list[str]:
+    """How ``theirs`` (a saved state dict, from ``where``) differs from a model's ``own``: keys
+    missing from it, keys it has in excess, and shape mismatches (expected = the model's); empty
+    when it loads."""
+    problems = []
     missing = [k for k in own if k not in theirs]
     unexpected = [k for k in theirs if k not in own]
     if missing:
-        problems.append(f"state_dict keys missing from the checkpoint: {_short(missing)}")
+        problems.append(f"state_dict keys missing from {where}: {_short(missing)}")
     if unexpected:
-        problems.append(f"unexpected state_dict keys in the checkpoint: {_short(unexpected)}")
+        problems.append(f"unexpected state_dict keys in {where}: {_short(unexpected)}")
     shapes = [
         f"{k}: expected {tuple(own[k].shape)}, found {tuple(theirs[k].shape)}"
         for k in own
@@ -189,12 +201,7 @@ def check_model_matches(
     ]
     if shapes:
         problems.append("shape mismatches: " + _short(shapes))
-    if problems:
-        raise ValueError(
-            f"checkpoint {os.fspath(path)} was written for a different model; "
-            + " | ".join(problems)
-            + ". Use another out_dir, or resume=False to start fresh."
-        )
+    return problems
 
 
 class _Missing:

@@ -16,7 +16,7 @@ from .peg import PEG
 from .prefix import PatchTokensOnly
 from .relbias2d import RelativePositionBias2D, resample_offset_table
 from .rope2d import Rope2DAxial, Rope2DMixed, rope2d_frequencies
-from .sincos2d import SinCos2D, sincos2d_table
+from .sincos2d import SinCos2D, sincos2d_grid, sincos2d_table
 from .vit import ViT
 
 
@@ -34,5 +34,5 @@ __all__ = [
     "ConvSPE2d",
     "AxialEncoding", "resample_axis", "grid_positions", "raster_positions", "resample_grid", "Learned2D", "PEG",
     "PatchTokensOnly", "RelativePositionBias2D", "resample_offset_table", "Rope2DAxial", "Rope2DMixed",
-    "rope2d_frequencies", "SinCos2D", "sincos2d_table", "ViT", "replace_position_encoding",
+    "rope2d_frequencies", "SinCos2D", "sincos2d_grid", "sincos2d_table", "ViT", "replace_position_encoding",
 ]

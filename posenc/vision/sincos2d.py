@@ -50,6 +50,19 @@ def sincos2d_table(coords: Tensor, dim: int, *, layout: str = "timm", base: floa
     return torch.cat(parts, dim=-1)
 
 
+def sincos2d_grid(
+    rows: int, cols: int, dim: int, *, layout: str = "timm", base: float = 10000.0, dtype: torch.dtype = torch.float32,
+    device=None,
+) -> Tensor:
+    """The 2D sinusoidal table of a ``rows x cols`` patch grid in raster order: ``[rows * cols, dim]``
+    (row-major: token ``r * cols + c`` is patch ``(r, c)``), to add to the patch tokens."""
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    coords = torch.cartesian_prod(torch.arange(rows, device=device), torch.arange(cols, device=device))
+    return sincos2d_table(coords.reshape(rows * cols, 2), dim, layout=layout, base=base).to(dtype)
+
+
 @register(
     "sincos2d",
     modality="vision",

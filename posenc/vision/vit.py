@@ -36,6 +36,7 @@ from ..common.block import TransformerEncoder
 from ..common.encoding import PositionEncoding
 from ..common.registry import ModelDims, available, build, get
 from ..common.spe import StochasticPositionalEncoding
+from ..training.pretrained import PretrainedMixin
 from .grid import grid_positions, raster_positions, to_pair
 from .peg import PEG
 from .prefix import PatchTokensOnly
@@ -50,7 +51,7 @@ def _modality_of(encoding: PositionEncoding) -> str | None:
     return None
 
 
-class ViT(nn.Module):
+class ViT(nn.Module, PretrainedMixin):
     """Vision Transformer with a pluggable position encoding.
 
     Args:
