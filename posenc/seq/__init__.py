@@ -1,12 +1,15 @@
-"""Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE),
-the reference models (:class:`CausalLM`, :class:`SequenceEncoder`) and post-hoc context
-extension of trained RoPE models (:func:`extend_context`)."""
+"""Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE,
+the conditional 1D PEG), the reference models (:class:`CausalLM`, :class:`SequenceEncoder`) and
+post-hoc context extension of trained RoPE models (:func:`extend_context`)."""
 
 # absolute and input encodings
 from .alibi import ALiBi, alibi_slopes
 from .learned import LearnedEncoding
 from .nope import NoPE
 from .sinusoidal import SinusoidalEncoding
+
+# conditional (between blocks)
+from .peg1d import PEG1d, peg1d, peg1d_term
 
 # rotary and its context extensions
 from .rope import (
@@ -57,6 +60,6 @@ __all__ = [
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "TransformerXLRelative", "TUPE",
-    "SineSPE", "ConvSPE",
+    "SineSPE", "ConvSPE", "PEG1d", "peg1d", "peg1d_term",
     "CausalLM", "SequenceEncoder",
 ]
