@@ -155,7 +155,7 @@ def test_transform_stores_float32_even_for_integer_x():
         (lambda: landmark_pe(PATH5.float(), 5, 2), TypeError, "edge_index must have dtype torch.long"),
         (lambda: landmark_pe(PATH5, 5, 6), ValueError, "k=6 anchors asked of a graph with 5 nodes; pass pad=True"),
         (lambda: landmark_pe(PATH5, 5, 2, anchors="central"), ValueError, "anchors must be one of"),
-        (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 5])), ValueError, r"sources\[0, 1\] = 5 is not a node"),
+        (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 5])), ValueError, r"anchors\[0, 1\] = 5 is not a node of graph 0"),
         (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 1, 2])), ValueError, r"anchors must be \[num_graphs=1, k=2\]"),
         (lambda: AddLandmarkPE(0), ValueError, "k must be a positive int, got 0"),
         (lambda: AddLandmarkPE(2, anchors="random", seed="x"), ValueError, "seed must be an int or None"),

@@ -246,4 +246,4 @@ def test_train_seq_and_bench_extrapolation_run_peg1d(tmp_path, capsys):
     assert cli.main(["bench", "extrapolation", "--encodings", "peg1d", "--train-len", "16", "--eval-lens", "16,32",
                      "--eval-tokens", "64", "--steps", "2", "--out", str(bench), *TINY]) == 0
     row = json.loads((bench / "extrapolation.json").read_text())["results"][0]
-    assert row["encoding"] == "peg1d" and row["hooks"] == "input" and all(v > 0 for v in row["eval"].values())
+    assert row["encoding"] == "peg1d" and row["hooks"] == "conditional" and all(v > 0 for v in row["eval"].values())

@@ -214,8 +214,9 @@ def _one(args: argparse.Namespace, name: str) -> dict:
                     raise
                 values[str(n)] = None
                 note = note or f"n/a beyond its {max_len} positions ({exc})"
-    info = model.encodings
-    hooks = sorted({h.value for e in info for h in e.hooks}) if info else []
+    between = {id(m) for m in model.encoder.conditional.values()}  # peg1d: applied between blocks
+    hooks = sorted({h.value for e in model.encodings if id(e) not in between for h in e.hooks}
+                   | ({"conditional"} if between else set()))
     return {
         "encoding": name, "hooks": ",".join(hooks) or "-", "train_loss": round(metrics["train_loss"], 4),
         "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - t0, 1),

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from .edges import check_batch, check_edge_index, check_same_graph, graph_sizes, local_index
-from .shortest_path import shortest_path_distances_batch
+from .shortest_path import check_sources, shortest_path_distances_batch
 
 AnchorMethod = Literal["degree", "random"]
 ANCHOR_METHODS = ("degree", "random")
@@ -131,6 +131,7 @@ def landmark_pe_batch(
         if anchors.dim() != 2 or anchors.shape[1] != k:
             raise ValueError(f"anchors must be [num_graphs={num_graphs}, k={k}] local node indices; got "
                              f"{tuple(anchors.shape)}")
+        check_sources(anchors, graph_sizes(batch, num_graphs), name="anchors")
         chosen = anchors
     else:
         chosen = select_anchors(edge_index, batch, k, anchors=anchors, generator=generator, num_graphs=num_graphs)

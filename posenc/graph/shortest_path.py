@@ -98,15 +98,18 @@ def shortest_path_distances(edge_index: Tensor, num_nodes: int, *, method: str =
     return _bfs(adj)[0]
 
 
-def _check_sources(sources: Tensor, sizes: Tensor) -> None:
+def check_sources(sources: Tensor, sizes: Tensor, *, name: str = "sources") -> None:
+    """``sources`` is a long ``[G, s]`` tensor of local node indices of each graph (``sizes [G]``
+    nodes), ``-1`` for none."""
     g = sizes.shape[0]
     if not isinstance(sources, Tensor) or sources.dtype != torch.long or sources.dim() != 2 or sources.shape[0] != g:
         what = f"{sources.dtype} {tuple(sources.shape)}" if isinstance(sources, Tensor) else type(sources).__name__
-        raise ValueError(f"sources must be a long tensor [num_graphs={g}, num_sources] of local node indices "
+        raise ValueError(f"{name} must be a long tensor [num_graphs={g}, num_sources] of local node indices "
                          f"(-1 for none); got {what}")
-    if sources.numel() and bool(((sources < -1) | (sources >= sizes.unsqueeze(1))).any()):
-        gi, si = ((sources < -1) | (sources >= sizes.unsqueeze(1))).nonzero()[0].tolist()
-        raise ValueError(f"sources[{gi}, {si}] = {int(sources[gi, si])} is not a node of graph {gi} "
+    bad = (sources < -1) | (sources >= sizes.unsqueeze(1))
+    if sources.numel() and bool(bad.any()):
+        gi, si = bad.nonzero()[0].tolist()
+        raise ValueError(f"{name}[{gi}, {si}] = {int(sources[gi, si])} is not a node of graph {gi} "
                          f"(local indices 0..{int(sizes[gi]) - 1}, or -1 for none)")
 
 
@@ -128,7 +131,7 @@ def shortest_path_distances_batch(
     device = edge_index.device
     sizes = graph_sizes(batch, num_graphs)
     if sources is not None:
-        _check_sources(sources, sizes)
+        check_sources(sources, sizes)
     local = local_index(batch, sizes)
     nmax = int(sizes.max()) if num_graphs else 0
     rows = nmax if sources is None else sources.shape[1]
