@@ -242,8 +242,8 @@ def test_encoder_applies_input_hook_conditional_modules_and_shares_encoding():
             super().__init__()
             self.seen = []
 
-        def forward(self, x, positions):
-            self.seen.append((x.shape, positions.shape))
+        def forward(self, x, positions, *, mask=None, cache=None):
+            self.seen.append((x.shape, positions.shape, mask, cache))
             return torch.zeros_like(x)
 
     rec = Recorder()
@@ -252,7 +252,10 @@ def test_encoder_applies_input_hook_conditional_modules_and_shares_encoding():
     assert all(b.attn.encoding is None for b in stack.blocks)  # input-only encodings stay out of attention
     x = torch.randn(2, 5, 32)
     stack(x)
-    assert rec.seen == [(torch.Size([2, 5, 32]), torch.Size([1, 5]))]
+    assert rec.seen == [(torch.Size([2, 5, 32]), torch.Size([1, 5]), None, None)]
+    mask, cache = posenc.AttentionMask(causal=True), posenc.KVCache(3)
+    stack(x, mask=mask, cache=cache)  # the conditional slot gets the mask and its block's cache
+    assert rec.seen[-1][2] is mask and rec.seen[-1][3] is cache[0]
 
     alibi = ALiBi(4)
     stack = posenc.TransformerEncoder(32, 3, 4, encoding=alibi)

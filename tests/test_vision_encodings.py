@@ -455,3 +455,13 @@ def test_relbias2d_flex_on_cuda_matches_the_reference_forward_and_backward():
     out.pow(2).sum().backward()
     torch.testing.assert_close(out.double().cpu(), ref_out.detach(), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(enc.table.grad.double().cpu(), ref_table.grad, atol=1e-3, rtol=1e-3)
+
+
+def test_peg_in_the_encoder_slot_refuses_a_mask_or_a_cache():
+    peg = PEG(8)
+    x, pos = torch.randn(1, 4, 8), grid_positions(2, 2)
+    torch.testing.assert_close(peg(x, pos, mask=posenc.AttentionMask()), peg(x, pos))  # an empty mask is fine
+    with pytest.raises(ValueError, match="PEG takes no attention mask"):
+        peg(x, pos, mask=posenc.AttentionMask(causal=True))
+    with pytest.raises(ValueError, match="PEG has no cached decoding"):
+        peg(x, pos, cache=posenc.KVCache(1)[0])

@@ -6,6 +6,7 @@
     posenc bench extrapolation --encodings rope,alibi --train-len 64 --eval-lens 64,128,256 --steps 200
     posenc bench extrapolation --task reverse --train-len 8 --eval-lens 8,16,32
     posenc bench extrapolation --feature-map elu --task recall --encodings none,sinusoidal,rope,sine_spe,conv_spe
+    posenc bench extrapolation --encodings nope,peg1d,rope --train-len 64 --eval-lens 64,128,256
 
 One small causal LM per encoding (same seed, same data order) is trained on byte windows of
 CPython's pydoc text at ``--train-len``, then scored on the held-out tail (last 10%) at each
@@ -16,11 +17,13 @@ perplexity is ``2 ** bpb``). With ``--task`` the models learn a synthetic task a
 
 Every model is built with ``max_len = --train-len`` (the training length): an encoding with a
 table of positions (learned absolute, TUPE) has no row for a longer position, so those cells are
-reported as ``n/a`` (``null`` in the JSON) rather than interpolated.
+reported as ``n/a`` (``null`` in the JSON) rather than interpolated. Any registered sequence
+encoding may be named; ``peg1d`` (the 1D PEG, an input encoding between blocks) is a causal depthwise convolution after
+the first block (:mod:`posenc.seq.peg1d`), which has no table and runs at any length.
 
 ``--feature-map elu|favor`` trains every model on linear attention with that feature map
 (:mod:`posenc.common.linear_attention`) instead of softmax: then only encodings on the input or
-on q and k run (none, sinusoidal, learned, RoPE, SPE), and the SPE encodings (defined for linear
+on q and k run (none, sinusoidal, learned, RoPE, SPE, peg1d), and the SPE encodings (defined for linear
 attention only) become available; any other is refused before training.
 
 Outputs (with ``--out``): ``extrapolation.txt`` (the table), ``extrapolation.json`` and
@@ -42,7 +45,7 @@ from ..common.encoding import class_needs
 from ..common.linear_attention import FEATURE_MAPS
 from ..common.plan import check_attention_kind
 from ..common.registry import available, get
-from ..report import format_table
+from ..report import format_table, hook_text
 
 PROG = "posenc bench extrapolation"
 DEFAULT_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "nope")
@@ -208,10 +211,10 @@ def _one(args: argparse.Namespace, name: str) -> dict:
                     raise
                 values[str(n)] = None
                 note = note or f"n/a beyond its {max_len} positions ({exc})"
-    info = model.encodings
-    hooks = sorted({h.value for e in info for h in e.hooks}) if info else []
+    encodings = model.encodings
+    hooks = hook_text({h for e in encodings for h in e.hooks}, any(e.between_blocks for e in encodings))
     return {
-        "encoding": name, "hooks": ",".join(hooks) or "-", "train_loss": round(metrics["train_loss"], 4),
+        "encoding": name, "hooks": hooks, "train_loss": round(metrics["train_loss"], 4),
         "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - t0, 1),
         "eval": values, **({"note": note} if note else {}),
     }

@@ -89,8 +89,11 @@ class TransformerEncoder(nn.Module):
         encoding: one encoding shared by every layer, or a sequence of ``depth`` encodings (one per
             layer). Its input hook is applied to ``x`` before the first block (from the first
             encoding of a sequence); its attention hooks inside every block.
-        conditional: ``{i: module}``: ``module(x, positions)`` is added after block ``i``
-            (0-based); conditional encoders such as PEG live here.
+        conditional: ``{i: module}``: ``module(x, positions, mask=mask, cache=layer_cache)`` is
+            added after block ``i`` (0-based); conditional encoders such as PEG live here. They
+            receive the stack's mask (padding, packed segments, causality) and, during cached
+            decoding, block ``i``'s :class:`~posenc.common.kv_cache.LayerKVCache` (else None), in
+            whose ``conditional`` slot a module keeps what it needs of the past.
         final_norm: apply a LayerNorm after the last block.
 
     Shapes: ``x [B, T, C]``, ``positions [B or 1, T(, coords)]`` -> ``[B, T, C]``.
@@ -159,7 +162,8 @@ class TransformerEncoder(nn.Module):
         if self.encoding is not None and Hook.INPUT in self.encoding.hooks:
             x = self.encoding.encode_input(x, positions)
         for i, block in enumerate(self.blocks):
-            x = block(x, positions=positions, mask=mask, cache=None if cache is None else cache[i])
+            layer_cache = None if cache is None else cache[i]
+            x = block(x, positions=positions, mask=mask, cache=layer_cache)
             if str(i) in self.conditional:
-                x = x + self.conditional[str(i)](x, positions)
+                x = x + self.conditional[str(i)](x, positions, mask=mask, cache=layer_cache)
         return self.norm(x)

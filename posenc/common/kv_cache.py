@@ -11,12 +11,17 @@ class LayerKVCache:
 
     Keys are stored after the encoding's q/k transform, so each is transformed once, at its own
     position; positions are kept for score biases over the whole history.
+
+    ``conditional``: what the conditional module after this layer (the ``conditional`` slot of
+    :class:`~posenc.common.block.TransformerEncoder`) keeps of the past, or None before its first
+    call; for a causal 1D PEG its last ``kernel_size - 1`` inputs ``[B, k - 1, C]``.
     """
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.pos: Tensor | None = None
+        self.conditional: Tensor | None = None
 
     @property
     def length(self) -> int:

@@ -1,5 +1,6 @@
-"""Graph encodings: Laplacian eigenvector PE (``lap``), random-walk SE (``rwse``) and the
-shortest-path bias (``spd``), with fast batched/sparse precomputation and PyG transforms.
+"""Graph encodings: Laplacian eigenvector PE (``lap``), random-walk SE (``rwse``), landmark
+distances (``landmark``) and the shortest-path bias (``spd``), with fast batched/sparse
+precomputation and PyG transforms.
 
 Precompute per graph (or per PyG ``Batch``), then hand the features to the encoding as explicit
 positions::
@@ -13,13 +14,17 @@ does not need torch_geometric.
 """
 
 from .edges import check_edge_index, is_undirected, symmetrize
-from .encodings import RWSE, LapPE
+from .encodings import RWSE, LandmarkPE, LapPE
+from .landmark import landmark_features, landmark_pe, landmark_pe_batch, select_anchors
 from .laplacian import laplacian, laplacian_pe, laplacian_pe_batch, random_sign_flip
 from .random_walk import random_walk_se, random_walk_se_batch
 from .shortest_path import ShortestPathBias, shortest_path_distances, shortest_path_distances_batch, spd_positions
 from .signnet import SignNet
 
-_TRANSFORMS = ("AddLaplacianPE", "AddRandomWalkSE", "add_laplacian_pe_batch", "add_random_walk_se_batch")
+_TRANSFORMS = (
+    "AddLandmarkPE", "AddLaplacianPE", "AddRandomWalkSE", "add_landmark_pe_batch", "add_laplacian_pe_batch",
+    "add_random_walk_se_batch",
+)
 
 
 def __getattr__(name: str):
@@ -31,7 +36,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "check_edge_index", "is_undirected", "symmetrize", "LapPE", "RWSE", "laplacian", "laplacian_pe",
+    "check_edge_index", "is_undirected", "symmetrize", "LandmarkPE", "LapPE", "RWSE", "landmark_features",
+    "landmark_pe", "landmark_pe_batch", "select_anchors", "laplacian", "laplacian_pe",
     "laplacian_pe_batch", "random_sign_flip", "random_walk_se", "random_walk_se_batch", "ShortestPathBias",
     "shortest_path_distances", "shortest_path_distances_batch", "spd_positions", "SignNet", *_TRANSFORMS,
 ]

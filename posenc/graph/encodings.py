@@ -1,8 +1,9 @@
-"""The input-hook graph encodings ``lap`` and ``rwse``: learned projections of precomputed
-structural features to the model width, added to the node features.
+"""The input-hook graph encodings ``lap``, ``rwse`` and ``landmark``: learned projections of
+precomputed structural features to the model width, added to the node features.
 
 The features are computed once per graph (:func:`~posenc.graph.laplacian_pe`,
-:func:`~posenc.graph.random_walk_se`, or the PyG transforms of :mod:`posenc.graph.transforms`)
+:func:`~posenc.graph.random_walk_se`, :func:`~posenc.graph.landmark_pe`, or the PyG transforms of
+:mod:`posenc.graph.transforms`)
 and reach the encoding as the ``positions`` of ``encode_input`` with a trailing feature axis:
 ``positions [B or 1, T, F]`` for node features ``x [B, T, C]`` (``T`` nodes; a batch of graphs
 packed into one sequence is ``B = 1``, ``T = N``).
@@ -125,4 +126,38 @@ class RWSE(PositionEncoding):
         return x + self.proj(positions.to(x.dtype))
 
 
-__all__ = ["LapPE", "RWSE"]
+@register(
+    "landmark",
+    modality="graph",
+    paper="You et al. 2019, Position-aware Graph Neural Networks (P-GNN), https://arxiv.org/abs/1906.04817; "
+    "Li et al. 2020, Distance Encoding, https://arxiv.org/abs/2009.00142",
+    summary="1/(d+1) shortest-path distances to k anchor nodes (top degree or random), projected to the model width",
+)
+class LandmarkPE(PositionEncoding):
+    """Landmark distances: ``x + W [1/(d(u, a_1) + 1), ..., 1/(d(u, a_k) + 1)]`` (0 where an anchor
+    is unreachable or missing).
+
+    Args:
+        dim: model width ``C``.
+        k: anchors per graph.
+
+    Positions ``[B or 1, T, k]`` float: :func:`~posenc.graph.landmark_pe` per node (the anchors
+    are chosen there: by degree or at random). Hook: input. Kernel: none.
+    """
+
+    hooks = frozenset({Hook.INPUT})
+
+    def __init__(self, dim: int, k: int = 8) -> None:
+        super().__init__()
+        if dim <= 0 or k <= 0:
+            raise ValueError(f"dim and k must be positive; got dim={dim}, k={k}")
+        self.dim, self.k = dim, k
+        self.proj = nn.Linear(k, dim)
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [B, T, C]``, ``positions [B or 1, T, k]`` -> ``[B, T, C]``."""
+        _check_features("landmark", x, positions, self.k, "k (anchors)")
+        return x + self.proj(positions.to(x.dtype))
+
+
+__all__ = ["LandmarkPE", "LapPE", "RWSE"]

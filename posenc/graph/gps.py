@@ -14,9 +14,9 @@ mini-batch as ONE packed sequence ``[1, N_total, C]`` with a block-diagonal mask
 (``AttentionMask.packed(graph_ids)``): nodes attend only within their own graph, and no graph is
 padded to the size of the largest one.
 
-Encodings. Any registered graph encoding: one with an input hook (``lap``, ``rwse``) turns the
-node features plus precomputed per-node encodings into the first layer's input; one with attention
-hooks (``spd``) acts in every layer's attention. In both cases the per-node structure is the
+Encodings. Any registered graph encoding: one with an input hook (``lap``, ``rwse``, ``landmark``)
+turns the node features plus precomputed per-node encodings into the first layer's input; one with
+attention hooks (``spd``) acts in every layer's attention. In both cases the per-node structure is the
 explicit ``positions`` argument of :meth:`GPS.forward` (``[N, F]``); :meth:`GPS.forward_data` reads
 it from a PyG batch (see :func:`node_positions`).
 """
@@ -134,6 +134,7 @@ class GPSLayer(nn.Module):
 LAP_ATTR = "laplacian_eigenvector_pe"
 LAP_EIGENVALUES_ATTR = "laplacian_eigenvalues"
 RWSE_ATTR = "random_walk_pe"
+LANDMARK_ATTR = "landmark_pe"  # posenc.graph.AddLandmarkPE(k)
 
 
 class GPS(nn.Module, PretrainedMixin):
@@ -296,11 +297,13 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
       ``AddLaplacianPE(k, eigenvalues_attr="laplacian_eigenvalues")``).
     * ``rwse`` (:class:`~posenc.graph.RWSE`): ``data.random_walk_pe [N, K]``
       (``AddRandomWalkSE(K)`` or PyG's ``AddRandomWalkPE(K)``).
+    * ``landmark`` (:class:`~posenc.graph.LandmarkPE`): ``data.landmark_pe [N, k]``
+      (``AddLandmarkPE(k)``).
     * ``spd`` (:class:`~posenc.graph.ShortestPathBias`): computed here from the batch's edges,
       ``spd_positions(batch, shortest_path_distances_batch(edge_index, batch))[0]``, rows
       ``[graph id, local index, distances to the graph's nodes...]``.
     """
-    from .encodings import RWSE, LapPE
+    from .encodings import RWSE, LandmarkPE, LapPE
     from .shortest_path import ShortestPathBias, shortest_path_distances_batch, spd_positions
 
     def need(attr: str, how: str) -> Tensor:
@@ -317,6 +320,8 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
         return torch.cat([vecs, vals], dim=-1)
     if isinstance(encoding, RWSE):
         return need(RWSE_ATTR, f"posenc.graph.AddRandomWalkSE({encoding.walk_length})")
+    if isinstance(encoding, LandmarkPE):
+        return need(LANDMARK_ATTR, f"posenc.graph.AddLandmarkPE({encoding.k})")
     if isinstance(encoding, ShortestPathBias):
         batch = getattr(data, "batch", None)
         if batch is None:

@@ -39,17 +39,24 @@ BFS_MAX_NODES = 512
 _METHODS = ("auto", "bfs", "scipy")
 
 
-def _bfs(adj: Tensor, sizes: Tensor | None = None) -> Tensor:
+def _bfs(adj: Tensor, sizes: Tensor | None = None, sources: Tensor | None = None) -> Tensor:
     """Hop distances of a stack ``adj [g, n, n]`` (bool, True for an edge source -> target) by
     breadth-first search with batched products: ``[g, n, n]`` int64, ``-1`` where unreachable.
-    ``sizes [g]``: nodes past a graph's size are padding (all ``-1``, also on the diagonal)."""
+    ``sizes [g]``: nodes past a graph's size are padding (all ``-1``, also on the diagonal).
+    ``sources [g, s]``: search from these local nodes only (``-1``: none, a row of ``-1``) and
+    return ``[g, s, n]``, the distances from each source."""
     g, n, _ = adj.shape
     step = adj.to(torch.float32)
-    dist = torch.full((g, n, n), -1, dtype=torch.long, device=adj.device)
-    frontier = torch.eye(n, dtype=torch.bool, device=adj.device).expand(g, n, n).clone()
-    if sizes is not None:
-        real = torch.arange(n, device=adj.device) < sizes.unsqueeze(1)  # [g, n]
-        frontier &= real.unsqueeze(2)
+    if sources is None:
+        frontier = torch.eye(n, dtype=torch.bool, device=adj.device).expand(g, n, n).clone()
+        if sizes is not None:
+            real = torch.arange(n, device=adj.device) < sizes.unsqueeze(1)  # [g, n]
+            frontier &= real.unsqueeze(2)
+    else:
+        frontier = torch.zeros(g, sources.shape[1], n, dtype=torch.bool, device=adj.device)
+        gi, si = (sources >= 0).nonzero(as_tuple=True)
+        frontier[gi, si, sources[gi, si]] = True
+    dist = torch.full(frontier.shape, -1, dtype=torch.long, device=adj.device)
     dist[frontier] = 0
     hops = 0
     while bool(frontier.any()):
@@ -91,20 +98,44 @@ def shortest_path_distances(edge_index: Tensor, num_nodes: int, *, method: str =
     return _bfs(adj)[0]
 
 
-def shortest_path_distances_batch(edge_index: Tensor, batch: Tensor, *, num_graphs: int | None = None) -> Tensor:
+def check_sources(sources: Tensor, sizes: Tensor, *, name: str = "sources") -> None:
+    """``sources`` is a long ``[G, s]`` tensor of local node indices of each graph (``sizes [G]``
+    nodes), ``-1`` for none."""
+    g = sizes.shape[0]
+    if not isinstance(sources, Tensor) or sources.dtype != torch.long or sources.dim() != 2 or sources.shape[0] != g:
+        what = f"{sources.dtype} {tuple(sources.shape)}" if isinstance(sources, Tensor) else type(sources).__name__
+        raise ValueError(f"{name} must be a long tensor [num_graphs={g}, num_sources] of local node indices "
+                         f"(-1 for none); got {what}")
+    bad = (sources < -1) | (sources >= sizes.unsqueeze(1))
+    if sources.numel() and bool(bad.any()):
+        gi, si = bad.nonzero()[0].tolist()
+        raise ValueError(f"{name}[{gi}, {si}] = {int(sources[gi, si])} is not a node of graph {gi} "
+                         f"(local indices 0..{int(sizes[gi]) - 1}, or -1 for none)")
+
+
+def shortest_path_distances_batch(
+    edge_index: Tensor, batch: Tensor, *, num_graphs: int | None = None, sources: Tensor | None = None
+) -> Tensor:
     """Per-graph hop distances of a batch as one stack ``[G, nmax, nmax]`` (int64, ``-1`` where
     unreachable and in the padding past each graph's size), computed by a batched breadth-first
     search on the device of ``edge_index``; graphs are grouped by size (rounded up to a multiple
-    of 8) so that small graphs do not pay for the largest one."""
+    of 8) so that small graphs do not pay for the largest one.
+
+    ``sources [G, s]`` (long, local node indices, ``-1`` for none): search from those nodes only
+    and return ``[G, s, nmax]``, row ``j`` the distances from graph ``g``'s ``sources[g, j]`` to
+    each of its nodes (all ``-1`` for a ``-1`` source); ``s`` searches instead of ``nmax``."""
     num_graphs = check_batch(batch, num_graphs)
     num_nodes = batch.numel()
     check_edge_index(edge_index, num_nodes)
     check_same_graph(edge_index, batch)
     device = edge_index.device
     sizes = graph_sizes(batch, num_graphs)
+    if sources is not None:
+        check_sources(sources, sizes)
     local = local_index(batch, sizes)
     nmax = int(sizes.max()) if num_graphs else 0
-    out = torch.full((num_graphs, nmax, nmax), -1, dtype=torch.long, device=device)
+    rows = nmax if sources is None else sources.shape[1]
+    out = torch.full((num_graphs, rows, nmax), -1, dtype=torch.long, device=device)
     bucket = (sizes + 7) // 8 * 8
     ones = torch.ones(edge_index.shape[1], device=device)
     for size in torch.unique(bucket).tolist():
@@ -112,9 +143,12 @@ def shortest_path_distances_batch(edge_index: Tensor, batch: Tensor, *, num_grap
             continue
         graphs = (bucket == size).nonzero().squeeze(1)
         adj, _ = dense_adjacency_stack(edge_index, ones, batch, local, graphs, size, num_graphs)
-        dist = _bfs(adj > 0, sizes[graphs])
+        dist = _bfs(adj > 0, sizes[graphs], None if sources is None else sources[graphs])
         width = min(size, nmax)
-        out[graphs, :width, :width] = dist[:, :width, :width]
+        if sources is None:
+            out[graphs, :width, :width] = dist[:, :width, :width]
+        else:
+            out[graphs, :, :width] = dist[:, :, :width]
     return out
 
 

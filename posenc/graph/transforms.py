@@ -1,11 +1,14 @@
 """PyG transforms: drop-in replacements for ``AddLaplacianEigenvectorPE`` and ``AddRandomWalkPE``,
-and the same encodings for a whole ``Batch`` at once.
+the landmark-distance encoding (:class:`AddLandmarkPE`), and the same encodings for a whole
+``Batch`` at once.
 
 Same constructor arguments and attribute conventions as PyG: the result is stored as
-``data[attr_name]`` (defaults ``"laplacian_eigenvector_pe"`` and ``"random_walk_pe"``), or
-concatenated to ``data.x`` (cast to its dtype) when ``attr_name=None``. Values equal PyG's (LapPE
-up to sign, and up to a rotation inside a repeated eigenvalue). Differences, on purpose:
+``data[attr_name]`` (defaults ``"laplacian_eigenvector_pe"``, ``"random_walk_pe"`` and
+``"landmark_pe"``), or concatenated to ``data.x`` when ``attr_name=None``. Values equal PyG's
+(LapPE up to sign, and up to a rotation inside a repeated eigenvalue). Differences, on purpose:
 
+* concatenated to an integer ``data.x`` (node labels), ``x`` becomes float32 (PyG casts the
+  encoding to the integer dtype, which truncates it); a floating ``x`` keeps its dtype;
 * a graph with ``n <= k`` nodes gets ``k`` columns, the missing ones zero (PyG returns ``n - 1``
   columns, which cannot be batched);
 * a directed graph raises for LapPE unless ``symmetrize=True`` (PyG's ``is_undirected=False``
@@ -28,17 +31,20 @@ from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time Fut
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from .landmark import ANCHOR_METHODS, landmark_pe, landmark_pe_batch
 from .laplacian import laplacian_pe, laplacian_pe_batch
 from .random_walk import random_walk_se, random_walk_se_batch
 
 
 def _store(data: Any, value: Tensor, attr_name: str | None) -> Any:
-    """PyG's attribute convention: ``data[attr_name] = value``, or concatenate to ``data.x``."""
+    """PyG's attribute convention: ``data[attr_name] = value``, or concatenate to ``data.x`` (a
+    floating ``x`` keeps its dtype; an integer one becomes the encoding's float dtype)."""
     if attr_name is None:
         x = getattr(data, "x", None)
         if x is not None:
             x = x.view(-1, 1) if x.dim() == 1 else x
-            data.x = torch.cat([x, value.to(x.device, x.dtype)], dim=-1)
+            dtype = x.dtype if x.dtype.is_floating_point else value.dtype
+            data.x = torch.cat([x.to(dtype), value.to(x.device, dtype)], dim=-1)
         else:
             data.x = value
     else:
@@ -122,6 +128,42 @@ class AddRandomWalkSE(BaseTransform):
         return f"{type(self).__name__}(walk_length={self.walk_length}, attr_name={self.attr_name!r})"
 
 
+def _check_anchors(anchors: str, seed: int | None) -> None:
+    if anchors not in ANCHOR_METHODS:
+        raise ValueError(f"anchors must be one of {ANCHOR_METHODS}; got {anchors!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ValueError(f"seed must be an int or None; got {seed!r}")
+
+
+class AddLandmarkPE(BaseTransform):
+    """Landmark distances (:func:`posenc.graph.landmark_pe`): stores ``[N, k]`` float32,
+    ``1 / (d + 1)`` to each of ``k`` anchors (0: unreachable). A graph with fewer than ``k``
+    nodes gets zero columns for the missing anchors.
+
+    Args:
+        k: anchors per graph.
+        attr_name: where to store ``[N, k]`` (None: concatenate to ``data.x``).
+        anchors: "degree" (top-``k`` out-degree, ties to the lower node index) or "random".
+        seed: "random" draws from a generator seeded once here and advanced graph by graph, so a
+            dataset transformed in the same order gets the same anchors; None: torch's global RNG.
+    """
+
+    def __init__(self, k: int, attr_name: str | None = "landmark_pe", *, anchors: str = "degree",
+                 seed: int | None = None) -> None:
+        _check_k("k", k)
+        _check_anchors(anchors, seed)
+        self.k, self.attr_name, self.anchors, self.seed = k, attr_name, anchors, seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def forward(self, data: Data) -> Data:
+        pe = landmark_pe(data.edge_index, data.num_nodes, self.k, anchors=self.anchors, generator=self.generator,
+                         pad=True)
+        return _store(data, pe, self.attr_name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(k={self.k}, attr_name={self.attr_name!r}, anchors={self.anchors!r})"
+
+
 def _batch_vector(data: Any) -> tuple[Tensor, int]:
     batch = getattr(data, "batch", None)
     if batch is None:  # a single graph
@@ -165,4 +207,17 @@ def add_random_walk_se_batch(
         data.edge_index, batch, walk_length, num_graphs=num_graphs,
         edge_weight=getattr(data, "edge_weight", None), method=method,
     )
+    return _store(data, pe, attr_name)
+
+
+def add_landmark_pe_batch(
+    data: Any, k: int, attr_name: str | None = "landmark_pe", *, anchors: str = "degree",
+    generator: torch.Generator | None = None,
+) -> Any:
+    """:class:`AddLandmarkPE` for a whole PyG ``Batch`` at once (``"random"``: the same anchors as
+    the transform applied graph by graph with a generator in the same state)."""
+    _check_k("k", k)
+    _check_anchors(anchors, None)
+    batch, num_graphs = _batch_vector(data)
+    pe = landmark_pe_batch(data.edge_index, batch, k, anchors=anchors, generator=generator, num_graphs=num_graphs)
     return _store(data, pe, attr_name)

@@ -1,14 +1,17 @@
-"""Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE),
-the reference models (:class:`CausalLM`, :class:`SequenceEncoder`), post-hoc context
-extension of trained RoPE models (:func:`extend_context`), and the Spline-based Transformer
-(:class:`SplineTransformer`, an autoencoder without positional encoding) with its baseline
-(:class:`PositionalAutoencoder`) and synthetic curves (:class:`SmoothCurves`)."""
+"""Sequence encodings (absolute, rotary and its context extensions, relative biases, NoPE, SPE,
+the conditional 1D PEG), the reference models (:class:`CausalLM`, :class:`SequenceEncoder`),
+post-hoc context extension of trained RoPE models (:func:`extend_context`), and the Spline-based
+Transformer (:class:`SplineTransformer`, an autoencoder without positional encoding) with its
+baseline (:class:`PositionalAutoencoder`) and synthetic curves (:class:`SmoothCurves`)."""
 
 # absolute and input encodings
 from .alibi import ALiBi, alibi_bias, alibi_penalty, alibi_slopes
 from .learned import LearnedEncoding
 from .nope import NoPE
 from .sinusoidal import SinusoidalEncoding
+
+# conditional (between blocks)
+from .peg1d import PEG1d, peg1d, peg1d_term
 
 # rotary and its context extensions
 from .rope import (
@@ -74,7 +77,7 @@ __all__ = [
     "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "t5_relative_buckets", "t5_bias",
     "TransformerXLRelative", "TUPE",
-    "SineSPE", "ConvSPE",
+    "SineSPE", "ConvSPE", "PEG1d", "peg1d", "peg1d_term",
     "CausalLM", "SequenceEncoder",
     "SplineTransformer", "evaluate_spline", "bspline_basis", "PositionalAutoencoder", "SmoothCurves",
 ]

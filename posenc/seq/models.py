@@ -8,6 +8,13 @@ free and changes nothing), has an input hook (it acts once, before the first blo
 shared in its paper (T5's bucket table, TUPE's position term: :data:`SHARED_IN_PAPER`);
 otherwise each layer gets its own instance built from the registry (KERPLE, FIRE, CAPE, CoPE,
 Shaw, ...). ``share_encoding=True``/``False`` forces one or the other.
+
+The 1D PEG (``encoding="peg1d"``, :mod:`.peg1d`) is no input or attention hook here: like CPVT's
+PEG in a ViT it sits between blocks, after each block of ``peg_blocks`` (default ``(0,)``, after
+the first), one instance per block (``share_encoding=True``: one for all of them). The
+:class:`CausalLM` builds it causal (left padding; cached decoding supported), the
+:class:`SequenceEncoder` symmetric (it keeps a ``pool="cls"`` token out of the convolution and
+reads padding tokens as zeros).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from ..common.registry import ModelDims, build, get
 from ..training.pretrained import PretrainedMixin
 from .context import load_rope_scaling_state, rope_scaling_state
 from .generation import generate as _generate
+from .peg1d import PEG1d
 
 # Encodings whose learned parameters are shared by all layers in their paper.
 SHARED_IN_PAPER = frozenset({"t5", "tupe"})
@@ -84,8 +92,72 @@ def build_layer_encodings(
     return [first] + [build(encoding, dims=dims, **options) for _ in range(depth - 1)]
 
 
+def build_peg_blocks(
+    encoding: str | PositionEncoding | None,
+    *,
+    depth: int,
+    dims: ModelDims,
+    causal: bool,
+    peg_blocks: Sequence[int] | None = None,
+    share_encoding: bool | None = None,
+    encoding_options: Mapping[str, object] | None = None,
+    num_prefix_tokens: int = 0,
+) -> dict[int, PEG1d] | None:
+    """The ``conditional`` modules of :class:`~posenc.common.block.TransformerEncoder` for
+    ``encoding="peg1d"`` (or a :class:`~posenc.seq.peg1d.PEG1d` instance): ``{block: PEG1d}``
+    after each block of ``peg_blocks`` (default ``(0,)``); None for any other encoding.
+
+    Args:
+        causal: the model attends causally: the PEG must be causal (built so by name; an
+            instance or ``encoding_options={"causal": False}`` that is not is a ValueError).
+        share_encoding: True: one instance after every chosen block; otherwise one per block.
+        num_prefix_tokens: leading tokens kept out of the convolution (a class token).
+    """
+    is_peg = isinstance(encoding, PEG1d) or (isinstance(encoding, str) and encoding == "peg1d")
+    if not is_peg:
+        if peg_blocks is not None:
+            label = encoding if isinstance(encoding, str) or encoding is None else type(encoding).__name__
+            raise ValueError(f"peg_blocks applies to encoding 'peg1d' only; got encoding={label!r}")
+        return None
+    blocks = (0,) if peg_blocks is None else tuple(peg_blocks)
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in blocks):
+        raise ValueError(f"peg_blocks must be block indices (ints); got {blocks!r}")
+    blocks = tuple(sorted(set(blocks)))
+    if not blocks:
+        raise ValueError("peg_blocks must name at least one block for encoding 'peg1d'")
+    bad = [i for i in blocks if not 0 <= i < depth]
+    if bad:
+        raise ValueError(f"peg_blocks {bad} are outside 0..{depth - 1} (the model has depth {depth})")
+    where = "a causal model" if causal else "this model"
+    if isinstance(encoding, PEG1d):
+        if encoding_options:
+            raise ValueError("encoding_options applies to an encoding given by name, not to an instance")
+        if share_encoding is False:
+            raise ValueError("share_encoding=False needs the encoding by name (to build one per block); got a PEG1d instance")
+        if causal and not encoding.causal:
+            raise ValueError(f"{where} needs a causal PEG1d (causal=True): symmetric padding reads the next tokens")
+        if encoding.num_prefix_tokens != num_prefix_tokens:
+            raise ValueError(f"the PEG1d instance keeps {encoding.num_prefix_tokens} prefix tokens out of the "
+                             f"convolution; {where} has {num_prefix_tokens} (a class token counts as one)")
+        return {i: encoding for i in blocks}
+    options = dict(encoding_options or {})
+    if "num_prefix_tokens" in options:
+        raise ValueError(f"encoding_options: num_prefix_tokens is set by the model ({num_prefix_tokens} here)")
+    if causal:
+        if options.get("causal", True) is not True:
+            raise ValueError(f"encoding_options causal={options['causal']!r}: {where} needs a causal peg1d "
+                             "(symmetric padding reads the next tokens)")
+        options["causal"] = True
+    first = build("peg1d", dims=dims, num_prefix_tokens=num_prefix_tokens, **options)
+    if share_encoding:
+        return {i: first for i in blocks}
+    return {i: first if n == 0 else build("peg1d", dims=dims, num_prefix_tokens=num_prefix_tokens, **options)
+            for n, i in enumerate(blocks)}
+
+
 def model_encodings(encoder: TransformerEncoder) -> list[PositionEncoding]:
-    """The distinct encoding instances of an encoder stack (input and every layer's)."""
+    """The distinct encoding instances of an encoder stack (input, every layer's and the
+    conditional ones between blocks)."""
     seen: dict[int, PositionEncoding] = {}
     if encoder.encoding is not None:
         seen[id(encoder.encoding)] = encoder.encoding
@@ -93,6 +165,9 @@ def model_encodings(encoder: TransformerEncoder) -> list[PositionEncoding]:
         enc = block.attn.encoding
         if enc is not None:
             seen.setdefault(id(enc), enc)
+    for module in encoder.conditional.values():
+        if isinstance(module, PositionEncoding):
+            seen.setdefault(id(module), module)
     return list(seen.values())
 
 
@@ -116,8 +191,10 @@ class CausalLM(nn.Module, PretrainedMixin):
         backend: attention kernel path ("auto" picks the fastest the encoding allows).
         feature_map: None for softmax attention; ``"elu"`` or ``"favor"`` for linear attention
             (:mod:`posenc.common.linear_attention`), where only encodings on the input or on q
-            and k apply (NoPE, sinusoidal, learned, RoPE, SPE); one with a score bias is a
-            ValueError here, at construction.
+            and k apply (NoPE, sinusoidal, learned, RoPE, SPE, 1D PEG); one with a score bias is
+            a ValueError here, at construction.
+        peg_blocks: with ``encoding="peg1d"``: the blocks (0-based) after which a causal 1D PEG
+            is added (default ``(0,)``); a ValueError with any other encoding.
 
     Shapes: ``tokens [B, T]`` (long) -> logits ``[B, T, vocab_size]``.
 
@@ -144,6 +221,7 @@ class CausalLM(nn.Module, PretrainedMixin):
         encoding_options: Mapping[str, object] | None = None,
         backend: str = "auto",
         feature_map: str | None = None,
+        peg_blocks: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if vocab_size <= 0:
@@ -153,7 +231,11 @@ class CausalLM(nn.Module, PretrainedMixin):
                 f"dim, depth, num_heads and max_len must be positive; got {dim}, {depth}, {num_heads}, {max_len}"
             )
         dims = ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)
-        layer_encodings = build_layer_encodings(
+        conditional = build_peg_blocks(
+            encoding, depth=depth, dims=dims, causal=True, peg_blocks=peg_blocks, share_encoding=share_encoding,
+            encoding_options=encoding_options,
+        )
+        layer_encodings = None if conditional is not None else build_layer_encodings(
             encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options
         )
         self.vocab_size, self.max_len, self.depth = vocab_size, max_len, depth
@@ -161,7 +243,8 @@ class CausalLM(nn.Module, PretrainedMixin):
         self.embed = nn.Embedding(vocab_size, dim)
         self.feature_map = feature_map
         self.encoder = TransformerEncoder(
-            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map
+            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map,
+            conditional=conditional,
         )
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight
@@ -250,6 +333,8 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         pool: "mean" over the real (unpadded) tokens, or "cls": a learned token prepended at
             position 0 (the sequence then takes positions ``1 .. T``, so ``max_len >= T + 1``).
         max_len, dropout, share_encoding, encoding_options, backend, feature_map: as for :class:`CausalLM`.
+        peg_blocks: with ``encoding="peg1d"``: the blocks after which a 1D PEG is added (default
+            ``(0,)``); symmetric unless ``encoding_options={"causal": True}``.
 
     Shapes: ``x [B, T]`` or ``[B, T, input_dim]``, ``key_valid [B, T]`` bool (True = real
     token) -> ``[B, num_outputs]``.
@@ -273,6 +358,7 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         encoding_options: Mapping[str, object] | None = None,
         backend: str = "auto",
         feature_map: str | None = None,
+        peg_blocks: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
@@ -287,7 +373,11 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         if pool not in ("mean", "cls"):
             raise ValueError(f"pool must be 'mean' or 'cls'; got {pool!r}")
         dims = ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)
-        layer_encodings = build_layer_encodings(
+        conditional = build_peg_blocks(
+            encoding, depth=depth, dims=dims, causal=False, peg_blocks=peg_blocks, share_encoding=share_encoding,
+            encoding_options=encoding_options, num_prefix_tokens=1 if pool == "cls" else 0,
+        )
+        layer_encodings = None if conditional is not None else build_layer_encodings(
             encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options
         )
         encs = [] if layer_encodings is None else (
@@ -314,7 +404,8 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if pool == "cls" else None
         self.feature_map = feature_map
         self.encoder = TransformerEncoder(
-            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map
+            dim, depth, num_heads, encoding=layer_encodings, dropout=dropout, backend=backend, feature_map=feature_map,
+            conditional=conditional,
         )
         self.head = nn.Linear(dim, num_outputs)
 
@@ -377,4 +468,6 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         return nn.functional.mse_loss(outputs, targets.to(outputs.dtype))
 
 
-__all__: Sequence[str] = ("CausalLM", "SequenceEncoder", "SHARED_IN_PAPER", "build_layer_encodings", "model_encodings")
+__all__: Sequence[str] = (
+    "CausalLM", "SequenceEncoder", "SHARED_IN_PAPER", "build_layer_encodings", "build_peg_blocks", "model_encodings",
+)

@@ -4,6 +4,7 @@
 
     posenc train graph --dataset csl --encoding lap             # CSL classification, test accuracy
     posenc train graph --dataset molecules --encoding rwse      # penalized logP regression, test MAE
+    posenc train graph --dataset csl --encoding landmark --landmark-k 8 --landmark-anchors random
     posenc train graph --dataset my_graphs.pt --encoding spd    # your own PyG graphs
     torchrun --standalone --nproc_per_node 2 --no-python posenc train graph --dataset csl --encoding rwse
 
@@ -16,7 +17,10 @@ regression with the L1 loss, as GPS on ZINC; one ``y`` per graph, or per node wi
 
 Encodings are precomputed once per graph with posenc's transforms: ``lap`` (``--lap-k``
 eigenvectors and eigenvalues, canonical signs; the encoding flips signs at random in training),
-``rwse`` (``--walk-length`` return probabilities); ``spd`` is computed per batch from the edges.
+``rwse`` (``--walk-length`` return probabilities), ``landmark`` (``1/(d+1)`` to ``--landmark-k``
+anchors per graph, chosen by ``--landmark-anchors``: top degree, ties to the lower node index, or
+at random from ``--seed``; graphs with fewer nodes are zero-padded); ``spd`` is computed per batch
+from the edges.
 Training goes through :class:`posenc.training.trainer.Trainer`: progress bar, ``metrics.jsonl`` and
 atomic checkpoints in ``--out``, ``--resume``, DDP under ``torchrun``. The final evaluation reports
 accuracy (classification) or MAE (regression) on the validation and test splits.
@@ -53,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lap: random sign flips in training, or SignNet")
     parser.add_argument("--walk-length", type=positive_int, default=20,
                         help="rwse: random-walk steps K (the API's walk_length; 20 as GraphGPS)")
+    parser.add_argument("--landmark-k", type=positive_int, default=8, help="landmark: anchor nodes per graph (the API's k)")
+    parser.add_argument("--landmark-anchors", choices=("degree", "random"), default="degree",
+                        help="landmark: anchors of largest degree (ties: lower node index) or random (seeded by --seed)")
     parser.add_argument("--spd-max-distance", type=nonnegative_int, default=20,
                         help="spd: distances beyond share one bucket (the API's max_distance)")
     parser.add_argument("--csl-per-class", type=positive_int, default=15, help="csl: graphs per class")
@@ -180,17 +187,23 @@ def _user_task(name: str, graphs: list, level: str, seed: int) -> GraphTask:
     return GraphTask(name, graphs, splits, next(iter(in_dims)), edge_dim, out_dim, kind, level)
 
 
-def add_encoding_features(graphs: list, encoding: str, *, lap_k: int = 8, walk_length: int = 20) -> list:
+def add_encoding_features(
+    graphs: list, encoding: str, *, lap_k: int = 8, walk_length: int = 20, landmark_k: int = 8,
+    landmark_anchors: str = "degree", seed: int = 0,
+) -> list:
     """Precompute the per-node features an input-hook encoding reads (see
     :func:`posenc.graph.gps.node_positions`): ``lap`` with canonical signs and the eigenvalues,
-    ``rwse``; other encodings need nothing precomputed. Modifies and returns ``graphs``."""
-    from ..graph.gps import LAP_ATTR, LAP_EIGENVALUES_ATTR, RWSE_ATTR
-    from ..graph.transforms import AddLaplacianPE, AddRandomWalkSE
+    ``rwse``, ``landmark`` (random anchors drawn graph by graph from a generator seeded with
+    ``seed``); other encodings need nothing precomputed. Modifies and returns ``graphs``."""
+    from ..graph.gps import LANDMARK_ATTR, LAP_ATTR, LAP_EIGENVALUES_ATTR, RWSE_ATTR
+    from ..graph.transforms import AddLandmarkPE, AddLaplacianPE, AddRandomWalkSE
 
     if encoding == "lap":
         transform = AddLaplacianPE(lap_k, LAP_ATTR, random_sign=False, eigenvalues_attr=LAP_EIGENVALUES_ATTR)
     elif encoding == "rwse":
         transform = AddRandomWalkSE(walk_length, RWSE_ATTR)
+    elif encoding == "landmark":
+        transform = AddLandmarkPE(landmark_k, LANDMARK_ATTR, anchors=landmark_anchors, seed=seed)
     else:
         return graphs
     return [transform(g) for g in graphs]
@@ -201,6 +214,8 @@ def encoding_options(args: argparse.Namespace) -> dict:
         return {"k": args.lap_k, "sign": args.lap_sign}
     if args.encoding == "rwse":
         return {"walk_length": args.walk_length}
+    if args.encoding == "landmark":
+        return {"k": args.landmark_k}
     if args.encoding == "spd":
         return {"max_distance": args.spd_max_distance}
     return {}
@@ -277,7 +292,10 @@ def _train(args: argparse.Namespace) -> int:
     from ..training.trainer import TrainConfig, Trainer
 
     task = load_task(args)
-    task.graphs = add_encoding_features(task.graphs, args.encoding, lap_k=args.lap_k, walk_length=args.walk_length)
+    task.graphs = add_encoding_features(
+        task.graphs, args.encoding, lap_k=args.lap_k, walk_length=args.walk_length, landmark_k=args.landmark_k,
+        landmark_anchors=args.landmark_anchors, seed=args.seed,
+    )
     steps, batch_size = default_schedule(task, args)
     model_config = {
         "in_dim": task.in_dim, "out_dim": task.out_dim, "dim": args.dim, "depth": args.depth,

@@ -5,6 +5,7 @@
     posenc train seq --encoding alibi                           # bytes of CPython's pydoc text
     posenc train seq --encoding rope --data my.txt --seq-len 256
     posenc train seq --encoding t5 --task reverse --length 16   # evaluated at 16, 32, 64
+    posenc train seq --encoding peg1d --peg-blocks 0,1          # causal 1D PEG after blocks 0 and 1
     torchrun --standalone --nproc_per_node 2 --no-python posenc train seq --encoding fire --out runs/fire
 
 Text: next-byte prediction on windows of ``--seq-len`` bytes; the final evaluation reports bits
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
+    parser.add_argument("--peg-blocks", type=int_list(minimum=0), default=None,
+                        help="peg1d: blocks (0-based) after which the causal 1D PEG is applied (default 0)")
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--task", default=None, choices=TASK_NAMES, help="a synthetic task instead of text")
     data.add_argument("--data", default=None, help="a UTF-8 text file (default: CPython's pydoc text)")
@@ -77,6 +80,12 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
+    if args.peg_blocks is not None:
+        if args.encoding != "peg1d":
+            return f"--peg-blocks is for --encoding peg1d (got --encoding {args.encoding})"
+        if any(b >= args.depth for b in args.peg_blocks):
+            return (f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below "
+                    f"--depth {args.depth}")
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
     # the longest sequence a step sees: a task's example (question and answer) or the longest window
@@ -147,6 +156,8 @@ def _train(args: argparse.Namespace) -> int:
         "dropout": args.dropout, "share_encoding": share, "encoding_options": options,
         "feature_map": getattr(args, "feature_map", None),
     }
+    if args.encoding == "peg1d":
+        model_config["peg_blocks"] = list(args.peg_blocks or [0])
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
     config = TrainConfig(

@@ -10,7 +10,8 @@ zero padding at the borders, and the convolution is translation-equivariant else
 register tokens are split off and re-attached untouched.
 
 Where it goes: CPVT places it after the first block (after blocks 0-4 in its best variant). Use
-``TransformerEncoder(conditional={i: PEG(...)})``: that slot adds ``module(x, positions)``, and
+``TransformerEncoder(conditional={i: PEG(...)})``: that slot adds ``module(x, positions, mask=...,
+cache=...)`` (PEG takes no mask -- padding, packing or causality -- and no KV cache), and
 :meth:`PEG.forward` returns the convolution term ``DWConv(X)`` (zeros at prefix tokens). As an
 input encoding (:meth:`PEG.encode_input`, ``X + DWConv(X)``) it acts before the first block.
 
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.encoding import Hook, PositionEncoding
+from ..common.masks import AttentionMask
 from ..common.registry import register
 from .grid import grid_extent, integer_coords, patch_coords
 
@@ -63,8 +65,14 @@ class PEG(PositionEncoding):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, num_prefix_tokens={self.num_prefix_tokens}"
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """The PEG term ``DWConv(X)`` at every token (zeros at prefix tokens): ``[B, T, C]``."""
+    def forward(self, x: Tensor, positions: Tensor, *, mask: AttentionMask | None = None, cache=None) -> Tensor:
+        """The PEG term ``DWConv(X)`` at every token (zeros at prefix tokens): ``[B, T, C]``.
+        ``mask`` and ``cache`` (the encoder's conditional slot passes them) must be None or empty:
+        the grid comes from the positions alone."""
+        if cache is not None:
+            raise ValueError("PEG has no cached decoding; run the whole token grid")
+        if mask is not None and not mask.is_empty:
+            raise ValueError("PEG takes no attention mask (padding, packing, causal): the grid comes from positions")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
         p = self.num_prefix_tokens
