@@ -218,7 +218,8 @@ class ViT(nn.Module):
                 if encoding.causal_only:
                     raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
                 return PatchTokensOnly(encoding, p), None, "1d"
-            self._check_grid_ndim(type(encoding), type(encoding).__name__)
+            if _modality_of(encoding) == "vision" or hasattr(type(encoding), "grid_ndim"):  # not a user's own class
+                self._check_grid_ndim(type(encoding), type(encoding).__name__)
             built_for = encoding.num_prefix_tokens
             if built_for is not None and built_for != p:
                 raise ValueError(
