@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.train.
 TRAIN_COMMANDS: dict[str, tuple[str, str]] = {
     "seq": ("posenc.train.seq", "train a causal LM or sequence model on text or a synthetic task"),
-    "vision": ("posenc.train.vision", "train a ViT on digits placed on a canvas or on an image folder"),
+    "vision": ("posenc.train.vision", "train a ViT on digits placed on a canvas, an image folder or moving-digit videos (--video)"),
     "graph": ("posenc.train.graph", "train a GPS-style graph transformer on CSL, molecules or a PyG dataset"),
     "timeseries": ("posenc.train.timeseries", "train a ConvTran-style classifier on a UEA/UCR dataset"),
 }

@@ -56,7 +56,8 @@ def test_summary_and_direction_follow_the_measured_numbers():
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--encodings", "peg,rope3d"], "--encodings: unknown encoding 'rope3d'"),
+        (["--encodings", "peg,rope4d"], "--encodings: unknown encoding 'rope4d'"),
+        (["--encodings", "peg,sincos3d"], "--encodings: 'sincos3d' is a 3D (video) encoding"),
         (["--encodings", "peg,peg"], "names an encoding twice"),
         (["--img-size", "30"], "--img-size 30 is not divisible by --patch 4"),
         (["--scales", "1,1.1"], "--scales: 1.1 x --img-size 32 = 35 is not divisible by --patch 4"),

@@ -55,7 +55,7 @@ def test_train_vision_on_an_image_folder_with_the_grow_mode_refused(tmp_path, ca
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--encoding", "rope3d"], "--encoding: unknown encoding 'rope3d'"),
+        (["--encoding", "rope4d"], "--encoding: unknown encoding 'rope4d'"),
         (["--encoding", "erpe"], "--encoding: 'erpe' is a timeseries encoding; a ViT takes vision or seq encodings"),
         (["--encoding", "peg", "--img-size", "30"], "--img-size 30 is not divisible by --patch 4"),
         (["--encoding", "peg", "--eval-scales", "1,1.25"], "--eval-scales: 1.25 x --img-size 32 = 40 pixels is not divisible by --patch 16"),

@@ -181,7 +181,9 @@ def test_bad_swaps_are_clear_errors_and_leave_the_model_unchanged():
     model = _stock()
     with pytest.raises(TypeError, match="model must be a timm VisionTransformer; got Linear"):
         replace_position_encoding(torch.nn.Linear(2, 2), "peg")
-    with pytest.raises(KeyError, match="unknown encoding 'rope3d'"):
+    with pytest.raises(KeyError, match="unknown encoding 'rope4d'"):
+        replace_position_encoding(model, "rope4d")
+    with pytest.raises(ValueError, match="'rope3d' is a 3D \\(video\\) encoding"):
         replace_position_encoding(model, "rope3d")
     with pytest.raises(ValueError, match="peg_blocks must name blocks in 0..1; got \\[5\\]"):
         replace_position_encoding(model, "peg", peg_blocks=(5,))

@@ -10,7 +10,8 @@ import posenc
 from posenc.common.encoding import PositionEncoding
 from posenc.vision import PEG, Learned2D, PatchTokensOnly, Rope2DMixed, SinCos2D, ViT
 
-VISION = [info.name for info in posenc.available("vision")]
+# Image encodings; the 3D (video) ones are tested in test_vision_video.py.
+VISION = [info.name for info in posenc.available("vision") if getattr(info.cls, "grid_ndim", 2) == 2]
 SEQ = [("sinusoidal", {}), ("rope", {}), ("alibi", {"symmetric": True})]
 SMALL = dict(img_size=16, patch_size=4, in_chans=3, num_classes=5, dim=32, depth=2, num_heads=2)
 

@@ -1,5 +1,6 @@
 """``posenc train vision``: train a ViT with one position encoding on digits placed on a canvas or
-on an image folder, and evaluate it at the training size and at larger ones.
+on an image folder, and evaluate it at the training size and at larger ones; or, with ``--video``,
+on clips of a moving digit whose label is the direction of motion.
 
 ::
 
@@ -8,6 +9,7 @@ on an image folder, and evaluate it at the training size and at larger ones.
     posenc train vision --encoding sincos2d --encoding-option layout=mae --task where
     posenc train vision --encoding learned2d --data ~/pets --img-size 64 --patch 8 --in-chans 3
     torchrun --standalone --nproc_per_node 2 --no-python posenc train vision --encoding axial --out runs/axial
+    posenc train vision --video --encoding rope3d --frames 8 --tubelet 1   # moving digits, patch 8
 
 Digits (the default): scikit-learn's 8x8 digits resized to ``--digit-size`` and placed at seeded
 random positions on a ``--img-size`` canvas (see :mod:`posenc.vision.data`); ``--task class``
@@ -20,6 +22,17 @@ Evaluation: accuracy on the held-out images at each ``--eval-scales`` factor of 
 and enlarges the canvas around it. Training goes through :class:`posenc.training.trainer.Trainer`:
 progress bar, ``metrics.jsonl`` and atomic checkpoints in ``--out``, ``--resume``, DDP under
 ``torchrun``.
+
+Video (``--video``): :class:`posenc.vision.data.MovingDigits`, a ``--digit-size`` digit sliding
+across a ``--img-size`` canvas for ``--frames`` frames at 1 .. ``--max-speed`` pixels a frame,
+labelled by its direction (right, left, down, up). The set of frames is the same for a path and
+its reverse, so only the frame order tells the label: a model blind to time order is capped at
+50% (horizontal against vertical). The ViT cuts clips into ``--tubelet`` x ``--patch`` x
+``--patch`` tubelets (default 1 x 8 x 8). Take a 3D encoding (``sincos3d``, ``axial3d``,
+``rope3d``), a sequence one over the flattened (t, row, col) order, or ``none``; the 2D ones are
+refused. With ``--tubelet`` 2 or more, the tubelet embedding itself sees the order of the frames
+inside each tubelet, so even ``none`` can learn the direction. A video run is evaluated on
+held-out clips of its training size.
 
 The helpers :func:`build_vit`, :func:`accuracy` and :func:`train_vit` are shared with
 ``posenc bench resolution`` and the demo.
@@ -57,9 +70,26 @@ PROG = "posenc train vision"
 MODALITIES = ("vision", "seq")
 
 
-def check_encoding(name: str, flag: str = "--encoding", feature_map: str | None = None) -> str | None:
-    """What is wrong with an encoding name for a ViT, or None ("none" means no encoding)."""
-    return encoding_error(name, MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
+def check_encoding(name: str, flag: str = "--encoding", feature_map: str | None = None, *,
+                   video: bool = False) -> str | None:
+    """What is wrong with an encoding name for a ViT on images (or on ``video``), or None ("none"
+    means no encoding): the shared rule (:func:`posenc.options.encoding_error`), then the grid's
+    rank: vision encodings over 3D grids (``grid_ndim = 3``) are for video only, the 2D ones for
+    images only."""
+    error = encoding_error(name, MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
+    if error is not None or name == "none":
+        return error
+    from ..common.registry import get
+
+    info = get(name)
+    if info.modality == "vision":
+        ndim = getattr(info.cls, "grid_ndim", 2)
+        if video and ndim != 3:
+            return (f"{flag}: {name!r} is a 2D (image) encoding; with --video use a 3D one (sincos3d, axial3d, rope3d), "
+                    "a seq encoding over the flattened (t, row, col) order, or none")
+        if not video and ndim == 3:
+            return f"{flag}: {name!r} is a 3D (video) encoding of (t, row, col) positions (posenc train vision --video)"
+    return None
 
 
 def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
@@ -74,15 +104,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
-    parser.add_argument("--img-size", type=positive_int, default=32, help="training image side: the canvas for digits (default 32)")
-    parser.add_argument("--digit-size", type=positive_int, default=16, help="digits: side of the digit on the canvas (default 16)")
-    parser.add_argument("--task", default="class", help="digits: 'class' (10 classes) or 'where' (class and quadrant, 40)")
-    parser.add_argument("--repeats", type=positive_int, default=10, help="digits: placements per training digit (default 10)")
+    parser.add_argument("--img-size", type=positive_int, default=32, help="training image side: the canvas for digits")
+    parser.add_argument("--digit-size", type=positive_int, default=16, help="digits: side of the digit on the canvas")
+    parser.add_argument("--task", default=None,
+                        help="digits: 'class' (10 classes, the default) or 'where' (class and quadrant, 40)")
+    parser.add_argument("--repeats", type=positive_int, default=10, help="digits: placements per training digit")
     parser.add_argument("--in-chans", type=positive_int, default=None,
                         help="image channels (digits: 1; image folder: 3 for RGB, or 1 for grayscale; default 3)")
-    parser.add_argument("--patch", type=positive_int, default=4, help="patch side in pixels (default 4)")
-    parser.add_argument("--eval-scales", type=positive_float_list, default=[1.0, 1.5, 2.0],
+    parser.add_argument("--patch", type=positive_int, default=None, help="patch side in pixels (default 4; 8 with --video)")
+    parser.add_argument("--eval-scales", type=positive_float_list, default=None,
                         help="evaluation sizes as factors of --img-size (default 1,1.5,2)")
+    parser.add_argument("--video", action="store_true",
+                        help="train on clips of a moving digit labelled by its direction (3D or seq encodings)")
+    parser.add_argument("--frames", type=positive_int, default=None, help="--video: frames per clip (default 8)")
+    parser.add_argument("--tubelet", type=positive_int, default=None,
+                        help="--video: frames per tubelet (default 1; from 2 on the embedding sees the order inside it)")
+    parser.add_argument("--max-speed", type=positive_int, default=None, help="--video: top speed in pixels a frame (default 2)")
     parser.add_argument("--eval-mode", choices=("scale", "grow"), default="scale",
                         help="scale: resize the whole image; grow: digits keep their size on a larger canvas")
     add_model_arguments(parser, dim=96, depth=4, heads=4)
@@ -92,9 +129,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
 
 
+IMAGE_DEFAULTS = {"patch": 4, "task": "class", "eval_scales": [1.0, 1.5, 2.0]}
+VIDEO_DEFAULTS = {"patch": 8, "frames": 8, "tubelet": 1, "max_speed": 2, "eval_scales": [1.0]}
+VIDEO_ONLY = ("frames", "tubelet", "max_speed")
+
+
+def _video_flag_error(args: argparse.Namespace) -> str | None:
+    """Flags given for the other kind of run (checked before the defaults are filled in)."""
+    video = getattr(args, "video", False)
+    if not video:
+        for name in VIDEO_ONLY:
+            if getattr(args, name, None) is not None:
+                return f"--{name.replace('_', '-')} is for --video runs"
+        return None
+    if args.data is not None:
+        return "--data is for images; --video trains on moving digits made in code"
+    if args.task is not None:
+        return "--task is for images (class, where); the label of a --video clip is the direction of motion"
+    if args.eval_scales is not None or args.eval_mode != "scale":
+        return "--eval-scales and --eval-mode are for images; a --video run is evaluated on clips of its training size"
+    return None
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """Set the options left at None to the defaults of an image or a ``--video`` run."""
+    video = getattr(args, "video", False)
+    for name, value in {**IMAGE_DEFAULTS, **(VIDEO_DEFAULTS if video else {})}.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, list(value) if isinstance(value, list) else value)
+
+
 def check(args: argparse.Namespace) -> str | None:
-    """What is wrong with the arguments (before any data is read or model built), or None."""
-    error = check_encoding(args.encoding, feature_map=getattr(args, "feature_map", None))
+    """What is wrong with the arguments (before any data is read or model built), or None. Fills
+    in the defaults that depend on ``--video`` first."""
+    video = getattr(args, "video", False)
+    error = _video_flag_error(args)
+    if error is not None:
+        return error
+    _fill_defaults(args)
+    error = check_encoding(args.encoding, feature_map=getattr(args, "feature_map", None), video=video)
     if error is not None:
         return error
     if args.dim % args.heads:
@@ -106,7 +179,18 @@ def check(args: argparse.Namespace) -> str | None:
         if size % args.patch:
             return (f"--eval-scales: {scale:g} x --img-size {args.img_size} = {size} pixels is not divisible by "
                     f"--patch {args.patch}")
-    if args.data is None:
+    if video:
+        if args.in_chans is not None and args.in_chans != 1:
+            return f"--in-chans {args.in_chans}: the moving digits are grayscale (1 channel); leave --in-chans out or pass 1"
+        if args.frames < 2:
+            return f"--frames must be at least 2 for a motion to have a direction, got {args.frames}"
+        if args.frames % args.tubelet:
+            return f"--frames {args.frames} is not divisible by --tubelet {args.tubelet}"
+        path = (args.frames - 1) * args.max_speed
+        if path > args.img_size - args.digit_size:
+            return (f"--frames {args.frames} at --max-speed {args.max_speed} make a path of {path} pixels, more than "
+                    f"--img-size {args.img_size} minus --digit-size {args.digit_size} leaves")
+    elif args.data is None:
         from ..vision.data import TASKS
 
         if args.in_chans is not None and args.in_chans != 1:
@@ -131,7 +215,8 @@ def check(args: argparse.Namespace) -> str | None:
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
     largest = max(eval_sizes(args.img_size, args.eval_scales) + [args.img_size])
-    error = size_error(batch=args.batch_size, tokens=(largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
+    frames = args.frames // args.tubelet if getattr(args, "video", False) else 1
+    error = size_error(batch=args.batch_size, tokens=frames * (largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
                        device=args.device, allow=args.allow_large)
     if error is not None:
         return error
@@ -170,8 +255,11 @@ def vit_config(
     peg_blocks: Sequence[int] = (0,),
     feature_map: str | None = None,
     dropout: float = 0.0,
+    num_frames: int | None = None,
+    tubelet_size: int = 1,
 ) -> dict[str, object]:
-    """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG."""
+    """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG;
+    ``num_frames`` and ``tubelet_size`` only for a video model."""
     config: dict[str, object] = {
         "img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes,
         "dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio, "pool": pool,
@@ -182,6 +270,8 @@ def vit_config(
         config["feature_map"] = feature_map
     if encoding == "peg":
         config["peg_blocks"] = list(peg_blocks)
+    if num_frames is not None:
+        config["num_frames"], config["tubelet_size"] = num_frames, tubelet_size
     return config
 
 
@@ -242,7 +332,16 @@ def train_vit(
 
 def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
     """(train set, {size: test set}, a description, in_chans, num_classes)."""
-    from ..vision.data import DigitsCanvas, digits_at_size, image_folder
+    from ..vision.data import DigitsCanvas, MovingDigits, digits_at_size, image_folder
+
+    if args.video:
+        common = dict(frames=args.frames, canvas_size=args.img_size, digit_size=args.digit_size,
+                      max_speed=args.max_speed, seed=args.seed)
+        train = MovingDigits("train", repeats=args.repeats, **common)
+        test = MovingDigits("test", **common)
+        source = (f"moving digits (direction) on a {args.img_size}px canvas, {args.frames} frames, digit "
+                  f"{args.digit_size}px, speed 1..{args.max_speed}px a frame")
+        return train, {args.img_size: test}, source, 1, train.num_classes
 
     sizes = eval_sizes(args.img_size, args.eval_scales)
     if args.data is None:
@@ -267,7 +366,7 @@ def _train(args: argparse.Namespace) -> int:
         args.encoding, img_size=args.img_size, patch_size=args.patch, in_chans=in_chans, num_classes=num_classes,
         dim=args.dim, depth=args.depth, num_heads=args.heads, mlp_ratio=args.mlp_ratio, pool=args.pool,
         encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks, feature_map=getattr(args, "feature_map", None),
-        dropout=args.dropout,
+        dropout=args.dropout, **({"num_frames": args.frames, "tubelet_size": args.tubelet} if args.video else {}),
     )
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
@@ -282,9 +381,15 @@ def _train(args: argparse.Namespace) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.encoding} on {source}: {params / 1e6:.2f}M parameters, {trainer.step} steps, "
           f"final train loss {metrics['train_loss']:.4f}")
-    print(f"test accuracy by image size (eval mode {args.eval_mode}; trained at {args.img_size}):")
-    rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
-    print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
+    if args.video:
+        print(f"test accuracy on held-out clips (chance 0.25; blind to frame order at most 0.5), tubelet "
+              f"{args.tubelet} x {args.patch} x {args.patch}:")
+        rows = [[s, args.frames, _fmt(metrics[f"acc@{s}"])] for s in sets]
+        print(format_table(["size", "frames", "accuracy"], rows, align="rrr"))
+    else:
+        print(f"test accuracy by image size (eval mode {args.eval_mode}; trained at {args.img_size}):")
+        rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
+        print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
     result = {
         "command": "train vision", "encoding": args.encoding, "model_config": model_config,
         "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
@@ -292,6 +397,9 @@ def _train(args: argparse.Namespace) -> int:
         "source": source, "eval_mode": args.eval_mode, "train_size": args.img_size,
         "accuracy": {str(s): _json_number(metrics[f"acc@{s}"]) for s in sets},
     }
+    if args.video:
+        result["video"] = {"frames": args.frames, "tubelet": args.tubelet, "max_speed": args.max_speed}
+        del result["eval_mode"]
     write_results(args.out, result)
     return 0
 

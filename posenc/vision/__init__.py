@@ -1,22 +1,27 @@
-"""Vision encodings (PEG, axial, 2D sinusoidal, learned 2D, 2D RoPE, 2D relative bias) and a
-reference ViT that takes any of them, or any sequence encoding over the raster patch order.
+"""Vision encodings (PEG, axial, 2D sinusoidal, learned 2D, 2D RoPE, 2D relative bias; for video
+3D sinusoidal, axial 3D and 3D RoPE) and a reference ViT for images and videos that takes any of
+them, or any sequence encoding over the raster patch order.
 
 Importing this package registers the encodings (modality "vision"); ``import
 posenc.vision.timm_models`` (or using :func:`replace_position_encoding`) registers the
 ``posenc_vit_*`` models with timm. 2D positions are
 ``[B or 1, T, 2]`` ``(row, col)`` per token; encodings built with ``num_prefix_tokens = P``
-keep the first ``P`` tokens (class token, registers) out (see :mod:`posenc.vision.grid`).
+keep the first ``P`` tokens (class token, registers) out (see :mod:`posenc.vision.grid`). Video
+positions are ``[B or 1, T, 3]`` ``(t, row, col)`` (:func:`grid_positions3d`).
 """
 
 from .axial import AxialEncoding, resample_axis
+from .axial3d import Axial3D
 from .conv_spe2d import ConvSPE2d
-from .grid import grid_positions, raster_positions, resample_grid
+from .grid import grid_positions, grid_positions3d, raster_positions, resample_grid
 from .learned2d import Learned2D
 from .peg import PEG
 from .prefix import PatchTokensOnly
 from .relbias2d import RelativePositionBias2D, resample_offset_table
 from .rope2d import Rope2DAxial, Rope2DMixed, rope2d_frequencies
+from .rope3d import Rope3D, rope3d_angles
 from .sincos2d import SinCos2D, sincos2d_grid, sincos2d_table
+from .sincos3d import SinCos3D, sincos3d_table
 from .vit import ViT
 
 
@@ -35,4 +40,5 @@ __all__ = [
     "AxialEncoding", "resample_axis", "grid_positions", "raster_positions", "resample_grid", "Learned2D", "PEG",
     "PatchTokensOnly", "RelativePositionBias2D", "resample_offset_table", "Rope2DAxial", "Rope2DMixed",
     "rope2d_frequencies", "SinCos2D", "sincos2d_grid", "sincos2d_table", "ViT", "replace_position_encoding",
+    "Axial3D", "grid_positions3d", "Rope3D", "rope3d_angles", "SinCos3D", "sincos3d_table",
 ]

@@ -1,5 +1,6 @@
-"""Image data that needs no network: scikit-learn's handwritten digits placed on a larger canvas,
-and the user's own images in an ImageFolder-style tree.
+"""Image and video data that needs no network: scikit-learn's handwritten digits placed on a larger
+canvas, the same digits moving across the frames of a clip, and the user's own images in an
+ImageFolder-style tree.
 
 Digits on a canvas (:class:`DigitsCanvas`)
     scikit-learn's ``load_digits`` (1,797 images of 8x8 pixels, 10 classes) is resized to a digit of
@@ -26,12 +27,25 @@ Digits on a canvas (:class:`DigitsCanvas`)
     the positions outgrow the trained range while the patches look as in training.
     :func:`digits_at_size` makes either from a training-size set.
 
+Moving digits (:class:`MovingDigits`)
+    A clip of ``frames`` frames in which one digit (resized as above) slides across an empty
+    canvas in a straight line at a constant integer speed; the label is the direction of motion
+    (``DIRECTIONS``: right, left, down, up). Direction, speed (``1 .. max_speed`` pixels a
+    frame), start and the position across the motion are drawn from a generator seeded by
+    ``(seed, split, index, ...)``, and the start along the motion is uniform over the positions
+    that keep the whole path on the canvas. So the reversed clip of a rightward path is a
+    leftward path of the same set, equally likely: the set of frames says nothing about left
+    against right (or up against down), only their order does. A model blind to the frame order
+    is capped at 50% (it may still tell horizontal from vertical), chance is 25%; a model that
+    sees time order can reach 100%.
+
 Image folders (:func:`image_folder`)
     ``root/<class>/<image>`` as :class:`torchvision.datasets.ImageFolder` reads it, resized to a
     square size; ``root/train`` and ``root/val`` (or ``root/test``) are used as the splits when
     present, otherwise the images of ``root`` are split by a fixed permutation.
 
-Images are float tensors ``[C, H, W]`` in ``[0, 1]`` (digits: ``C = 1``); labels are ``int64``.
+Images are float tensors ``[C, H, W]`` in ``[0, 1]`` (digits: ``C = 1``), clips ``[C, T, H, W]``;
+labels are ``int64``.
 """
 
 from __future__ import annotations
@@ -209,6 +223,119 @@ def digits_at_size(base: DigitsCanvas, size: int, mode: Mode = "scale", *, repea
         return DigitsCanvas(base.split, canvas_size=base.canvas_size, digit_size=base.digit_size,
                             resize_to=size, **common)
     return DigitsCanvas(base.split, canvas_size=size, digit_size=base.digit_size, **common)
+
+
+# ----------------------------------------------------------------------------------------------
+# Moving digits (video)
+
+DIRECTIONS: tuple[str, ...] = ("right", "left", "down", "up")
+# Unit step (row, col) per direction, in the order of DIRECTIONS.
+_STEPS = ((0, 1), (0, -1), (1, 0), (-1, 0))
+
+
+class MovingDigits(Dataset):
+    """Clips of one digit sliding across a canvas; the label is its direction (see the module docstring).
+
+    Args:
+        split: "train" or "test" digits.
+        frames: frames per clip ``T``.
+        canvas_size: side ``S`` of the square frames.
+        digit_size: side of the resized digit.
+        max_speed: the speed is drawn from ``1 .. max_speed`` pixels a frame; the longest path,
+            ``(frames - 1) * max_speed``, must fit in ``canvas_size - digit_size``.
+        repeats: clips per digit; ``len = repeats * digits in the split``.
+        seed: seeds the motions (the train/test split of the digits is fixed by ``split_seed``).
+        test_fraction, split_seed: the train/test split of the 1,797 digits.
+
+    Item ``i``: ``(clip [1, T, S, S] float32 in [0, 1], label int64 in 0..3)``, the label indexing
+    :data:`DIRECTIONS`. :meth:`path` gives the digit's top-left ``(row, col)`` in every frame;
+    :attr:`directions`, :attr:`speeds` hold every item's direction and speed.
+    """
+
+    in_chans = 1
+    num_classes = len(DIRECTIONS)
+    task = "direction"
+
+    def __init__(
+        self,
+        split: Split = "train",
+        *,
+        frames: int = 8,
+        canvas_size: int = 32,
+        digit_size: int = 16,
+        max_speed: int = 2,
+        repeats: int = 1,
+        seed: int = 0,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+        for name, value in (("frames", frames), ("canvas_size", canvas_size), ("digit_size", digit_size),
+                            ("max_speed", max_speed), ("repeats", repeats)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        if frames < 2:
+            raise ValueError(f"frames must be at least 2 for a motion to have a direction; got {frames}")
+        if (frames - 1) * max_speed > canvas_size - digit_size:
+            raise ValueError(
+                f"the longest path, (frames - 1) * max_speed = {(frames - 1) * max_speed} pixels, must fit in "
+                f"canvas_size - digit_size = {canvas_size - digit_size}; use fewer frames, a lower max_speed, a "
+                "larger canvas or a smaller digit"
+            )
+        images, labels = load_digit_images()
+        train_idx, test_idx = split_indices(len(images), test_fraction, split_seed)
+        chosen = train_idx if split == "train" else test_idx
+        digits = images[chosen].unsqueeze(1)  # [n, 1, 8, 8]
+        if digit_size != digits.shape[-1]:
+            digits = F.interpolate(digits, size=(digit_size, digit_size), mode="bilinear", align_corners=False,
+                                   antialias=digit_size < digits.shape[-1]).clamp_(0.0, 1.0)
+        self.digits, self.digit_labels = digits, labels[chosen]
+        self.split, self.frames, self.canvas_size, self.digit_size = split, frames, canvas_size, digit_size
+        self.max_speed, self.repeats, self.seed = max_speed, repeats, seed
+        self.test_fraction, self.split_seed = test_fraction, split_seed
+        self.directions, self.speeds, self.starts = self._draw(len(digits) * repeats)
+
+    @property
+    def size(self) -> int:
+        """Side of the frames."""
+        return self.canvas_size
+
+    def _draw(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Direction, speed and first-frame top-left ``(row, col)`` of every item."""
+        free = self.canvas_size - self.digit_size
+        directions = np.empty(count, dtype=np.int64)
+        speeds = np.empty(count, dtype=np.int64)
+        starts = np.empty((count, 2), dtype=np.int64)
+        for i in range(count):
+            rng = np.random.default_rng(_sample_seed("moving", self.seed, self.split, i, self.frames, self.canvas_size,
+                                                     self.digit_size, self.max_speed))
+            d = int(rng.integers(0, len(DIRECTIONS)))
+            v = int(rng.integers(1, self.max_speed + 1))
+            lo = int(rng.integers(0, free - (self.frames - 1) * v + 1))  # the path's smaller end
+            across = int(rng.integers(0, free + 1))
+            along = lo if _STEPS[d][0] + _STEPS[d][1] > 0 else lo + (self.frames - 1) * v  # right/down start low
+            directions[i], speeds[i] = d, v
+            starts[i] = (across, along) if _STEPS[d][0] == 0 else (along, across)
+        return torch.from_numpy(directions), torch.from_numpy(speeds), torch.from_numpy(starts)
+
+    def __len__(self) -> int:
+        return len(self.directions)
+
+    def path(self, i: int) -> Tensor:
+        """Top-left ``(row, col)`` of the digit in each frame of item ``i``: ``[frames, 2]`` long."""
+        step = torch.tensor(_STEPS[int(self.directions[i])]) * self.speeds[i]
+        return self.starts[i] + torch.arange(self.frames)[:, None] * step
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} out of range for {len(self)} items")
+        i = i % len(self)
+        clip = torch.zeros(1, self.frames, self.canvas_size, self.canvas_size)
+        digit, d = self.digits[i % len(self.digits)], self.digit_size
+        for f, (r, c) in enumerate(self.path(i).tolist()):
+            clip[:, f, r : r + d, c : c + d] = digit
+        return clip, self.directions[i].clone()
 
 
 # ----------------------------------------------------------------------------------------------

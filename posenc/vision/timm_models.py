@@ -50,9 +50,9 @@ import warnings
 from typing import Any, Sequence
 
 import torch
-from torch import Tensor, nn
 from timm.models import register_model
 from timm.models.vision_transformer import Attention, Block, VisionTransformer
+from torch import Tensor, nn
 
 from ..common.attention import MultiheadAttention
 from ..common.encoding import Hook, PositionEncoding, attention_part
@@ -237,6 +237,8 @@ def _build(name: str, model: VisionTransformer, options: dict[str, Any], per_blo
         return [PatchTokensOnly(build(name, dims=dims, **options), model.num_prefix_tokens)]
     if info.modality != "vision":
         raise ValueError(f"encoding {name!r} belongs to the {info.modality!r} modality; a ViT takes vision or seq encodings")
+    if getattr(info.cls, "grid_ndim", 2) != 2:  # sincos3d, axial3d, rope3d: timm's ViT is for images
+        raise ValueError(f"encoding {name!r} is a 3D (video) encoding of (t, row, col) positions; timm's ViT takes images")
     params = inspect.signature(info.cls.__init__).parameters
     extra: dict[str, Any] = {}
     if "num_prefix_tokens" in params:

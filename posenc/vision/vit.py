@@ -1,4 +1,5 @@
-"""A reference Vision Transformer that takes any registered vision or sequence encoding.
+"""A reference Vision Transformer for images and videos that takes any registered vision or
+sequence encoding.
 
 Dosovitskiy et al. 2021, An Image is Worth 16x16 Words, https://arxiv.org/abs/2010.11929.
 Patch embedding (a ``Conv2d`` with stride = patch), an optional class token and register tokens
@@ -22,11 +23,25 @@ explicit positions and keeps the prefix out by construction:
 Images of any size divisible by the patch run at inference: each encoding follows the new grid
 (sinusoidal, RoPE, PEG), resamples its table (learned 2D, axial, 2D relative bias) or refuses
 clearly (e.g. a learned 1D table past its length).
+
+Video (``num_frames`` set): clips ``[B, C, T, H, W]`` are cut into tubelets by a ``Conv3d`` with
+kernel = stride = ``(tubelet_size, patch_size, patch_size)`` (ViViT's tubelet embedding,
+VideoMAE; ``tubelet_size = 1`` is per-frame patches), giving a ``(T/tubelet, H/p, W/p)`` grid
+whose tokens follow in raster order, time outermost. The 3D vision encodings (``grid_ndim = 3``:
+``sincos3d``, ``axial3d``, ``rope3d``) receive positions ``[1, N, 3]`` = ``(t, row, col)``
+(:func:`~posenc.vision.grid.grid_positions3d`); sequence encodings receive ``0 .. N-1`` over that
+raster order. The 2D encodings are refused on video with an error naming the 3D ones: applied
+per frame they would give every frame the same positions, which cannot tell the frame order
+(for that time-blind baseline, ``rope3d`` with ``axis_pairs=(0, n, n)`` is exactly
+``rope2d_axial`` per frame), and PEG's grid scatter needs distinct ``(row, col)`` positions. A
+3D encoding on an image ViT is refused the same way. Clips of other lengths and frame sizes
+(multiples of the tubelet) run at inference, as images of other sizes do.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Sequence
 
 import torch
@@ -37,7 +52,7 @@ from ..common.encoding import PositionEncoding
 from ..common.registry import ModelDims, available, build, get
 from ..common.spe import StochasticPositionalEncoding
 from ..training.pretrained import PretrainedMixin
-from .grid import grid_positions, raster_positions, to_pair
+from .grid import grid_positions, grid_positions3d, raster_positions, to_pair
 from .peg import PEG
 from .prefix import PatchTokensOnly
 
@@ -49,6 +64,11 @@ def _modality_of(encoding: PositionEncoding) -> str | None:
         if info.cls is type(encoding):
             return info.modality
     return None
+
+
+def _grid_ndim(cls: type) -> int:
+    """2 for image encodings, 3 for the video ones (see :mod:`posenc.vision.grid`)."""
+    return int(getattr(cls, "grid_ndim", 2))
 
 
 class ViT(nn.Module, PretrainedMixin):
@@ -76,8 +96,13 @@ class ViT(nn.Module, PretrainedMixin):
             PEG, 2D RoPE, ``conv_spe2d``, and the 1D ones on raster order); a score bias is a
             ValueError at construction.
 
+        num_frames: None for an image model; the training clip length ``T`` for a video model
+            (sets the temporal grid that learned tables are built for).
+        tubelet_size: frames per tubelet ``k`` (video only; ``T`` must be a multiple of it).
+
     Shapes: ``images [B, in_chans, H, W]`` -> logits ``[B, num_classes]``;
-    :meth:`forward_features` -> tokens ``[B, num_prefix_tokens + (H/p)(W/p), dim]``.
+    :meth:`forward_features` -> tokens ``[B, num_prefix_tokens + (H/p)(W/p), dim]``. A video
+    model takes ``videos [B, in_chans, T, H, W]`` -> tokens ``[B, P + (T/k)(H/p)(W/p), dim]``.
     """
 
     def __init__(
@@ -98,6 +123,8 @@ class ViT(nn.Module, PretrainedMixin):
         dropout: float = 0.0,
         backend: str = "auto",
         feature_map: str | None = None,
+        num_frames: int | None = None,
+        tubelet_size: int = 1,
     ) -> None:
         super().__init__()
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size <= 0:
@@ -122,8 +149,13 @@ class ViT(nn.Module, PretrainedMixin):
         self.num_register_tokens = num_register_tokens
         self.num_prefix_tokens = (1 if pool == "cls" else 0) + num_register_tokens
         self.train_grid = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
-
-        self.patch_embed = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
+        self.num_frames, self.tubelet_size = self._check_video(num_frames, tubelet_size)
+        if num_frames is None:
+            self.patch_embed = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
+        else:
+            self.train_grid = (num_frames // tubelet_size, *self.train_grid)
+            kernel = (tubelet_size, patch_size, patch_size)
+            self.patch_embed = nn.Conv3d(in_chans, dim, kernel, stride=kernel)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if pool == "cls" else None
         self.register_tokens = nn.Parameter(torch.zeros(1, num_register_tokens, dim)) if num_register_tokens else None
         for p in (self.cls_token, self.register_tokens):
@@ -143,6 +175,36 @@ class ViT(nn.Module, PretrainedMixin):
 
     # -- construction -------------------------------------------------------------------------
 
+    @staticmethod
+    def _check_video(num_frames, tubelet_size) -> tuple[int | None, int]:
+        if isinstance(tubelet_size, bool) or not isinstance(tubelet_size, int) or tubelet_size <= 0:
+            raise ValueError(f"tubelet_size must be a positive int; got {tubelet_size!r}")
+        if num_frames is None:
+            if tubelet_size != 1:
+                raise ValueError(f"tubelet_size={tubelet_size} is for video: set num_frames (the training clip length) too")
+            return None, 1
+        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames <= 0:
+            raise ValueError(f"num_frames must be a positive int or None; got {num_frames!r}")
+        if num_frames % tubelet_size:
+            raise ValueError(f"num_frames={num_frames} must be divisible by tubelet_size={tubelet_size}")
+        return num_frames, tubelet_size
+
+    def _check_grid_ndim(self, cls: type, name: str) -> None:
+        """A 2D encoding on a video model, or a 3D one on an image model, is a ValueError."""
+        ndim = _grid_ndim(cls)
+        if self.num_frames is not None and ndim != 3:
+            video = ", ".join(i.name for i in available("vision") if _grid_ndim(i.cls) == 3)
+            raise ValueError(
+                f"encoding {name!r} is a 2D (image) encoding; this video ViT (num_frames={self.num_frames}) takes a 3D "
+                f"one ({video}), a seq encoding over the flattened (t, row, col) order, or None (2D encodings are not "
+                "applied per frame: every frame would get the same positions)"
+            )
+        if self.num_frames is None and ndim != 2:
+            raise ValueError(
+                f"encoding {name!r} is a 3D (video) encoding of (t, row, col) positions; build the ViT with num_frames "
+                "(and tubelet_size) for videos [batch, channels, frames, height, width]"
+            )
+
     def _build_encoding(self, encoding, options: dict, peg_blocks: Sequence[int]):
         """-> (encoding or per-layer list for the encoder, conditional modules, "2d" | "1d")."""
         p = self.num_prefix_tokens
@@ -157,6 +219,8 @@ class ViT(nn.Module, PretrainedMixin):
                 if encoding.causal_only:
                     raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
                 return PatchTokensOnly(encoding, p), None, "1d"
+            if _modality_of(encoding) == "vision" or hasattr(type(encoding), "grid_ndim"):  # not a user's own class
+                self._check_grid_ndim(type(encoding), type(encoding).__name__)
             built_for = encoding.num_prefix_tokens
             if built_for is not None and built_for != p:
                 raise ValueError(
@@ -167,9 +231,9 @@ class ViT(nn.Module, PretrainedMixin):
         if not isinstance(encoding, str):
             raise TypeError(f"encoding must be a name, a PositionEncoding or None; got {type(encoding).__name__}")
         info = get(encoding)
-        rows, cols = self.train_grid
+        num_patches = math.prod(self.train_grid)
         if info.modality == "seq":
-            dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=rows * cols)
+            dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=num_patches)
             if issubclass(info.cls, StochasticPositionalEncoding):  # keeps prefix tokens apart itself
                 built = [build(encoding, dims=dims, num_prefix_tokens=p, **options) for _ in range(self.depth)]
                 return built, None, "1d"
@@ -184,6 +248,7 @@ class ViT(nn.Module, PretrainedMixin):
             raise ValueError(
                 f"encoding {encoding!r} belongs to the {info.modality!r} modality; a ViT takes vision or seq encodings"
             )
+        self._check_grid_ndim(info.cls, encoding)
         if info.cls is PEG:
             blocks = sorted(set(int(i) for i in peg_blocks))
             if not blocks:
@@ -200,7 +265,7 @@ class ViT(nn.Module, PretrainedMixin):
         if "grid_size" in params:
             extra["grid_size"] = self.train_grid
         extra.update(options)
-        dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=rows * cols)
+        dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=num_patches)
         if info.cls.per_layer:  # e.g. RoPE-Mixed learns its frequencies per block
             return [build(encoding, dims=dims, **extra) for _ in range(self.depth)], None, "2d"
         return build(encoding, dims=dims, **extra), None, "2d"
@@ -225,11 +290,49 @@ class ViT(nn.Module, PretrainedMixin):
             return raster_positions(rows * cols, num_prefix_tokens=self.num_prefix_tokens, device=device)
         return grid_positions(rows, cols, num_prefix_tokens=self.num_prefix_tokens, device=device)
 
+    def video_grid_size(self, clip_thw: tuple[int, int, int] | Sequence[int]) -> tuple[int, int, int]:
+        """Tubelet grid ``(frames / tubelet, rows, cols)`` of a clip of ``(T, H, W)``; a length not
+        divisible by the tubelet or a frame size not divisible by the patch is a ValueError."""
+        if len(clip_thw) != 3:
+            raise ValueError(f"clip_thw must be (frames, height, width); got {tuple(clip_thw)}")
+        t, k = int(clip_thw[0]), self.tubelet_size
+        if t < k or t % k:
+            raise ValueError(f"videos have {t} frames; this ViT needs a positive multiple of tubelet_size={k} frames")
+        return (t // k, *self.grid_size(clip_thw[1:]))
+
+    def video_positions(self, frames: int, rows: int, cols: int, device=None) -> Tensor:
+        """The positions the encoder receives for a ``frames x rows x cols`` tubelet grid:
+        ``[1, T, 3]`` (3D encodings) or ``[1, T]`` (sequence encodings over the raster order)."""
+        if self.position_kind == "1d":
+            return raster_positions(frames * rows * cols, num_prefix_tokens=self.num_prefix_tokens, device=device)
+        return grid_positions3d(frames, rows, cols, num_prefix_tokens=self.num_prefix_tokens, device=device)
+
+    def _forward_video_features(self, videos: Tensor) -> Tensor:
+        if not isinstance(videos, Tensor) or videos.dim() != 5:
+            shape = tuple(videos.shape) if isinstance(videos, Tensor) else type(videos).__name__
+            raise ValueError(
+                f"videos must be [batch, channels, frames, height, width] for this video ViT "
+                f"(num_frames={self.num_frames}); got {shape}"
+            )
+        if videos.shape[1] != self.in_chans:
+            raise ValueError(f"videos have {videos.shape[1]} channels; this ViT expects in_chans={self.in_chans}")
+        grid = self.video_grid_size(videos.shape[-3:])
+        x = self.patch_embed(videos).flatten(2).transpose(1, 2)  # [B, N, C], time outermost
+        b = x.shape[0]
+        prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.register_tokens) if t is not None]
+        if prefix:
+            x = torch.cat((*prefix, x), dim=1)
+        return self.encoder(x, positions=self.video_positions(*grid, device=x.device))
+
     def forward_features(self, images: Tensor) -> Tensor:
-        """``images [B, C, H, W]`` -> tokens ``[B, num_prefix_tokens + rows * cols, dim]`` (after the final norm)."""
+        """``images [B, C, H, W]`` -> tokens ``[B, num_prefix_tokens + rows * cols, dim]`` (after the final norm);
+        a video model: ``videos [B, C, T, H, W]`` -> ``[B, num_prefix_tokens + frames * rows * cols, dim]``."""
+        if self.num_frames is not None:
+            return self._forward_video_features(images)
         if not isinstance(images, Tensor) or images.dim() != 4:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"images must be [batch, channels, height, width]; got {shape}")
+            hint = " (videos need a ViT built with num_frames)" if isinstance(images, Tensor) and images.dim() == 5 else ""
+            raise ValueError(f"images must be [batch, channels, height, width]; got {shape}{hint}")
         if images.shape[1] != self.in_chans:
             raise ValueError(f"images have {images.shape[1]} channels; this ViT expects in_chans={self.in_chans}")
         rows, cols = self.grid_size(images.shape[-2:])
