@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
+from .checks import check_positions
 from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
 from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
@@ -27,8 +28,16 @@ from .shapes import check_qkv
 def check_attention_args(
     encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
 ) -> None:
-    """The checks of one attention call that need no tensor data: mask shapes, causal-only
-    encodings, and the head count of encodings with per-head parameters (``num_heads``)."""
+    """The checks of one attention call that need no tensor data: the types of ``encoding`` and
+    ``mask``, mask shapes, causal-only encodings, and the head count of encodings with per-head
+    parameters (``num_heads``)."""
+    if mask is not None and not isinstance(mask, AttentionMask):
+        raise TypeError(
+            f"mask must be an AttentionMask (e.g. AttentionMask(key_valid=valid) for a bool [B, Tk] tensor) or None; "
+            f"got {type(mask).__name__}"
+        )
+    if encoding is not None and not isinstance(encoding, PositionEncoding):
+        raise TypeError(f"encoding must be a PositionEncoding (posenc.build(name, ...)) or None; got {type(encoding).__name__}")
     if mask is not None:
         mask.validate(batch, q_len, kv_len)
     if encoding is None:
@@ -70,6 +79,8 @@ def _prepare(
     needs = encoding.attention_needs() if encoding is not None else NO_NEEDS
     if needs.qk and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
+    if mask is not None and feature_map is None:  # (linear attention zeroes its key features itself)
+        k, v = mask.zero_padding(k, v)  # padded keys never reach a real row, NaN included
     prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale, feature_map=feature_map)  # type: ignore[arg-type]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     what = type(encoding).__name__ if encoding is not None else "this call"
@@ -218,9 +229,12 @@ def plan(
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
-    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``0 .. T-1``."""
+    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``0 .. T-1``.
+    A tensor of real, finite numbers (never ``bool``: ``True`` would be read as position 1); the
+    range an encoding allows is its own to check."""
     if pos is None:
         return torch.arange(length, device=device).unsqueeze(0)
+    check_positions(name, pos)
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     if pos.dim() not in (2, 3) or pos.shape[1] != length or pos.shape[0] not in (1, batch):

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..common.checks import check_bool, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -21,8 +22,7 @@ from ..common.registry import register
 
 def alibi_slopes(num_heads: int) -> Tensor:
     """The standard ALiBi slopes (float32 ``[num_heads]``), for any head count."""
-    if num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    check_int("num_heads", num_heads, minimum=1)
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
@@ -53,6 +53,8 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, num_heads: int, symmetric: bool = False) -> None:
         super().__init__()
+        check_int("num_heads", num_heads, minimum=1)
+        check_bool("symmetric", symmetric)
         self.num_heads, self.symmetric = num_heads, symmetric
         self.causal_only = not symmetric
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
