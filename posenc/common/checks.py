@@ -83,7 +83,9 @@ def check_number(
         raise ValueError(f"{name} must be a finite number; got {value}")
     low_bad = minimum is not None and (value <= minimum if strict else value < minimum)
     if low_bad or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be a number {_bound(minimum, maximum, strict)}; got {value}")
+        bound = _bound(minimum, maximum, strict)
+        what = "a positive number" if bound == "positive" else f"a number {bound}"
+        raise ValueError(f"{name} must be {what}; got {value}")
     return float(value)
 
 

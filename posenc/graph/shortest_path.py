@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias
 from ..common.registry import register
@@ -169,8 +170,9 @@ class ShortestPathBias(PositionEncoding):
 
     def __init__(self, num_heads: int, max_distance: int = 20, init_std: float = 0.02) -> None:
         super().__init__()
-        if num_heads <= 0 or max_distance < 0:
-            raise ValueError(f"num_heads must be positive and max_distance >= 0; got {num_heads}, {max_distance}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("max_distance", max_distance, minimum=0)
+        check_number("init_std", init_std, minimum=0.0)
         self.num_heads, self.max_distance = num_heads, max_distance
         self.weight = nn.Parameter(torch.randn(max_distance + 2, num_heads) * init_std)
 
@@ -191,6 +193,13 @@ class ShortestPathBias(PositionEncoding):
                 f"spd: kv_pos has local index {int(kv_pos[..., 1].max())} but q_pos carries distance rows "
                 f"of only {width} entries; build both with spd_positions from one distance stack"
             )
+        for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
+            # a local index of -1 would read the graph-id column as a distance: a silent wrong bias
+            if not torch.compiler.is_compiling() and p.numel() and int(p[..., 1].min()) < 0:
+                raise ValueError(
+                    f"spd: {name} has local index {int(p[..., 1].min())} (column 1 of the positions); local indices "
+                    f"are >= 0 (build the positions with spd_positions)"
+                )
         weight, cap, unreachable = self.weight, self.max_distance, self.max_distance + 1
         q_batched, kv_batched = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 

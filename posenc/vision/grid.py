@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..common.checks import check_allocation, check_positions
+
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     """``8 -> (8, 8)``; ``(8, 6) -> (8, 6)``; anything else is a ValueError naming ``name``."""
@@ -32,6 +34,12 @@ def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, i
     if pair[0] <= 0 or pair[1] <= 0:
         raise ValueError(f"{name} must be positive; got {value!r}")
     return pair
+
+
+def check_table_grid(what: str, grid: tuple[int, int], shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+    """Refuse, before resampling, a table for ``grid`` (read from the positions of a call) that
+    could not fit in memory: positions of 10^9 would otherwise ask for gigabytes (or exabytes)."""
+    check_allocation(f"{what}'s table resampled to the grid {tuple(grid)} (from the largest positions)", shape, dtype, device)
 
 
 def grid_positions(rows: int, cols: int, *, num_prefix_tokens: int = 0, device=None) -> Tensor:
@@ -60,10 +68,10 @@ def raster_positions(num_patches: int, *, num_prefix_tokens: int = 0, device=Non
 def patch_coords(positions: Tensor, num_tokens: int, num_prefix_tokens: int, what: str) -> Tensor:
     """Validate 2D ``positions [B or 1, T, 2]`` for ``T = num_tokens`` and return the patch part
     ``[B or 1, T - P, 2]``. ``what`` names the caller in error messages."""
-    if positions.dim() != 3 or positions.shape[-1] != 2:
-        raise ValueError(
-            f"{what} needs 2D positions [batch or 1, tokens, 2] as (row, col); got shape {tuple(positions.shape)}"
-        )
+    if not isinstance(positions, Tensor) or positions.dim() != 3 or positions.shape[-1] != 2:
+        shape = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions).__name__
+        raise ValueError(f"{what} needs 2D positions [batch or 1, tokens, 2] as (row, col); got {shape}")
+    check_positions("positions", positions)  # real and finite, never bool (True would be row 1)
     if positions.shape[1] != num_tokens:
         raise ValueError(
             f"{what}: positions cover {positions.shape[1]} tokens but there are {num_tokens} "
