@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_int, check_number
+from ..common.checks import check_allocation, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias
 from ..common.registry import register
@@ -85,6 +85,8 @@ def shortest_path_distances(edge_index: Tensor, num_nodes: int, *, method: str =
     check_edge_index(edge_index, num_nodes)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    check_allocation(f"shortest_path_distances(num_nodes={num_nodes}): the distance matrix [N, N]",
+                     (num_nodes, num_nodes), torch.long, edge_index.device)
     if method == "scipy" or (method == "auto" and edge_index.device.type == "cpu" and num_nodes > BFS_MAX_NODES):
         return _scipy_distances(edge_index, num_nodes)
     adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
@@ -105,6 +107,8 @@ def shortest_path_distances_batch(edge_index: Tensor, batch: Tensor, *, num_grap
     sizes = graph_sizes(batch, num_graphs)
     local = local_index(batch, sizes)
     nmax = int(sizes.max()) if num_graphs else 0
+    check_allocation(f"shortest_path_distances_batch: the distance stack [graphs={num_graphs}, nmax={nmax}, nmax]",
+                     (num_graphs, nmax, nmax), torch.long, device)
     out = torch.full((num_graphs, nmax, nmax), -1, dtype=torch.long, device=device)
     bucket = (sizes + 7) // 8 * 8
     ones = torch.ones(edge_index.shape[1], device=device)
