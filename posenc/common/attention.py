@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
-from .checks import check_positions
+from .checks import check_bool, check_int, check_number, check_positions
 from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
 from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
@@ -281,10 +281,18 @@ class MultiheadAttention(nn.Module):
         feature_map: FeatureMap | None = None,
     ) -> None:
         super().__init__()
-        if dim <= 0 or num_heads <= 0:
-            raise ValueError(f"dim and num_heads must be positive; got dim={dim}, num_heads={num_heads}")
+        check_int("dim", dim, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
+        for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("kv_dim", kv_dim)):
+            if value is not None:
+                check_int(name, value, minimum=1)
+        if scale is not None:
+            check_number("scale", scale, minimum=0.0, strict=True)
+        check_bool("bias", bias)
+        if encoding is not None and not isinstance(encoding, PositionEncoding):
+            raise TypeError(f"encoding must be a PositionEncoding (posenc.build(name, ...)) or None; got {type(encoding).__name__}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
         if head_dim is None:
             if dim % num_heads:

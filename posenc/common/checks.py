@@ -150,11 +150,11 @@ def check_positions(
 
 def format_bytes(size: float) -> str:
     """``3.2 GB``-style size (powers of 1000, as a person reads them)."""
-    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
-        if abs(size) < 1000 or unit == "PB":
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB", "EB"):
+        if abs(size) < 1000 or unit == "EB":
             return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
         size /= 1000
-    return f"{size:.1f} PB"  # pragma: no cover - the loop returns
+    return f"{size:.1f} EB"  # pragma: no cover - the loop returns
 
 
 def _device_memory(device: Any) -> int | None:

@@ -31,7 +31,7 @@ def _check_features(name: str, x: Tensor, positions: Tensor, features: int, what
             f"(precomputed per node), got {tuple(positions.shape)}"
         )
     if not positions.dtype.is_floating_point:
-        raise ValueError(f"{name}: positions must be floating-point features, got {positions.dtype}")
+        raise TypeError(f"{name}: positions must be floating-point features, got {positions.dtype}")
     check_positions("positions", positions)  # finite: a NaN feature would reach every node it is added to
 
 

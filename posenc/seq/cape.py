@@ -56,7 +56,7 @@ class CAPE(PositionEncoding):
             check_int(name, value, minimum=1)
         check_choice("base", base, CAPE_BASES)
         if base_options is not None and not isinstance(base_options, dict):
-            raise TypeError(f"base_options must be a dict of {base}'s arguments or None; got {type(base_options).__name__}")
+            raise TypeError(f"base_options must be a dict of {base}'s arguments or None; got {base_options!r}")
         self.num_heads, self.base_name = num_heads, base
         self.base = build(base, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len), **(base_options or {}))
         self.causal_only = self.base.causal_only
