@@ -32,7 +32,7 @@ def test_learned_error_past_the_table_names_position_and_max_len():
         enc.encode_input(x[:, :1], torch.tensor([[-1]]))
     with pytest.raises(ValueError, match="beyond must be one of"):
         LearnedEncoding(8, 16, beyond="wrap")
-    with pytest.raises(ValueError, match="max_len must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="max_len must be a positive int.*0"):
         LearnedEncoding(8, 0)
 
 

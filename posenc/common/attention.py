@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
+from .checks import check_bool, check_int, check_number, check_positions
 from .encoding import NO_NEEDS, PositionEncoding
 from .kv_cache import LayerKVCache
 from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
@@ -27,8 +28,16 @@ from .shapes import check_qkv
 def check_attention_args(
     encoding: PositionEncoding | None, mask: AttentionMask | None, batch: int, heads: int, q_len: int, kv_len: int
 ) -> None:
-    """The checks of one attention call that need no tensor data: mask shapes, causal-only
-    encodings, and the head count of encodings with per-head parameters (``num_heads``)."""
+    """The checks of one attention call that need no tensor data: the types of ``encoding`` and
+    ``mask``, mask shapes, causal-only encodings, and the head count of encodings with per-head
+    parameters (``num_heads``)."""
+    if mask is not None and not isinstance(mask, AttentionMask):
+        raise TypeError(
+            f"mask must be an AttentionMask (e.g. AttentionMask(key_valid=valid) for a bool [B, Tk] tensor) or None; "
+            f"got {type(mask).__name__}"
+        )
+    if encoding is not None and not isinstance(encoding, PositionEncoding):
+        raise TypeError(f"encoding must be a PositionEncoding (posenc.build(name, ...)) or None; got {type(encoding).__name__}")
     if mask is not None:
         mask.validate(batch, q_len, kv_len)
     if encoding is None:
@@ -75,6 +84,8 @@ def _prepare(
         needs = replace(needs, score_bias=True)  # the caller's bias takes the score-bias paths
     if needs.qk and not qk_transformed:
         q, k = encoding.transform_qk(q, k, q_pos, kv_pos)
+    if mask is not None and feature_map is None:  # (linear attention zeroes its key features itself)
+        k, v = mask.zero_padding(k, v)  # padded keys never reach a real row, NaN included
     prep = _Prepared(plan=None, q=q, k=k, v=v, scale=scale, feature_map=feature_map)  # type: ignore[arg-type]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     what = type(encoding).__name__ if encoding is not None else "this call"
@@ -281,9 +292,12 @@ def plan(
 
 
 def normalize_positions(pos: Tensor | None, length: int, batch: int, name: str, device=None) -> Tensor:
-    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``0 .. T-1``."""
+    """Positions as ``[B or 1, T(, C)]`` (a 1D ``[T]`` gains the batch axis); None means ``0 .. T-1``.
+    A tensor of real, finite numbers (never ``bool``: ``True`` would be read as position 1); the
+    range an encoding allows is its own to check."""
     if pos is None:
         return torch.arange(length, device=device).unsqueeze(0)
+    check_positions(name, pos)
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     if pos.dim() not in (2, 3) or pos.shape[1] != length or pos.shape[0] not in (1, batch):
@@ -334,10 +348,18 @@ class MultiheadAttention(nn.Module):
         feature_map: FeatureMap | None = None,
     ) -> None:
         super().__init__()
-        if dim <= 0 or num_heads <= 0:
-            raise ValueError(f"dim and num_heads must be positive; got dim={dim}, num_heads={num_heads}")
+        check_int("dim", dim, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
+        for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("kv_dim", kv_dim)):
+            if value is not None:
+                check_int(name, value, minimum=1)
+        if scale is not None:
+            check_number("scale", scale, minimum=0.0, strict=True)
+        check_bool("bias", bias)
+        if encoding is not None and not isinstance(encoding, PositionEncoding):
+            raise TypeError(f"encoding must be a PositionEncoding (posenc.build(name, ...)) or None; got {type(encoding).__name__}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
         if head_dim is None:
             if dim % num_heads:

@@ -11,12 +11,14 @@ turns the message into argparse's one line and exit status 2.
     check_int("num_heads", num_heads, minimum=1)
     check_number("scale", scale, minimum=0.0, strict=True)
     check_positions("positions", positions, integer=True, minimum=0)
+    check_allocation("laplacian_pe(k=1000000000): the encodings", (n, k), torch.float32, device)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Collection
+import os
+from typing import Any, Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -29,6 +31,8 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_positions",
+    "check_allocation",
+    "format_bytes",
 ]
 
 
@@ -79,7 +83,9 @@ def check_number(
         raise ValueError(f"{name} must be a finite number; got {value}")
     low_bad = minimum is not None and (value <= minimum if strict else value < minimum)
     if low_bad or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be a number {_bound(minimum, maximum, strict)}; got {value}")
+        bound = _bound(minimum, maximum, strict)
+        what = "a positive number" if bound == "positive" else f"a number {bound}"
+        raise ValueError(f"{name} must be {what}; got {value}")
     return float(value)
 
 
@@ -115,7 +121,8 @@ def check_positions(
     of one of the ranks ``ndim``.
 
     Reading the values (finite, range) synchronises with the device; callers on a hot path check
-    once where positions enter, not in every layer.
+    once where positions enter, not in every layer. While ``torch.compile`` traces, only the
+    static rules (type, dtype, rank) are checked: a value check would break the graph.
     """
     if not isinstance(positions, Tensor):
         raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
@@ -126,7 +133,7 @@ def check_positions(
     if ndim is not None and positions.dim() not in ndim:
         ranks = " or ".join(str(n) for n in ndim)
         raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(positions.shape)}")
-    if positions.numel() == 0:
+    if positions.numel() == 0 or torch.compiler.is_compiling():
         return positions
     if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
         raise ValueError(f"{name} must be finite; got {positions.flatten()[~torch.isfinite(positions.flatten())][0].item()}")
@@ -139,3 +146,43 @@ def check_positions(
         if high > maximum:
             raise ValueError(f"{name} must be <= {maximum}; got {high}")
     return positions
+
+
+def format_bytes(size: float) -> str:
+    """``3.2 GB``-style size (powers of 1000, as a person reads them)."""
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB", "EB"):
+        if abs(size) < 1000 or unit == "EB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} EB"  # pragma: no cover - the loop returns
+
+
+def _device_memory(device: Any) -> int | None:
+    """Total memory of ``device`` in bytes (physical RAM for the CPU), or None when unknown."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu":
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):  # not a POSIX system
+            return None
+    return None
+
+
+def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype, device: Any = None) -> None:
+    """Refuse, before anything is allocated, a tensor of ``shape`` and ``dtype`` that could not fit
+    in the memory of ``device`` (RAM for the CPU): a ``ValueError`` with the estimate, instead of an
+    allocator error (or the machine swapping) half-way through. ``what`` names the tensor and the
+    argument that sized it, e.g. ``"laplacian_pe(k=1000000000): the encodings [N, k]"``."""
+    numel = 1
+    for n in shape:
+        numel *= max(int(n), 0)  # Python ints: no overflow, whatever the sizes
+    size = numel * torch.empty((), dtype=dtype).element_size()
+    total = _device_memory(device)
+    if total is not None and size > total:
+        where = "this machine's RAM" if torch.device("cpu" if device is None else device).type == "cpu" else str(device)
+        raise ValueError(
+            f"{what} would need {format_bytes(size)} (shape {tuple(int(n) for n in shape)}, {dtype}), "
+            f"more than the {format_bytes(total)} of {where}"
+        )

@@ -19,6 +19,11 @@ The chunks of ``dense`` (on CPU) and ``math`` run on a pool of single-threaded w
 (:mod:`.chunk_pool`), so that a busy core elsewhere does not stall every small operation.
 
 Every path returns zeros for a query row whose keys are all masked, and no NaN in gradients.
+Padded keys and values (``key_valid`` False) are zeroed before any path runs
+(:meth:`~posenc.common.masks.AttentionMask.zero_padding`, in :func:`posenc.common.attention.attend`):
+a masked score becomes ``-inf`` only after ``q.k`` is formed and ``0 * NaN`` is NaN in ``P V``, so
+without it a NaN in padding would reach every real row. (A NaN in a real token hidden by the
+causal or segment mask is not isolated: it already makes that token's own row NaN.)
 Shapes: ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]``; a ``block`` is a bias or mask over
 ``[B or 1, Hq or 1, rows, keys]``.
 """

@@ -16,10 +16,11 @@ no score matrix. Two feature maps:
 Masks: causal attention (bottom-right aligned, as in the softmax core) runs over chunks of rows:
 inside a chunk an explicit ``[B, H, C, C]`` block, across chunks a running state ``S = sum phi(k)
 v^T`` (``[B, H, m, D]``) and normaliser ``z = sum phi(k)``. Key padding zeroes the padded keys'
-features. Packed sequences (``AttentionMask.packed``: the same segment ids for queries and keys,
-each segment one contiguous run) carry the state of the run that crosses a chunk boundary only;
-non-causal packing adds a second, backward scan for the keys after the chunk. A sliding window,
-or segments that are not contiguous runs, have no linear form here: a clear error.
+features and values, whatever they held (NaN included). Packed sequences (``AttentionMask.packed``:
+the same segment ids for queries and keys, each segment one contiguous run) carry the state of the
+run that crosses a chunk boundary only; non-causal packing adds a second, backward scan for the
+keys after the chunk. A sliding window, or segments that are not contiguous runs, have no linear
+form here: a clear error.
 
 Rows that see no key give zeros (as the softmax core does for fully masked rows).
 """
@@ -200,8 +201,8 @@ def run_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: FeatureMap, mask: A
         phi_k = phi_k.repeat_interleave(hq // phi_k.shape[1], dim=1)
     if vw.shape[1] != hq:
         vw = vw.repeat_interleave(hq // vw.shape[1], dim=1)
-    if mask is not None and mask.key_valid is not None:
-        phi_k = phi_k * mask.key_valid[:, None, :, None].to(work)
+    if mask is not None:  # padded keys: zero features and values (NaN there must not reach a real row)
+        phi_k, vw = mask.zero_padding(phi_k, vw)
     causal = mask is not None and mask.causal
     segments = None if mask is None else mask.q_segments
     if not causal and segments is None:

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .checks import check_bool, check_int
 from .pairwise import take
 
 MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -53,16 +54,21 @@ class AttentionMask:
     _block_masks: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        check_bool("causal", self.causal)
+        for name in ("key_valid", "q_segments", "kv_segments"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{name} must be a tensor or None; got {type(value).__name__}")
         if (self.q_segments is None) != (self.kv_segments is None):
             raise ValueError("q_segments and kv_segments must be given together (or use AttentionMask.packed)")
         if self.key_valid is not None and self.key_valid.dtype != torch.bool:
             raise ValueError(f"key_valid must be a bool tensor (True = real token), got dtype {self.key_valid.dtype}")
         for name in ("q_segments", "kv_segments"):
             seg = getattr(self, name)
-            if seg is not None and (seg.dtype.is_floating_point or seg.dtype == torch.bool):
+            if seg is not None and (seg.dtype.is_floating_point or seg.dtype.is_complex or seg.dtype == torch.bool):
                 raise ValueError(f"{name} must be an integer tensor of segment ids, got dtype {seg.dtype}")
-        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
-            raise ValueError(f"window must be a positive int, got {self.window!r}")
+        if self.window is not None:
+            check_int("window", self.window, minimum=1)
 
     @classmethod
     def packed(cls, segments: Tensor, *, causal: bool = False, key_valid: Tensor | None = None) -> "AttentionMask":
@@ -85,6 +91,17 @@ class AttentionMask:
     def only_causal(self, q_len: int, kv_len: int) -> bool:
         """True when the mask is exactly SDPA's ``is_causal=True`` (top-left aligned, square)."""
         return self.causal and q_len == kv_len and self.key_valid is None and self.q_segments is None and self.window is None
+
+    def zero_padding(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        """``tensors`` (``[B, H, Tk, ...]``: keys, values, their features) with the padded keys
+        (``key_valid`` False) set to zero, so that whatever a padded slot holds (NaN, inf, stale
+        data) never reaches a real row: a masked score is ``-inf`` only after ``q.k`` is computed,
+        and ``0 * NaN`` in ``P V`` is NaN. The gradient at padded slots is zero. Unchanged
+        without ``key_valid``."""
+        if self.key_valid is None:
+            return tensors
+        keep = self.key_valid[:, None, :, None]  # [B or 1, 1, Tk, 1]
+        return tuple(torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors)
 
     def validate(self, batch: int, q_len: int, kv_len: int) -> None:
         if self.key_valid is not None:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .checks import check_bool, check_int, check_positions
 from .encoding import Hook, PositionEncoding
 
 # Tokens per chunk of the code computation (codes are [B', chunk, H, D, R] at a time).
@@ -133,14 +134,10 @@ class StochasticPositionalEncoding(PositionEncoding):
                  num_prefix_tokens: int = 0) -> None:
         super().__init__()
         for name, value in (("num_heads", num_heads), ("head_dim", head_dim), ("num_realizations", num_realizations)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
-        if not isinstance(gated, bool):
-            raise TypeError(f"gated must be True or False; got {gated!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int; got {seed!r}")
-        if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int) or num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be an int >= 0; got {num_prefix_tokens!r}")
+            check_int(name, value, minimum=1)
+        check_bool("gated", gated)
+        check_int("seed", seed)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.num_heads, self.head_dim, self.num_realizations = num_heads, head_dim, num_realizations
         self.gated, self.seed, self.num_prefix_tokens = gated, seed, num_prefix_tokens
         # the gate w, g = sigmoid(w); w ~ N(0, 1) at start as in the authors' code
@@ -265,7 +262,6 @@ def check_integer_positions(positions: Tensor, coords: int, name: str, what: str
     ok_shape = positions.dim() == 2 if coords == 1 else (positions.dim() == 3 and positions.shape[-1] == 2)
     if not ok_shape:
         raise ValueError(f"{what} takes {name} of shape {want}; got {tuple(positions.shape)}")
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise ValueError(f"{what} is defined on the integer grid; {name} must hold integers, got dtype {positions.dtype}")
+    check_positions(name, positions)  # a tensor of real, finite numbers (never bool)
     if positions.is_floating_point() and not bool((positions == positions.round()).all()):
         raise ValueError(f"{what} is defined on the integer grid; {name} holds non-integer values")

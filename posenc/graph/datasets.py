@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -232,7 +233,8 @@ def molecule_dataset(
         cache_dir: where the built dataset is cached (written atomically, read back with
             ``weights_only=True``); None builds without caching. The file name hashes the SMILES,
             the filters, the feature format and whether the SA scorer was used, so a stale cache is
-            never read.
+            never read. A cache file that cannot be read back whole (truncated, emptied, edited) is
+            rebuilt, with a warning naming it and what was wrong.
 
     Returns a list of ``Data`` in input order; ``Data.smiles`` holds the input SMILES.
     """
@@ -255,8 +257,10 @@ def molecule_dataset(
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / f"molecules-{digest}.pt"
-    if path is not None and path.is_file():
-        return _unpack(torch.load(path, weights_only=True))
+    if path is not None and path.exists():
+        cached = _read_cache(path)
+        if cached is not None:
+            return cached
     graphs: list[Data] = []
     for s in smiles:
         g = molecule_graph(s, sa_scorer=scorer)
@@ -292,6 +296,59 @@ def _pack(graphs: list[Data]) -> dict[str, object]:
         "num_edges": torch.tensor([g.edge_index.shape[1] for g in graphs]),
         "smiles": [g.smiles for g in graphs],
     }
+
+
+def _read_cache(path: Path) -> list[Data] | None:
+    """The graphs of the cache file ``path``, or None (with a warning saying why) when it cannot
+    be read back whole: the caller then rebuilds it."""
+    if not path.is_file():
+        raise ValueError(f"molecule cache path {path} exists but is not a file; remove it or choose another cache_dir")
+    try:
+        blob = torch.load(path, weights_only=True)
+        _check_pack(blob)
+        return _unpack(blob)
+    except Exception as exc:  # truncated (EOFError, RuntimeError), foreign (UnpicklingError), edited (ValueError)
+        reason = str(exc).strip().splitlines()[0].split(". ")[0][:100] if str(exc).strip() else ""
+        warnings.warn(
+            f"molecule cache {path} is damaged ({type(exc).__name__}{': ' + reason if reason else ''}); rebuilding it",
+            RuntimeWarning, stacklevel=3,
+        )
+        return None
+
+
+def _check_pack(blob: object) -> None:
+    """A ValueError unless ``blob`` is a whole :func:`_pack` of this format: every field present,
+    the per-graph counts adding up to the stacked tensors, edges inside their graph."""
+    fields = ("format", "x", "edge_index", "edge_attr", "y", "num_nodes", "num_edges", "smiles")
+    if not isinstance(blob, dict) or any(k not in blob for k in fields):
+        found = sorted(map(str, blob))[:8] if isinstance(blob, dict) else type(blob).__name__
+        raise ValueError(f"expected the fields {', '.join(fields)}; found {found}")
+    if blob["format"] != MOLECULE_FORMAT:
+        raise ValueError(f"format {blob['format']!r}, expected {MOLECULE_FORMAT}")
+    nodes, edges = blob["num_nodes"], blob["num_edges"]
+    if not all(isinstance(blob[k], torch.Tensor) for k in fields[1:7]) or not isinstance(blob["smiles"], list):
+        raise ValueError("a field has the wrong type")
+    n = nodes.numel()
+    if edges.numel() != n or blob["y"].shape[0] != n or len(blob["smiles"]) != n or n == 0:
+        raise ValueError(f"{n} graphs, but {edges.numel()} edge counts, {blob['y'].shape[0]} targets, "
+                         f"{len(blob['smiles'])} SMILES")
+    if bool((nodes < 1).any()) or bool((edges < 0).any()):
+        raise ValueError("negative or zero counts")
+    total_nodes, total_edges = int(nodes.sum()), int(edges.sum())
+    if blob["x"].shape[0] != total_nodes:
+        raise ValueError(f"x has {blob['x'].shape[0]} rows for {total_nodes} nodes")
+    if blob["edge_index"].shape != (2, total_edges) or blob["edge_attr"].shape[0] != total_edges:
+        raise ValueError(f"edge_index {tuple(blob['edge_index'].shape)} / edge_attr {tuple(blob['edge_attr'].shape)} "
+                         f"for {total_edges} edges")
+    if total_edges:
+        limit = nodes.repeat_interleave(edges)  # each edge's graph size
+        ei = blob["edge_index"]
+        if bool((ei < 0).any()) or bool((ei >= limit).any()):
+            raise ValueError("an edge points outside its graph")
+    for k in ("x", "edge_attr", "y"):
+        t = blob[k]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{k} holds non-finite values")
 
 
 def _unpack(blob: dict) -> list[Data]:

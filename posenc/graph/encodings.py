@@ -15,6 +15,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_choice, check_int, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from .laplacian import random_sign_flip
@@ -31,7 +32,8 @@ def _check_features(name: str, x: Tensor, positions: Tensor, features: int, what
             f"(precomputed per node), got {tuple(positions.shape)}"
         )
     if not positions.dtype.is_floating_point:
-        raise ValueError(f"{name}: positions must be floating-point features, got {positions.dtype}")
+        raise TypeError(f"{name}: positions must be floating-point features, got {positions.dtype}")
+    check_positions("positions", positions)  # finite: a NaN feature would reach every node it is added to
 
 
 @register(
@@ -70,10 +72,11 @@ class LapPE(PositionEncoding):
         signnet_hidden: int = 32,
     ) -> None:
         super().__init__()
-        if dim <= 0 or k <= 0:
-            raise ValueError(f"dim and k must be positive; got dim={dim}, k={k}")
-        if sign not in ("flip", "signnet"):
-            raise ValueError(f"sign must be 'flip' or 'signnet'; got {sign!r}")
+        check_int("dim", dim, minimum=1)
+        check_int("k", k, minimum=1)
+        check_bool("use_eigenvalues", use_eigenvalues)
+        check_choice("sign", sign, ("flip", "signnet"))
+        check_int("signnet_hidden", signnet_hidden, minimum=1)
         self.dim, self.k, self.use_eigenvalues, self.sign = dim, k, use_eigenvalues, sign
         self.features = 2 * k if use_eigenvalues else k
         if sign == "signnet":
@@ -115,8 +118,8 @@ class RWSE(PositionEncoding):
 
     def __init__(self, dim: int, walk_length: int = 20) -> None:
         super().__init__()
-        if dim <= 0 or walk_length <= 0:
-            raise ValueError(f"dim and walk_length must be positive; got dim={dim}, walk_length={walk_length}")
+        check_int("dim", dim, minimum=1)
+        check_int("walk_length", walk_length, minimum=1)
         self.dim, self.walk_length = dim, walk_length
         self.proj = nn.Linear(walk_length, dim)
 

@@ -38,6 +38,7 @@ from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build
 from ..training.pretrained import PretrainedMixin
+from .edges import check_batch, check_edge_index, check_same_graph
 
 LocalKind = Literal["gine", "gin", "none"]
 NormKind = Literal["batch", "layer"]
@@ -243,15 +244,19 @@ class GPS(nn.Module, PretrainedMixin):
                 features for an input hook, the encoding's node description for attention hooks);
                 required when the model has an encoding, ignored otherwise.
         """
-        if x.dim() != 2 or x.shape[1] != self.in_dim:
-            raise ValueError(f"x must be [num_nodes, in_dim={self.in_dim}]; got {tuple(x.shape)}")
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.in_dim:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be [num_nodes, in_dim={self.in_dim}]; got {shape}")
         n = x.shape[0]
         if batch is None:
             batch = torch.zeros(n, dtype=torch.long, device=x.device)
-        if batch.shape != (n,) or batch.dtype != torch.long:
+        check_batch(batch)
+        if batch.shape != (n,):
             raise ValueError(f"batch must be a long tensor [num_nodes={n}]; got {tuple(batch.shape)} {batch.dtype}")
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2 or edge_index.dtype != torch.long:
-            raise ValueError(f"edge_index must be a long tensor [2, num_edges]; got {tuple(edge_index.shape)} {edge_index.dtype}")
+        # Here, not inside PyG's message passing: an index past num_nodes (or a negative one, or an
+        # edge between two graphs) is one clear error naming the edge.
+        check_edge_index(edge_index, n)
+        check_same_graph(edge_index, batch)
         if self.edge_dim is not None:
             if edge_attr is None:
                 raise ValueError(f"this model was built with edge_dim={self.edge_dim}: pass edge_attr [num_edges, {self.edge_dim}]")

@@ -34,9 +34,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
-from .edges import require_undirected
+from ..common.checks import check_allocation, check_int
 from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
+from .edges import (
+    check_batch,
+    check_edge_index,
+    check_edge_weight,
+    check_same_graph,
+    graph_sizes,
+    local_index,
+    require_undirected,
+)
 
 Normalization = Literal["sym", "rw"] | None
 Method = Literal["auto", "dense", "sparse", "lobpcg"]
@@ -54,8 +62,7 @@ _METHODS = ("auto", "dense", "sparse", "lobpcg")
 
 
 def _check_options(k: int, normalization, method: str) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_int("k", k, minimum=1)
     if normalization not in _NORMALIZATIONS:
         raise ValueError(f"normalization must be 'sym', 'rw' or None (combinatorial D - A); got {normalization!r}")
     if method not in _METHODS:
@@ -106,6 +113,8 @@ def laplacian(
     ``D^-1/2 = 0`` for isolated nodes (PyG's ``get_laplacian``)."""
     _check_options(1, normalization, "auto")
     edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
+    check_allocation(f"laplacian(num_nodes={num_nodes}): the dense Laplacian", (num_nodes, num_nodes), torch.float64,
+                     edge_index.device)
     adj = torch.zeros(num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
     adj.index_put_((edge_index[0], edge_index[1]), edge_weight.to(torch.float64), accumulate=True)
     return _laplacian_stack(adj, normalization)[0].to(torch.float32)
@@ -236,14 +245,20 @@ def laplacian_pe(
         of ``I - D^-1 A``, normalised to unit norm), each with its largest-magnitude entry positive.
     """
     _check_options(k, normalization, method)
-    valid = isinstance(num_nodes, int) and isinstance(edge_index, Tensor)  # else _prepare raises
-    sparse = valid and num_nodes > 3 * (k + 1) and (
+    check_edge_index(edge_index, num_nodes)
+    sparse = num_nodes > 3 * (k + 1) and (
         method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
     )
+    # Sizes first: k = 10^9 or a huge num_nodes would otherwise fail deep in an allocator.
+    check_allocation(f"laplacian_pe(num_nodes={num_nodes}, k={k}): the encodings [N, k]", (num_nodes, k),
+                     torch.float64, edge_index.device)
+    if not sparse:  # adjacency, Laplacian and eigenvectors, N x N each
+        check_allocation(f"laplacian_pe(num_nodes={num_nodes}, method={method!r}): the dense eigendecomposition",
+                         (3, num_nodes, num_nodes), torch.float64, edge_index.device)
     # On one intra-op thread (_threads): eigsh is single-threaded ARPACK, whose torch set-up gains
     # nothing from threads; MKL's multi-threaded dense eigh gains at most 1.4x on a quiet machine
     # (2 cores, 399 nodes) and stalls when another process holds a core (5 s instead of 16 ms).
-    with single_threaded(edge_index.device) if valid and not (sparse and method == "lobpcg") else nullcontext():
+    with single_threaded(edge_index.device) if not (sparse and method == "lobpcg") else nullcontext():
         edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
         if sparse:
             vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
@@ -286,6 +301,8 @@ def laplacian_pe_batch(
     with single_threaded(device) as count:
         num_graphs = check_batch(batch, num_graphs)
         num_nodes = batch.numel()
+        check_allocation(f"laplacian_pe_batch(k={k}): the encodings [N={num_nodes}, k]", (num_nodes, k), torch.float32,
+                         device)
         edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
         check_same_graph(edge_index, batch)
         sizes = graph_sizes(batch, num_graphs)

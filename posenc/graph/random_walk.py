@@ -29,16 +29,15 @@ multi-threaded operations stall on a machine where another process holds a core)
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from functools import partial
 from typing import Callable, Literal
 
 import torch
 from torch import Tensor
 
-from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph
-from .edges import graph_sizes, is_undirected, local_index
+from ..common.checks import check_allocation, check_int
 from ._threads import batch_parts, run_items, single_threaded
+from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, is_undirected, local_index
 
 Method = Literal["auto", "dense", "sparse"]
 
@@ -69,12 +68,11 @@ _METHODS = ("auto", "dense", "sparse")
 
 
 def _check_options(walk_length: int, method: str, block_size: int | None) -> None:
-    if not isinstance(walk_length, int) or isinstance(walk_length, bool) or walk_length < 1:
-        raise ValueError(f"walk_length must be a positive int, got {walk_length!r}")
+    check_int("walk_length", walk_length, minimum=1)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
-    if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+    if block_size is not None:
+        check_int("block_size", block_size, minimum=1)
 
 
 def _transition_weights(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -263,11 +261,17 @@ def random_walk_se(
         ``[N, K]`` float32 on the device of ``edge_index``.
     """
     _check_options(walk_length, method, block_size)
-    valid = isinstance(num_nodes, int) and isinstance(edge_index, Tensor)  # else check_edge_index raises
-    if valid and (method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)):
+    check_edge_index(edge_index, num_nodes)
+    sparse = method == "sparse" or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
+    # Sizes first: walk_length = 10^9 or a huge num_nodes would otherwise fail deep in an allocator.
+    check_allocation(f"random_walk_se(num_nodes={num_nodes}, walk_length={walk_length}): the encodings [N, K]",
+                     (num_nodes, walk_length), torch.float32, edge_index.device)
+    if not sparse:  # the transition matrix and two of its powers, N x N each
+        check_allocation(f"random_walk_se(num_nodes={num_nodes}, method={method!r}): the dense walk matrices",
+                         (3, num_nodes, num_nodes), torch.float32, edge_index.device)
+    if sparse:
         # The blocks are independent: spread over threads with one intra-op thread each (_threads).
         with single_threaded(edge_index.device) as count:
-            check_edge_index(edge_index, num_nodes)
             check_edge_weight(edge_weight, edge_index.shape[1])
             w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
             symmetric = is_undirected(edge_index, num_nodes, edge_weight)
@@ -276,8 +280,7 @@ def random_walk_se(
         return torch.cat(blocks) if blocks else torch.zeros(0, walk_length, device=edge_index.device)
     # Dense, on one intra-op thread (_threads): in one piece, or in row blocks for the threads
     # (ROW_BLOCK_MIN_NODES).
-    with single_threaded(edge_index.device) if valid else nullcontext(1) as count:
-        check_edge_index(edge_index, num_nodes)
+    with single_threaded(edge_index.device) as count:
         check_edge_weight(edge_weight, edge_index.shape[1])
         w, deg = _transition_weights(edge_index, num_nodes, edge_weight)
         adj = torch.zeros(num_nodes, num_nodes, device=edge_index.device)
@@ -314,6 +317,8 @@ def random_walk_se_batch(
     with single_threaded(device) as count:
         num_graphs = check_batch(batch, num_graphs)
         num_nodes = batch.numel()
+        check_allocation(f"random_walk_se_batch(walk_length={walk_length}): the encodings [N={num_nodes}, K]",
+                         (num_nodes, walk_length), torch.float32, device)
         check_edge_index(edge_index, num_nodes)
         check_edge_weight(edge_weight, edge_index.shape[1])
         check_same_graph(edge_index, batch)

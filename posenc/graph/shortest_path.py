@@ -26,11 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_allocation, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias
 from ..common.registry import register
 from .edges import check_batch, check_edge_index, check_same_graph, dense_adjacency_stack, graph_sizes, local_index
-
 
 #: Single graphs up to this size use the batched breadth-first search on CPU under "auto";
 #: larger ones ``scipy.sparse.csgraph``.
@@ -91,6 +91,8 @@ def shortest_path_distances(edge_index: Tensor, num_nodes: int, *, method: str =
     check_edge_index(edge_index, num_nodes)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    check_allocation(f"shortest_path_distances(num_nodes={num_nodes}): the distance matrix [N, N]",
+                     (num_nodes, num_nodes), torch.long, edge_index.device)
     if method == "scipy" or (method == "auto" and edge_index.device.type == "cpu" and num_nodes > BFS_MAX_NODES):
         return _scipy_distances(edge_index, num_nodes)
     adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
@@ -135,6 +137,8 @@ def shortest_path_distances_batch(
     local = local_index(batch, sizes)
     nmax = int(sizes.max()) if num_graphs else 0
     rows = nmax if sources is None else sources.shape[1]
+    check_allocation(f"shortest_path_distances_batch: the distance stack [graphs={num_graphs}, rows={rows}, nmax={nmax}]",
+                     (num_graphs, rows, nmax), torch.long, device)
     out = torch.full((num_graphs, rows, nmax), -1, dtype=torch.long, device=device)
     bucket = (sizes + 7) // 8 * 8
     ones = torch.ones(edge_index.shape[1], device=device)
@@ -203,8 +207,9 @@ class ShortestPathBias(PositionEncoding):
 
     def __init__(self, num_heads: int, max_distance: int = 20, init_std: float = 0.02) -> None:
         super().__init__()
-        if num_heads <= 0 or max_distance < 0:
-            raise ValueError(f"num_heads must be positive and max_distance >= 0; got {num_heads}, {max_distance}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("max_distance", max_distance, minimum=0)
+        check_number("init_std", init_std, minimum=0.0)
         self.num_heads, self.max_distance = num_heads, max_distance
         self.weight = nn.Parameter(torch.randn(max_distance + 2, num_heads) * init_std)
 
@@ -225,6 +230,13 @@ class ShortestPathBias(PositionEncoding):
                 f"spd: kv_pos has local index {int(kv_pos[..., 1].max())} but q_pos carries distance rows "
                 f"of only {width} entries; build both with spd_positions from one distance stack"
             )
+        for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
+            # a local index of -1 would read the graph-id column as a distance: a silent wrong bias
+            if not torch.compiler.is_compiling() and p.numel() and int(p[..., 1].min()) < 0:
+                raise ValueError(
+                    f"spd: {name} has local index {int(p[..., 1].min())} (column 1 of the positions); local indices "
+                    f"are >= 0 (build the positions with spd_positions)"
+                )
         weight, cap, unreachable = self.weight, self.max_distance, self.max_distance + 1
         q_batched, kv_batched = q_pos.shape[0] > 1, kv_pos.shape[0] > 1
 

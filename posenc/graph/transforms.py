@@ -15,7 +15,10 @@ Same constructor arguments and attribute conventions as PyG: the result is store
   runs a non-symmetric eigensolver and keeps the real part, which is not a Laplacian PE);
 * duplicate edges are summed for RWSE on every graph size (PyG's dense path, used up to 2,000
   nodes, keeps one copy; its sparse path sums);
-* with ``edge_weight``, RWSE uses ``P_uv = w_uv / D_u`` (PyG puts ``1 / D_u`` in every entry).
+* with ``edge_weight``, RWSE uses ``P_uv = w_uv / D_u`` (PyG puts ``1 / D_u`` in every entry);
+* concatenated to an integer or bool ``data.x`` (atom types, one-hot flags), the features become
+  float32 first (PyG casts the encodings to ``x``'s dtype, which truncates them to zeros); a
+  floating ``x`` keeps its dtype.
 """
 
 from __future__ import annotations
@@ -31,19 +34,20 @@ from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time Fut
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from ..common.checks import check_bool, check_int
 from .landmark import ANCHOR_METHODS, landmark_pe, landmark_pe_batch
 from .laplacian import laplacian_pe, laplacian_pe_batch
 from .random_walk import random_walk_se, random_walk_se_batch
 
 
 def _store(data: Any, value: Tensor, attr_name: str | None) -> Any:
-    """PyG's attribute convention: ``data[attr_name] = value``, or concatenate to ``data.x`` (a
-    floating ``x`` keeps its dtype; an integer one becomes the encoding's float dtype)."""
+    """PyG's attribute convention: ``data[attr_name] = value``, or concatenate to ``data.x`` (in
+    ``x``'s dtype when it is floating, else in the encoding's float32: never truncated to integers)."""
     if attr_name is None:
         x = getattr(data, "x", None)
         if x is not None:
             x = x.view(-1, 1) if x.dim() == 1 else x
-            dtype = x.dtype if x.dtype.is_floating_point else value.dtype
+            dtype = x.dtype if x.is_floating_point() else value.dtype
             data.x = torch.cat([x.to(dtype), value.to(x.device, dtype)], dim=-1)
         else:
             data.x = value
@@ -57,8 +61,12 @@ def _random_signs(rows: int, k: int, device: torch.device) -> Tensor:
 
 
 def _check_k(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_int(name, value, minimum=1)
+
+
+def _check_attr(name: str, value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be an attribute name (str) or None; got {value!r}")
 
 
 class AddLaplacianPE(BaseTransform):
@@ -89,6 +97,10 @@ class AddLaplacianPE(BaseTransform):
         method: str = "auto",
     ) -> None:
         _check_k("k", k)
+        _check_attr("attr_name", attr_name)
+        _check_attr("eigenvalues_attr", eigenvalues_attr)
+        check_bool("random_sign", random_sign)
+        check_bool("symmetrize", symmetrize)
         self.k, self.attr_name, self.is_undirected = k, attr_name, is_undirected
         self.random_sign, self.eigenvalues_attr = random_sign, eigenvalues_attr
         self.normalization, self.symmetrize, self.method = normalization, symmetrize, method
@@ -115,6 +127,7 @@ class AddRandomWalkSE(BaseTransform):
 
     def __init__(self, walk_length: int, attr_name: str | None = "random_walk_pe", *, method: str = "auto") -> None:
         _check_k("walk_length", walk_length)
+        _check_attr("attr_name", attr_name)
         self.walk_length, self.attr_name, self.method = walk_length, attr_name, method
 
     def forward(self, data: Data) -> Data:

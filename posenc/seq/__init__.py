@@ -6,9 +6,23 @@ baseline (:class:`PositionalAutoencoder`) and synthetic curves (:class:`SmoothCu
 
 # absolute and input encodings
 from .alibi import ALiBi, alibi_bias, alibi_penalty, alibi_slopes
+
+# relative encodings
+from .cape import CAPE, CAPE_BASES
+from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
+from .cope import CoPE
+
+# spline-based transformer (no positional encoding) and its positional baseline
+from .curves import SmoothCurves
+from .deberta import DeBERTa, deberta_index, log_bucket_position
+from .fire import FIRE
+from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
+from .latent_autoencoder import PositionalAutoencoder
 from .learned import LearnedEncoding
+
+# reference models
+from .models import CausalLM, SequenceEncoder
 from .nope import NoPE
-from .sinusoidal import SinusoidalEncoding
 
 # conditional (between blocks)
 from .peg1d import PEG1d, peg1d, peg1d_term
@@ -42,30 +56,16 @@ from .rope_scaling import (
     rope_scaling_entry,
     rope_scaling_from_dict,
 )
-from .xpos import XPos, xpos_zeta
-from .context import METHODS, extend_context, make_scaling, rope_from_hf_config, rotary_layers
-
-# relative encodings
-from .cape import CAPE, CAPE_BASES
-from .cope import CoPE
-from .deberta import DeBERTa, deberta_index, log_bucket_position
-from .fire import FIRE
-from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .shaw import ShawRelative
-from .t5 import T5Bias, t5_bias, t5_bucket, t5_relative_buckets
-from .transformer_xl import TransformerXLRelative
-from .tupe import TUPE
+from .sinusoidal import SinusoidalEncoding
 
 # stochastic positional encodings (linear attention)
 from .spe import ConvSPE, SineSPE
-
-# reference models
-from .models import CausalLM, SequenceEncoder
-
-# spline-based transformer (no positional encoding) and its positional baseline
-from .curves import SmoothCurves
-from .latent_autoencoder import PositionalAutoencoder
 from .spline import SplineTransformer, bspline_basis, evaluate_spline
+from .t5 import T5Bias, t5_bias, t5_bucket, t5_relative_buckets
+from .transformer_xl import TransformerXLRelative
+from .tupe import TUPE
+from .xpos import XPos, xpos_zeta
 
 __all__ = [
     "ALiBi", "alibi_slopes", "alibi_bias", "alibi_penalty", "LearnedEncoding", "NoPE", "SinusoidalEncoding",

@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..common.checks import check_bool, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -26,8 +27,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     """The standard ALiBi slopes (float32 ``[num_heads]``), for any head count: ``2^(-8h/H)``,
     ``h = 1..H``, for ``H`` a power of two; otherwise those of the largest power of two below
     ``H``, then every other slope of the next power of two."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {num_heads!r}")
+    check_int("num_heads", num_heads, minimum=1)
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
@@ -110,6 +110,8 @@ class ALiBi(PositionEncoding):
 
     def __init__(self, num_heads: int, symmetric: bool = False) -> None:
         super().__init__()
+        check_int("num_heads", num_heads, minimum=1)
+        check_bool("symmetric", symmetric)
         self.num_heads, self.symmetric = num_heads, symmetric
         self.causal_only = not symmetric
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)

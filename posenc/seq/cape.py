@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import ModelDims, build, register
 
@@ -51,10 +52,11 @@ class CAPE(PositionEncoding):
         base_options: dict | None = None,
     ) -> None:
         super().__init__()
-        if base not in CAPE_BASES:
-            raise ValueError(f"base must be one of {CAPE_BASES}; got {base!r}")
-        if hidden <= 0:
-            raise ValueError(f"hidden must be positive, got {hidden}")
+        for name, value in (("dim", dim), ("num_heads", num_heads), ("max_len", max_len), ("hidden", hidden)):
+            check_int(name, value, minimum=1)
+        check_choice("base", base, CAPE_BASES)
+        if base_options is not None and not isinstance(base_options, dict):
+            raise TypeError(f"base_options must be a dict of {base}'s arguments or None; got {base_options!r}")
         self.num_heads, self.base_name = num_heads, base
         self.base = build(base, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len), **(base_options or {}))
         self.causal_only = self.base.causal_only

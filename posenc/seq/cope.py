@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 
@@ -46,11 +47,9 @@ class CoPE(PositionEncoding):
 
     def __init__(self, head_dim: int, max_len: int, npos_max: int | None = None) -> None:
         super().__init__()
-        if head_dim <= 0:
-            raise ValueError(f"head_dim must be positive, got {head_dim}")
-        npos_max = max_len + 1 if npos_max is None else npos_max
-        if not isinstance(npos_max, int) or npos_max < 2:
-            raise ValueError(f"npos_max must be an int >= 2 (or max_len >= 1), got {npos_max!r}")
+        check_int("head_dim", head_dim, minimum=1)
+        check_int("max_len", max_len, minimum=1)
+        npos_max = max_len + 1 if npos_max is None else check_int("npos_max", npos_max, minimum=2)
         self.head_dim, self.npos_max = head_dim, npos_max
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 

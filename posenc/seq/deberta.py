@@ -33,6 +33,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -90,12 +91,16 @@ class DeBERTa(PositionEncoding):
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads), ("span", span)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value, minimum=1)
+        if head_dim is not None:
+            check_int("head_dim", head_dim, minimum=1)
+        check_bool("log_buckets", log_buckets)
+        check_int("max_position", max_position, minimum=1)
+        check_number("init_std", init_std, minimum=0.0)
         if log_buckets:
             if span < 4:
                 raise ValueError(f"log buckets need span >= 4 (span/2 exact distances per side), got {span}")
-            if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= span // 2 + 1:
+            if max_position <= span // 2 + 1:
                 raise ValueError(f"max_position must be an integer > span/2 + 1 = {span // 2 + 1}, got {max_position!r}")
         if head_dim is None:
             if dim % num_heads:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -53,10 +54,10 @@ class FIRE(PositionEncoding):
 
     def __init__(self, num_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0) -> None:
         super().__init__()
-        if num_heads <= 0 or mlp_width <= 0:
-            raise ValueError(f"num_heads and mlp_width must be positive; got {num_heads} and {mlp_width}")
-        if init_c <= 0 or init_threshold <= 0:
-            raise ValueError(f"init_c and init_threshold must be positive; got {init_c} and {init_threshold}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("mlp_width", mlp_width, minimum=1)
+        check_number("init_c", init_c, minimum=0.0, strict=True)
+        check_number("init_threshold", init_threshold, minimum=0.0, strict=True)
         self.num_heads = num_heads
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
         self.c = nn.Parameter(torch.tensor(float(init_c)))

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_choice, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -68,10 +69,9 @@ class KERPLE(PositionEncoding):
 
     def __init__(self, num_heads: int, variant: str = "log", symmetric: bool = False) -> None:
         super().__init__()
-        if num_heads <= 0:
-            raise ValueError(f"num_heads must be positive, got {num_heads}")
-        if variant not in KERPLE_VARIANTS:
-            raise ValueError(f"variant must be one of {KERPLE_VARIANTS}; got {variant!r}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_choice("variant", variant, KERPLE_VARIANTS)
+        check_bool("symmetric", symmetric)
         self.num_heads, self.variant, self.symmetric = num_heads, variant, symmetric
         self.causal_only = not symmetric
         r1_scale, r2_scale = (2.0, 1.0) if variant == "log" else (1.0, 2.0)

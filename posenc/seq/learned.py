@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 
@@ -60,12 +61,10 @@ class LearnedEncoding(PositionEncoding):
         self, dim: int, max_len: int, beyond: Literal["error", "interpolate"] = "error", init_std: float = 0.02
     ) -> None:
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
-        if beyond not in BEYOND:
-            raise ValueError(f"beyond must be one of {BEYOND}; got {beyond!r}")
+        check_int("dim", dim, minimum=1)
+        check_int("max_len", max_len, minimum=1)
+        check_choice("beyond", beyond, BEYOND)
+        check_number("init_std", init_std, minimum=0.0)
         self.dim, self.max_len, self.beyond = dim, max_len, beyond
         if beyond == "interpolate":
             self.supports_kv_cache = False
@@ -73,12 +72,9 @@ class LearnedEncoding(PositionEncoding):
 
     def embeddings(self, positions: Tensor) -> Tensor:
         """The position embeddings ``[B or 1, T, C]`` of ``positions [B or 1, T]``."""
-        if positions.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
+        check_positions("positions", positions, ndim=(2,), minimum=0)  # a table has no row -1 (nor NaN)
         if positions.numel() == 0:
             return self.table.new_zeros(*positions.shape, self.dim)
-        if bool((positions < 0).any()):
-            raise ValueError(f"positions must be >= 0 for a learned table; got {positions.min().item()}")
         last = self.max_len - 1
         top = positions.amax(dim=-1)  # [B]
         if self.beyond == "error":

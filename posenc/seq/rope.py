@@ -36,6 +36,7 @@ import inspect
 import torch
 from torch import Tensor
 
+from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import (
@@ -57,6 +58,25 @@ from .rope_scaling import (
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
     """``base^(-2k/r)`` for ``k = 0 .. r/2 - 1`` (float64)."""
     return default_inv_freq(rotary_dim, base)
+
+
+def check_rotary_dims(head_dim: int, rotary_dim: int | None) -> int:
+    """The rotary dim (``head_dim`` when None) after checking both: ``head_dim`` a positive int,
+    ``rotary_dim`` an even int in ``[2, head_dim]`` (a ``head_dim`` that is odd with no
+    ``rotary_dim`` is reported as ``head_dim``, the argument the caller gave)."""
+    check_int("head_dim", head_dim, minimum=1)
+    if rotary_dim is None:
+        if head_dim % 2:
+            raise ValueError(
+                f"head_dim must be even when rotary_dim is not given (features are rotated in pairs); got {head_dim}"
+            )
+        return head_dim
+    check_int("rotary_dim", rotary_dim, minimum=2)
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must not exceed head_dim ({head_dim})")
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    return rotary_dim
 
 
 def current_length(q_pos: Tensor, kv_pos: Tensor) -> Tensor:
@@ -195,9 +215,7 @@ class RotaryEncoding(PositionEncoding):
         scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if isinstance(rotary_dim, int) and rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim ({rotary_dim}) must not exceed head_dim ({head_dim})")
+        rotary_dim = check_rotary_dims(head_dim, rotary_dim)
         check_pairing(pairing)
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
@@ -265,12 +283,13 @@ class RotaryEncoding(PositionEncoding):
 
 def _original_max_len(max_len: int | None, original_max_len: int | None, factor: float, name: str) -> int:
     """``original_max_len``, or ``max_len // factor`` when it is not given."""
+    check_number("factor", factor, minimum=1.0)  # before it divides anything
+    if max_len is not None:
+        check_int("max_len", max_len, minimum=1)
     if original_max_len is not None:
-        return original_max_len
+        return check_int("original_max_len", original_max_len, minimum=1)
     if max_len is None:
         raise ValueError(f"{name}: give original_max_len, or max_len (then original_max_len = max_len // factor)")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"{name}: max_len must be a positive integer, got {max_len!r}")
     out = int(max_len // factor)
     if out < 1:
         raise ValueError(f"{name}: max_len // factor = {max_len} // {factor} is 0; give original_max_len")

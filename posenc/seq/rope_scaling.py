@@ -57,6 +57,8 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 import torch
 from torch import Tensor
 
+from ..common.checks import check_bool, check_int, check_number
+
 SeqLen = float | Tensor | None
 Frequencies = tuple[Tensor, float]
 
@@ -65,20 +67,17 @@ Frequencies = tuple[Tensor, float]
 
 
 def check_rotary_dim(rotary_dim: int) -> None:
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim!r}")
+    check_int("rotary_dim", rotary_dim, minimum=2)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
 
 
 def check_base(base: float) -> None:
-    if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
-        raise ValueError(f"base must be a finite number > 1, got {base!r}")
+    check_number("base", base, minimum=1.0, strict=True)
 
 
 def _check_number(name: str, value, *, minimum: float | None = None, strict: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}, got {value!r}")
+    check_number(name, value, minimum=minimum, strict=strict)
 
 
 def _check_factor(factor: float) -> None:
@@ -86,8 +85,7 @@ def _check_factor(factor: float) -> None:
 
 
 def _check_original_max_len(original_max_len: int) -> None:
-    if isinstance(original_max_len, bool) or not isinstance(original_max_len, int) or original_max_len < 1:
-        raise ValueError(f"original_max_len must be a positive integer, got {original_max_len!r}")
+    check_int("original_max_len", original_max_len, minimum=1)
 
 
 def _factor_list(name: str, values: Sequence[float]) -> Tensor:
@@ -396,6 +394,7 @@ def _ntk_exponent_dim(rotary_dim: int, name: str) -> None:
 def ntk_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
     """NTK-aware base: ``base * s^(r/(r-2))``."""
     _validate_factor_only(factor=factor)
+    check_base(base)
     _ntk_exponent_dim(rotary_dim, "ntk")
     return default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
 
@@ -448,6 +447,7 @@ def _validate_yarn(
 ) -> None:
     _check_factor(factor)
     _check_original_max_len(original_max_len)
+    check_bool("truncate", truncate)
     _check_number("beta_fast", beta_fast, minimum=0.0, strict=True)
     _check_number("beta_slow", beta_slow, minimum=0.0, strict=True)
     if beta_fast <= beta_slow:

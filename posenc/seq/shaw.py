@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
@@ -73,10 +74,9 @@ class ShawRelative(PositionEncoding):
 
     def __init__(self, head_dim: int, max_relative: int = 16, values: bool = True) -> None:
         super().__init__()
-        if head_dim <= 0:
-            raise ValueError(f"head_dim must be positive, got {head_dim}")
-        if not isinstance(max_relative, int) or max_relative < 1:
-            raise ValueError(f"max_relative must be a positive int, got {max_relative!r}")
+        check_int("head_dim", head_dim, minimum=1)
+        check_int("max_relative", max_relative, minimum=1)
+        check_bool("values", values)
         self.head_dim, self.max_relative, self.values = head_dim, max_relative, values
         self.needs_probs = values  # the value term needs the attention probabilities
         self.key_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5)

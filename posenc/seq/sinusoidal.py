@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..common.checks import check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
@@ -33,13 +34,15 @@ class SinusoidalEncoding(PositionEncoding):
 
     def __init__(self, dim: int, base: float = 10000.0, scale: float = 1.0) -> None:
         super().__init__()
-        if dim <= 0 or dim % 2:
+        check_int("dim", dim, minimum=1)
+        if dim % 2:
             raise ValueError(f"dim must be a positive even number, got {dim}")
+        check_number("base", base, minimum=1.0, strict=True)
+        check_number("scale", scale, minimum=0.0, strict=True)
         self.dim, self.base, self.scale = dim, base, scale
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"x has {x.shape[-1]} features; this encoding was built for dim={self.dim}")
-        if positions.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
+        check_positions("positions", positions, ndim=(2,))
         return x + self.scale * sinusoid_table(positions, self.dim, self.base, dtype=x.dtype)

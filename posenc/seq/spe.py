@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_int, check_positions
 from ..common.registry import register
 from ..common.spe import (
     StochasticPositionalEncoding,
@@ -69,8 +70,7 @@ class SineSPE(StochasticPositionalEncoding):
     def __init__(self, num_heads: int, head_dim: int, num_sines: int = 5, num_realizations: int = 64,
                  gated: bool = True, seed: int = 0, num_prefix_tokens: int = 0) -> None:
         super().__init__(num_heads, head_dim, num_realizations, gated, seed, num_prefix_tokens)
-        if isinstance(num_sines, bool) or not isinstance(num_sines, int) or num_sines < 1:
-            raise ValueError(f"num_sines must be a positive int; got {num_sines!r}")
+        check_int("num_sines", num_sines, minimum=1)
         self.num_sines = num_sines
         shape = (num_heads, head_dim, num_sines)
         self.freq_logits = nn.Parameter(torch.randn(shape) - 4.0)
@@ -96,9 +96,9 @@ class SineSPE(StochasticPositionalEncoding):
         return ((lam ** 2).reshape(*f.shape[:2], *extra, -1) * torch.cos(angle)).sum(-1)
 
     def _check_positions(self, positions: Tensor, name: str) -> None:
-        if positions.dim() != 2 or positions.dtype == torch.bool or positions.is_complex():
-            raise ValueError(f"sine_spe takes real {name} of shape [B or 1, T]; got {tuple(positions.shape)} "
-                             f"of dtype {positions.dtype}")
+        if positions.dim() != 2:
+            raise ValueError(f"sine_spe takes real {name} of shape [B or 1, T]; got {tuple(positions.shape)}")
+        check_positions(name, positions)  # real and finite (never bool)
 
     def _draw(self, seed: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         shape = (self.num_heads, self.head_dim, 2 * self.num_sines, self.num_realizations)
@@ -144,8 +144,7 @@ class ConvSPE(StochasticPositionalEncoding):
     def __init__(self, num_heads: int, head_dim: int, kernel_size: int = 64, num_realizations: int = 64,
                  gated: bool = True, seed: int = 0, num_prefix_tokens: int = 0) -> None:
         super().__init__(num_heads, head_dim, num_realizations, gated, seed, num_prefix_tokens)
-        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
-            raise ValueError(f"kernel_size must be a positive int; got {kernel_size!r}")
+        check_int("kernel_size", kernel_size, minimum=1)
         self.kernel_size = kernel_size
         scale = math.sqrt(kernel_size / 2)
         self.filter_q = nn.Parameter(torch.rand(num_heads, head_dim, kernel_size) / scale)

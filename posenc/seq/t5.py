@@ -28,18 +28,22 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
 
 
 def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    check_bool("bidirectional", bidirectional)
+    check_int("num_buckets", num_buckets)
+    check_int("max_distance", max_distance)
     half = num_buckets // 2 if bidirectional else num_buckets
-    if not isinstance(num_buckets, int) or half < 2 or (bidirectional and num_buckets % 2):
+    if half < 2 or (bidirectional and num_buckets % 2):
         raise ValueError(
             f"num_buckets must be an int >= 2 (an even number >= 4 when bidirectional); got {num_buckets!r}"
         )
-    if not isinstance(max_distance, int) or max_distance <= half // 2:
+    if max_distance <= half // 2:
         raise ValueError(
             f"max_distance must be an int larger than the exact buckets ({half // 2}); got {max_distance!r}"
         )
@@ -107,8 +111,7 @@ class T5Bias(PositionEncoding):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False) -> None:
         super().__init__()
-        if num_heads <= 0:
-            raise ValueError(f"num_heads must be positive, got {num_heads}")
+        check_int("num_heads", num_heads, minimum=1)
         _check_buckets(num_buckets, max_distance, bidirectional)
         self.num_heads, self.num_buckets, self.max_distance = num_heads, num_buckets, max_distance
         self.bidirectional = bidirectional

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -56,10 +57,11 @@ class TransformerXLRelative(PositionEncoding):
 
     def __init__(self, dim: int, num_heads: int, head_dim: int) -> None:
         super().__init__()
-        if dim <= 0 or dim % 2 or num_heads <= 0 or head_dim <= 0:
-            raise ValueError(
-                f"dim must be a positive even number and num_heads, head_dim positive; got {dim}, {num_heads}, {head_dim}"
-            )
+        check_int("dim", dim, minimum=1)
+        if dim % 2:
+            raise ValueError(f"dim must be a positive even number, got {dim}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("head_dim", head_dim, minimum=1)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)

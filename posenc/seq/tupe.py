@@ -28,6 +28,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
@@ -66,8 +67,11 @@ class TUPE(PositionEncoding):
     ) -> None:
         super().__init__()
         for name, value in (("dim", dim), ("num_heads", num_heads), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value, minimum=1)
+        if head_dim is not None:
+            check_int("head_dim", head_dim, minimum=1)
+        check_bool("untie_cls", untie_cls)
+        check_number("init_std", init_std, minimum=0.0)
         if head_dim is None:
             if dim % num_heads:
                 raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or give head_dim")
@@ -83,8 +87,7 @@ class TUPE(PositionEncoding):
 
     def _positions(self, positions: Tensor) -> Tensor:
         """``[B or 1, T]`` -> table rows ``[B or 1, T, C]`` (error past the table)."""
-        if positions.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
+        check_positions("positions", positions, ndim=(2,))
         if positions.numel() and (bool((positions < 0).any()) or bool((positions > self.max_len - 1).any())):
             bad = positions.max().item() if bool((positions > self.max_len - 1).any()) else positions.min().item()
             raise ValueError(f"position {bad} is outside TUPE's table (max_len={self.max_len}, positions 0..{self.max_len - 1})")

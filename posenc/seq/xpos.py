@@ -16,20 +16,36 @@ wrong scale and ``supports_kv_cache`` is False. The default centre is fixed, ``m
 (which is the reference's centre for a sequence of ``max_len`` tokens, and equal to it in exact
 arithmetic at every length), so cached decoding equals the full forward and a cache is allowed.
 
+Range: the factors ``zeta_k^(+-n/B)`` are exact (to the rounding of the q/k dtype) only while they
+stay inside that dtype's range, and ``max_k |ln zeta_k| = ln 3.5`` for every ``r``. The encoding
+keeps them within ``[1/M, M]``, ``M = sqrt(finfo(dtype).max)``, so that q and k entries up to
+``M`` in size neither overflow nor sink into subnormals: ``|p - centre| <= B ln M / ln 3.5``,
+about 18,100 positions either side of the centre in float32 and bfloat16 with ``B = 512`` (2,270
+in float16, 145,000 in float64). Beyond it the scores would silently change (or turn NaN) when
+the same sequence is shifted, so a position outside the range is a ``ValueError`` naming it and
+the range (:meth:`XPos.position_limit`); exactness cannot be had by computing relatively here,
+since q and k are scaled separately for the fused kernels. Move the centre to the positions
+(``center=``), use a larger ``scale_base``, or compute in float64.
+
 Hook: q/k transform. Kernel: SDPA (flash).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import apply_rotary, rotary_angles
-from .rope import PAIRINGS, Pairing, current_length, rope_inv_freq
+from .rope import PAIRINGS, Pairing, check_rotary_dims, current_length, rope_inv_freq
+
+# max_k |ln zeta_k| = ln(1.4 r / 0.4 r): the steepest pair decays like 3.5^(-n/B), for every r.
+_LOG_ZETA_MAX = math.log(3.5)
 
 
 def xpos_zeta(rotary_dim: int) -> Tensor:
@@ -74,17 +90,16 @@ class XPos(PositionEncoding):
         center: int | Literal["length"] | None = None,
     ) -> None:
         super().__init__()
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim ({rotary_dim}) must not exceed head_dim ({head_dim})")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
-        if not isinstance(scale_base, (int, float)) or isinstance(scale_base, bool) or not scale_base > 0:
-            raise ValueError(f"scale_base must be a positive number, got {scale_base!r}")
+        rotary_dim = check_rotary_dims(head_dim, rotary_dim)
+        check_choice("pairing", pairing, PAIRINGS)
+        check_number("base", base, minimum=1.0, strict=True)
+        check_number("scale_base", scale_base, minimum=0.0, strict=True)
+        if max_len is not None:
+            check_int("max_len", max_len, minimum=1)
         if center is None:
             center = 0 if max_len is None else max_len // 2
         if center != "length" and (isinstance(center, bool) or not isinstance(center, int)):
-            raise ValueError(f"center must be an int, 'length' or None; got {center!r}")
+            raise TypeError(f"center must be an int, 'length' or None; got {center!r}")
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing
         self.scale_base, self.center = float(scale_base), center
         if center == "length":
@@ -104,15 +119,39 @@ class XPos(PositionEncoding):
         scale = torch.exp(power.unsqueeze(-1) * log_zeta)
         return (angles.cos() * scale).unsqueeze(1), (angles.sin() * scale).unsqueeze(1)
 
+    def position_limit(self, dtype: torch.dtype = torch.float32) -> int:
+        """The largest ``|p - centre|`` at which the scale factors of q and k of ``dtype`` are exact
+        (see the module docstring): ``floor(scale_base * ln M / ln 3.5)``, ``M = sqrt(finfo.max)``."""
+        work = dtype if dtype.is_floating_point else torch.float32
+        return int(self.scale_base * 0.5 * math.log(torch.finfo(work).max) / _LOG_ZETA_MAX)
+
+    def _check_range(self, name: str, positions: Tensor, centre: Tensor, dtype: torch.dtype) -> None:
+        """Positions within ``centre +- position_limit(dtype)``, or a ValueError saying where and why."""
+        if positions.numel() == 0 or torch.compiler.is_compiling():
+            return
+        offset = (positions.to(torch.float64) - centre.unsqueeze(-1)).abs()  # [B, T]
+        limit = self.position_limit(dtype)
+        if bool((offset > limit).any()):
+            where = int(offset.flatten().argmax())
+            p = positions.expand_as(offset).flatten()[where].item()
+            c = centre.unsqueeze(-1).expand_as(offset).flatten()[where].item()
+            raise ValueError(
+                f"{name} holds position {p}, {abs(p - c):.0f} from xPos's centre {c:.0f}; xPos is exact only within "
+                f"centre +- {limit} for {dtype} (scale_base={self.scale_base:g}: beyond it zeta^(n/scale_base) leaves the "
+                f"dtype's range); pass a centre near the positions (center=), a larger scale_base, or float64"
+            )
+
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_positions("q_pos", q_pos, ndim=(2,))
+        check_positions("kv_pos", kv_pos, ndim=(2,))
         if self.center == "length":
             centre = torch.floor(current_length(q_pos, kv_pos) / 2)  # [B]: T // 2, as the reference
         else:
             centre = torch.full((1,), float(self.center), dtype=torch.float64, device=q_pos.device)
+        self._check_range("q_pos", q_pos, centre, q.dtype)
+        self._check_range("kv_pos", kv_pos, centre, k.dtype)
         interleaved = self.pairing == "interleaved"
         cos, sin = self._tables(q_pos, centre, 1.0)
         q = apply_rotary(q, cos, sin, interleaved=interleaved)

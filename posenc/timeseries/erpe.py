@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -37,8 +38,8 @@ class ERPE(PositionEncoding):
 
     def __init__(self, num_heads: int, max_len: int) -> None:
         super().__init__()
-        if num_heads <= 0 or max_len <= 0:
-            raise ValueError(f"num_heads and max_len must be positive; got {num_heads}, {max_len}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_int("max_len", max_len, minimum=1)
         self.num_heads, self.max_len = num_heads, max_len
         self.weight = nn.Parameter(torch.zeros(num_heads, 2 * max_len - 1))
 

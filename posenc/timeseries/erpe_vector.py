@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -54,8 +55,11 @@ class ERPEVector(PositionEncoding):
         self, num_heads: int, head_dim: int, max_len: int, per_head: bool = False, scale: float | None = None
     ) -> None:
         super().__init__()
-        if num_heads <= 0 or head_dim <= 0 or max_len <= 0:
-            raise ValueError(f"num_heads, head_dim and max_len must be positive; got {num_heads}, {head_dim}, {max_len}")
+        for name, value in (("num_heads", num_heads), ("head_dim", head_dim), ("max_len", max_len)):
+            check_int(name, value, minimum=1)
+        check_bool("per_head", per_head)
+        if scale is not None:
+            check_number("scale", scale, minimum=0.0, strict=True)
         self.num_heads, self.head_dim, self.max_len, self.per_head = num_heads, head_dim, max_len, per_head
         self.scale = head_dim ** -0.5 if scale is None else float(scale)
         self.weight = nn.Parameter(torch.randn(num_heads if per_head else 1, 2 * max_len - 1, head_dim))

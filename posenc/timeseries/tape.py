@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..common.checks import check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
@@ -45,10 +46,11 @@ class TAPE(PositionEncoding):
 
     def __init__(self, dim: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()
-        if dim <= 0 or dim % 2:
+        check_int("dim", dim, minimum=1)
+        if dim % 2:
             raise ValueError(f"dim must be a positive even number, got {dim}")
-        if max_len <= 0:
-            raise ValueError(f"max_len must be positive, got {max_len}")
+        check_int("max_len", max_len, minimum=1)
+        check_number("base", base, minimum=1.0, strict=True)
         self.dim, self.max_len, self.base = dim, max_len, base
 
     def table(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -58,6 +60,5 @@ class TAPE(PositionEncoding):
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"x has {x.shape[-1]} features; this tAPE was built for dim={self.dim}")
-        if positions.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(positions.shape)}")
+        check_positions("positions", positions, ndim=(2,))
         return x + self.table(positions, dtype=x.dtype)

@@ -13,6 +13,13 @@ The format (https://www.timeseriesclassification.com, sktime's ``load_from_tsfil
   ``?`` is a missing value (read as NaN). Cases may differ in length (``@equalLength false``);
   within one case a shorter dimension is padded with NaN to the longest.
 
+Read strictly, so that nothing is silently changed on the way in: a value is a plain decimal
+number in ASCII (``1``, ``-2.5``, ``.5``, ``3e-4``) that is finite in float32 (``inf``, ``1e999``
+or ``1e39`` would be stored as infinity; ``1_000`` and non-ASCII digits, which Python's ``float``
+accepts, are refused too); ``?`` (or ``NaN``) only under ``@missing true``; header integers are
+ASCII digits. The file is decoded as UTF-8 (``encoding=`` for another), strictly: a byte that
+does not decode is an error naming its line rather than a replacement character (which would
+merge two different labels into one class); a leading byte-order mark is skipped.
 Time-stamped files (``@timeStamps true``) are refused with a clear error. Any malformed line
 raises :class:`TsFormatError`, whose message starts with ``<file>:<line>:``.
 """
@@ -20,6 +27,7 @@ raises :class:`TsFormatError`, whose message starts with ``<file>:<line>:``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -28,6 +36,11 @@ import numpy as np
 _BOOL_KEYS = ("timestamps", "missing", "univariate", "equallength", "targetlabel")
 _INT_KEYS = ("dimensions", "serieslength")
 _KNOWN_KEYS = _BOOL_KEYS + _INT_KEYS + ("problemname", "classlabel", "data")
+# A plain decimal number, ASCII only: Python's float() also takes "1_000", "inf", "nan" and
+# non-ASCII digits, none of which the format has.
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[0-9]+")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class TsFormatError(ValueError):
@@ -77,21 +90,29 @@ def _parse_bool(source: str, line_no: int, key: str, value: str) -> bool:
     return v == "true"
 
 
-def _parse_values(source: str, line_no: int, text: str, dim: int) -> np.ndarray:
+def _parse_number(source: str, line_no: int, tok: str, what: str, hint: str = "") -> float:
+    """``tok`` as a finite number that float32 holds, or a TsFormatError naming ``what``."""
+    if not _NUMBER.fullmatch(tok):
+        raise TsFormatError(source, line_no, f"{what}: {tok!r} is not a number (a plain ASCII decimal such as -2.5e3{hint})")
+    value = float(tok)
+    if not abs(value) <= _FLOAT32_MAX:
+        raise TsFormatError(source, line_no, f"{what}: {tok} is outside the float32 range (|x| <= 3.4e38)")
+    return value
+
+
+def _parse_values(source: str, line_no: int, text: str, dim: int, missing: bool | None) -> np.ndarray:
     values = []
     for tok in text.split(","):
         tok = tok.strip()
         if tok == "?" or tok.lower() == "nan":
+            if not missing:
+                declared = "@missing false" if missing is False else "no @missing true in the header"
+                raise TsFormatError(source, line_no, f"dimension {dim}: a missing value {tok!r} with {declared}")
             values.append(np.nan)
             continue
         if tok.startswith("("):
             raise TsFormatError(source, line_no, "time-stamped values '(t,v)' are not supported (@timeStamps true)")
-        try:
-            values.append(float(tok))
-        except ValueError:
-            raise TsFormatError(
-                source, line_no, f"dimension {dim}: {tok!r} is not a number (use '?' for a missing value)"
-            ) from None
+        values.append(_parse_number(source, line_no, tok, f"dimension {dim}", "; '?' for a missing value"))
     return np.asarray(values, dtype=np.float64)
 
 
@@ -107,6 +128,8 @@ def read_ts_lines(lines: Iterable[str], source: str = "<string>") -> TsData:
     dims: int | None = None
     line_no = 0
     for line_no, raw in enumerate(lines, start=1):
+        if line_no == 1:
+            raw = raw.removeprefix("\ufeff")  # a UTF-8 byte-order mark (Windows editors write one)
         line = raw.strip()
         if not line or line.startswith(("#", "%")):
             continue
@@ -132,10 +155,9 @@ def read_ts_lines(lines: Iterable[str], source: str = "<string>") -> TsData:
                 header[key] = _parse_bool(source, line_no, key, value)
                 has_targets = has_targets or (key == "targetlabel" and header[key])
             elif key in _INT_KEYS:
-                try:
-                    header[key] = int(value.strip())
-                except ValueError:
-                    raise TsFormatError(source, line_no, f"@{key} must be an integer; got {value.strip()!r}") from None
+                if not _INTEGER.fullmatch(value.strip()):
+                    raise TsFormatError(source, line_no, f"@{key} must be an integer; got {value.strip()!r}")
+                header[key] = int(value.strip())
                 if header[key] <= 0:
                     raise TsFormatError(source, line_no, f"@{key} must be positive; got {header[key]}")
             elif key == "problemname":
@@ -170,7 +192,7 @@ def read_ts_lines(lines: Iterable[str], source: str = "<string>") -> TsData:
         for d, text in enumerate(fields):
             if not text.strip():
                 raise TsFormatError(source, line_no, f"dimension {d} is empty (an empty series)")
-            channels.append(_parse_values(source, line_no, text, d))
+            channels.append(_parse_values(source, line_no, text, d, header.get("missing")))
         length = max(len(c) for c in channels)
         if header.get("equallength") and header.get("serieslength") and length != header["serieslength"]:
             raise TsFormatError(
@@ -184,10 +206,7 @@ def read_ts_lines(lines: Iterable[str], source: str = "<string>") -> TsData:
                 raise TsFormatError(source, line_no, f"class label {label!r} is not among the declared {class_labels}")
             labels.append(label)
         elif has_targets:
-            try:
-                targets.append(float(label))
-            except ValueError:
-                raise TsFormatError(source, line_no, f"the regression target {label!r} is not a number") from None
+            targets.append(_parse_number(source, line_no, label, "the regression target"))
         series.append(case)
     if not in_data:
         raise TsFormatError(source, line_no, "no @data line: not a .ts file")
@@ -205,12 +224,27 @@ def read_ts_lines(lines: Iterable[str], source: str = "<string>") -> TsData:
     )
 
 
-def read_ts(path: str | os.PathLike) -> TsData:
-    """Read a ``.ts`` file (UTF-8). Raises :class:`TsFormatError` on malformed content and
+def _decoded_lines(f, source: str, encoding: str):
+    """The lines of the binary file ``f`` decoded strictly: a line that does not decode is a
+    TsFormatError naming it and the byte (a replacement character would merge labels)."""
+    for line_no, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode(encoding)
+        except UnicodeDecodeError as exc:
+            byte = raw[exc.start : exc.start + 1].hex()
+            raise TsFormatError(
+                source, line_no, f"byte 0x{byte} at column {exc.start + 1} is not valid {encoding}; re-save the file "
+                f"as UTF-8, or pass its encoding (read_ts(path, encoding='latin-1'))"
+            ) from None
+
+
+def read_ts(path: str | os.PathLike, encoding: str = "utf-8") -> TsData:
+    """Read a ``.ts`` file (UTF-8 unless ``encoding`` says otherwise, decoded strictly; a leading
+    byte-order mark is skipped). Raises :class:`TsFormatError` on malformed content and
     FileNotFoundError for a missing file."""
     path = os.fspath(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return read_ts_lines(f, source=path)
+    with open(path, "rb") as f:
+        return read_ts_lines(_decoded_lines(f, path, encoding), source=path)
 
 
 def read_ts_text(text: str, source: str = "<string>") -> TsData:

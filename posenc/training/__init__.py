@@ -3,7 +3,7 @@
 exact resumption) and the checkpoint helpers. It imports no modality; the ``posenc train``
 commands (:mod:`posenc.train`) and the benchmarks use it."""
 
-from .checkpoint import load_checkpoint, save_atomic
+from .checkpoint import CheckpointError, load_checkpoint, save_atomic
 from .trainer import TrainConfig, Trainer, lr_factor
 
-__all__ = ["TrainConfig", "Trainer", "lr_factor", "load_checkpoint", "save_atomic"]
+__all__ = ["CheckpointError", "TrainConfig", "Trainer", "lr_factor", "load_checkpoint", "save_atomic"]

@@ -18,22 +18,38 @@ classes), so it loads with ``torch.load(path, weights_only=True)``. The keys the
 ``world_size``        processes in the job that wrote it
 ``elapsed``           training seconds so far
 ``last_loss``         the last training loss (NaN before the first step)
+
+:func:`load_checkpoint` refuses anything else with one :class:`CheckpointError` (a ``ValueError``)
+whose one-line message names the file and what is wrong: a directory, an empty, truncated or
+foreign file, a missing or mistyped key, an impossible counter (``step=-5``), or weights and
+optimizer state that are not finite.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
 import random
+import re
 import tempfile
 from typing import Any, Mapping
 
 import numpy as np
 import torch
-
-from ..report import file_mode
 from torch import nn
 
+from ..report import file_mode
+
 CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: the message names the file and what is wrong, in one line."""
+
+    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+        super().__init__(f"checkpoint {os.fspath(path)}: {problem}")
+        self.path, self.problem = os.fspath(path), problem
 
 # Types a ``model_config`` may contain so that it survives ``torch.load(..., weights_only=True)``.
 _PLAIN = (type(None), bool, int, float, str)
@@ -140,21 +156,104 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# The keys the trainer writes, and the type each must have (``int`` never a ``bool``).
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "model": dict, "optimizer": dict, "scheduler": dict, "step": int, "epoch": int, "batch": int,
+    "rng": list, "log_window": list, "world_size": int, "config": dict,
+}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # torch colours some messages
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+
+
+def _non_finite(tensors: Mapping[str, Any], prefix: str) -> str | None:
+    """The first floating tensor of ``tensors`` (nested dicts and lists walked) holding NaN or
+    inf, described; None when all are finite."""
+    stack: list[tuple[str, Any]] = [(f"{prefix}[{k!r}]", v) for k, v in tensors.items()]
+    while stack:
+        where, value = stack.pop(0)
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+                bad = int((~torch.isfinite(value)).sum())
+                return f"{where} holds {bad} non-finite value(s) of {value.numel()}"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{where} is {value}"
+        elif isinstance(value, Mapping):
+            stack.extend((f"{where}[{k!r}]", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """``torch.load(path, map_location="cpu", weights_only=True)``, checked to be a trainer checkpoint."""
-    ckpt = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    """``torch.load(path, map_location="cpu", weights_only=True)``, checked to be a trainer
+    checkpoint that can be resumed from (see the module docstring); anything else is a
+    :class:`CheckpointError`."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(path, "is a directory, not a checkpoint file")
+    if not os.path.exists(path):
+        raise CheckpointError(path, "does not exist")
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise CheckpointError(path, f"cannot be read ({_first_line(exc)})") from None
+    if size == 0:
+        raise CheckpointError(path, "is empty (0 bytes): not a checkpoint, or a write that never finished")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "global" not in str(exc).lower():  # random bytes also fail to unpickle
+            raise CheckpointError(
+                path, "cannot be loaded: truncated, corrupted, or not written by posenc (it does not unpickle)"
+            ) from None
+        raise CheckpointError(
+            path, "holds pickled Python objects that a weights_only load refuses: not a posenc checkpoint (posenc "
+            "writes tensors and plain values only), and not safe to unpickle unless you trust its source"
+        ) from None
+    except Exception as exc:  # EOFError, RuntimeError (PytorchStreamReader), OSError, ...
+        raise CheckpointError(
+            path, f"cannot be loaded: truncated, corrupted, or not written by posenc ({_first_line(exc)})"
+        ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
-        found = sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise ValueError(f"{os.fspath(path)} is not a posenc trainer checkpoint: expected a dict with 'model' and 'step'; found {found}")
+        found = sorted(map(str, ckpt))[:10] if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(path, f"is not a posenc trainer checkpoint: expected a dict with 'model' and 'step'; found {found}")
     if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{os.fspath(path)}: expected checkpoint format {CHECKPOINT_FORMAT}; found {ckpt.get('format')!r}")
+        raise CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT}; found {ckpt.get('format')!r}")
+    for key, kind in _REQUIRED.items():
+        if key not in ckpt:
+            raise CheckpointError(path, f"has no {key!r} entry (every trainer checkpoint has one): edited or damaged")
+        value = ckpt[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            what = "an int" if kind is int else f"a {kind.__name__}"
+            raise CheckpointError(path, f"{key!r} must be {what}; found {type(value).__name__} {value!r:.40}")
+    for key in ("step", "epoch", "batch"):
+        if ckpt[key] < 0:
+            raise CheckpointError(path, f"{key}={ckpt[key]} is impossible (a count, >= 0): edited or damaged")
+    if ckpt["world_size"] < 1:
+        raise CheckpointError(path, f"world_size={ckpt['world_size']} is impossible (>= 1): edited or damaged")
+    for key in ("rng", "log_window"):
+        if len(ckpt[key]) != ckpt["world_size"]:
+            raise CheckpointError(
+                path, f"{key!r} has {len(ckpt[key])} entries for world_size={ckpt['world_size']}: edited or damaged"
+            )
+    elapsed = ckpt.get("elapsed", 0.0)
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) or elapsed < 0:
+        raise CheckpointError(path, f"elapsed={elapsed!r} is impossible (finite seconds >= 0)")
+    for key in ("model", "optimizer"):
+        problem = _non_finite(ckpt[key], key)
+        if problem is not None:
+            raise CheckpointError(path, f"{problem}: the run diverged before it was written (or it was edited); "
+                                        "resume from an earlier checkpoint or start fresh")
     return ckpt
 
 
 def check_model_matches(
     ckpt: Mapping[str, Any], model: nn.Module, model_config: Mapping[str, Any] | None, path: str | os.PathLike
 ) -> None:
-    """Raise ValueError unless ``ckpt`` was written for a model like ``model``: same class name,
+    """Raise :class:`CheckpointError` unless ``ckpt`` was written for a model like ``model``: same class name,
     same ``model_config`` and the same ``state_dict`` keys and shapes. The message lists every
     difference, expected (this model) against found (the checkpoint)."""
     problems: list[str] = []
@@ -176,9 +275,8 @@ def check_model_matches(
             problems.append(f"model_config: expected {expected_cfg!r}, found {found_cfg!r}")
     problems += state_dict_problems(model.state_dict(), ckpt["model"], "the checkpoint")
     if problems:
-        raise ValueError(
-            f"checkpoint {os.fspath(path)} was written for a different model; "
-            + " | ".join(problems)
+        raise CheckpointError(
+            path, "was written for a different model; " + " | ".join(problems)
             + ". Use another out_dir, or resume=False to start fresh."
         )
 

@@ -49,11 +49,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ..report import Progress, file_mode
 from ..common.checks import check_bool, check_int, check_number, is_int
+from ..report import Progress, file_mode
 from . import distributed as distu
 from .checkpoint import (
     CHECKPOINT_FORMAT,
+    CheckpointError,
     capture_rng_state,
     check_model_matches,
     check_plain,
@@ -78,16 +79,16 @@ CHECKPOINT_FILE = "checkpoint.pt"
 RESUME_FIELDS = ("steps", "batch_size", "lr", "weight_decay", "warmup_steps", "min_lr_ratio", "grad_clip")
 
 
-class ResumeMismatch(ValueError):
+class ResumeMismatch(CheckpointError):
     """A checkpoint was written under other training settings than the run resuming it."""
 
     def __init__(self, path: str, field: str, saved: Any, requested: Any) -> None:
-        self.path, self.field, self.saved, self.requested = path, field, saved, requested
         super().__init__(
-            f"checkpoint {path} was written with {field}={saved!r}, but this run has {field}={requested!r}; resuming "
+            path, f"was written with {field}={saved!r}, but this run has {field}={requested!r}; resuming "
             f"continues the same run, so the settings that shape training must match (use {field}={saved!r}, or start "
             "a new run in another out_dir)"
         )
+        self.field, self.saved, self.requested = field, saved, requested
 
 
 @dataclass
@@ -526,14 +527,33 @@ class Trainer:
                 raise ResumeMismatch(path, name, then, now)
         if saved_cfg.get("seed") != self.config.seed and self.is_main:
             logger.warning("resuming %s written with seed=%s under seed=%s: the data order changes", path, saved_cfg.get("seed"), self.config.seed)
+        # Each part is restored in turn; one that does not fit (an edited optimizer state, a foreign
+        # RNG record) is one CheckpointError naming it, raised before the model is touched.
+        def scheduler_part() -> None:
+            missing = sorted(set(self.scheduler.state_dict()) - set(ckpt["scheduler"]))
+            if missing:
+                raise KeyError(f"missing {', '.join(missing)}")
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+
+        parts = (
+            ("optimizer", lambda: self.optimizer.load_state_dict(ckpt["optimizer"])),
+            ("scheduler", scheduler_part),
+            ("rng", lambda: restore_rng_state(ckpt["rng"][self.rank], self.device)),
+            ("log_window", lambda: self._load_window(ckpt["log_window"][self.rank])),
+            ("elapsed", lambda: float(ckpt.get("elapsed", 0.0))),
+            ("last_loss", lambda: float(ckpt.get("last_loss", math.nan))),
+        )
+        for part, restore in parts:
+            try:
+                restore()
+            except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+                text = str(exc).strip().splitlines()
+                reason = f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+                raise CheckpointError(path, f"its {part!r} entry does not fit this run ({reason}): edited or damaged") from None
         self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
         self.step, self.epoch, self.batch_in_epoch = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["batch"])
         self._elapsed_before = float(ckpt.get("elapsed", 0.0))
         self._last_loss = float(ckpt.get("last_loss", math.nan))
-        restore_rng_state(ckpt["rng"][self.rank], self.device)
-        self._load_window(ckpt["log_window"][self.rank])
         self._last_checkpoint_step = self.step
         if self.is_main:
             logger.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)

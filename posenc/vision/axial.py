@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from .grid import absolute_grid, integer_coords, patch_coords, to_pair
+from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, to_pair
 
 MODES = ("sum", "concat")
 NEW_GRID = ("bicubic", "linear", "refuse")
@@ -77,14 +78,13 @@ class AxialEncoding(PositionEncoding):
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive; got {dim}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-        if new_grid not in NEW_GRID:
-            raise ValueError(f"new_grid must be one of {NEW_GRID}; got {new_grid!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_int("dim", dim, minimum=1)
+        check_choice("mode", mode, MODES)
+        check_choice("new_grid", new_grid, NEW_GRID)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        check_number("init_std", init_std, minimum=0.0, strict=True)
+        if row_dim is not None:
+            check_int("row_dim", row_dim, minimum=1)
         if mode == "sum":
             if row_dim is not None:
                 raise ValueError("row_dim applies to mode='concat' only")
@@ -111,6 +111,9 @@ class AxialEncoding(PositionEncoding):
         grid = tuple(grid)
         if grid != self.grid_size and self.new_grid == "refuse":
             raise ValueError(f"axial was built for the grid {self.grid_size} with new_grid='refuse'; got the grid {grid}")
+        if grid != self.grid_size:  # both axis tables, resampled in float32
+            check_table_grid("axial", grid, (grid[0] * self.row_dim + grid[1] * self.col_dim,), torch.float32,
+                             self.row_table.device)
         return resample_axis(self.row_table, grid[0], self.new_grid), resample_axis(self.col_table, grid[1], self.new_grid)
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:

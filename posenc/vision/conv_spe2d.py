@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_allocation
 from ..common.registry import register
 from ..common.spe import (
     StochasticPositionalEncoding,
@@ -92,6 +93,8 @@ class ConvSPE2d(StochasticPositionalEncoding):
         r0, c0 = (int(v) for v in pos.amin(dim=(0, 1)).tolist())
         r1, c1 = (int(v) for v in pos.amax(dim=(0, 1)).tolist())
         # the codes on the chunk's bounding box need the noise on it plus the filter's reach
+        check_allocation(f"conv_spe2d's noise over the positions' bounding box rows {r0}..{r1}, cols {c0}..{c1}",
+                         (r, h * d, r1 - r0 + kh, c1 - c0 + kw), dtype, pos.device)
         z = positional_noise(seed, (r0, c0), (r1 + kh, c1 + kw), (r, h * d), pos.device, dtype)
         weight = (self.filter_q if is_query else self.filter_k).to(dtype)
         if scale is not None:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..common.checks import check_allocation, check_positions
+
 AXIS_NAMES = {2: ("row", "col"), 3: ("t", "row", "col")}
 
 
@@ -67,6 +69,12 @@ def _raster(sizes: tuple[int, ...], num_prefix_tokens: int, device) -> Tensor:
     return torch.cat((prefix, coords), dim=0).unsqueeze(0)
 
 
+def check_table_grid(what: str, grid: tuple[int, int], shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+    """Refuse, before resampling, a table for ``grid`` (read from the positions of a call) that
+    could not fit in memory: positions of 10^9 would otherwise ask for gigabytes (or exabytes)."""
+    check_allocation(f"{what}'s table resampled to the grid {tuple(grid)} (from the largest positions)", shape, dtype, device)
+
+
 def grid_positions(rows: int, cols: int, *, num_prefix_tokens: int = 0, device=None) -> Tensor:
     """``(row, col)`` of every patch in raster order, after ``num_prefix_tokens`` zero entries.
 
@@ -96,11 +104,11 @@ def patch_coords(positions: Tensor, num_tokens: int, num_prefix_tokens: int, wha
     """Validate ``positions [B or 1, T, ndim]`` (2D: ``(row, col)``; 3D: ``(t, row, col)``) for
     ``T = num_tokens`` and return the patch part ``[B or 1, T - P, ndim]``. ``what`` names the
     caller in error messages."""
-    if positions.dim() != 3 or positions.shape[-1] != ndim:
+    if not isinstance(positions, Tensor) or positions.dim() != 3 or positions.shape[-1] != ndim:
+        shape = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions).__name__
         names = ", ".join(AXIS_NAMES[ndim])
-        raise ValueError(
-            f"{what} needs {ndim}D positions [batch or 1, tokens, {ndim}] as ({names}); got shape {tuple(positions.shape)}"
-        )
+        raise ValueError(f"{what} needs {ndim}D positions [batch or 1, tokens, {ndim}] as ({names}); got {shape}")
+    check_positions("positions", positions)  # real and finite, never bool (True would be row 1)
     if positions.shape[1] != num_tokens:
         raise ValueError(
             f"{what}: positions cover {positions.shape[1]} tokens but there are {num_tokens} "

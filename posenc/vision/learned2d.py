@@ -19,9 +19,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from .grid import absolute_grid, integer_coords, patch_coords, resample_grid, to_pair
+from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, resample_grid, to_pair
 
 NEW_GRID = ("resample", "refuse")
 
@@ -54,12 +55,10 @@ class Learned2D(PositionEncoding):
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive; got {dim}")
-        if new_grid not in NEW_GRID:
-            raise ValueError(f"new_grid must be one of {NEW_GRID}; got {new_grid!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_int("dim", dim, minimum=1)
+        check_choice("new_grid", new_grid, NEW_GRID)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        check_number("init_std", init_std, minimum=0.0, strict=True)
         self.dim, self.grid_size = dim, to_pair(grid_size, "grid_size")
         self.num_prefix_tokens, self.new_grid = num_prefix_tokens, new_grid
         self.table = nn.Parameter(torch.empty(*self.grid_size, dim))
@@ -75,6 +74,8 @@ class Learned2D(PositionEncoding):
             raise ValueError(
                 f"learned2d was built for the grid {self.grid_size} with new_grid='refuse'; got the grid {grid}"
             )
+        if grid != self.grid_size:
+            check_table_grid("learned2d", grid, (*grid, self.dim), torch.float32, self.table.device)
         return resample_grid(self.table, grid)
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_allocation, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import register
@@ -53,12 +54,11 @@ class PEG(PositionEncoding):
 
     def __init__(self, dim: int, kernel_size: int = 3, num_prefix_tokens: int = 0) -> None:
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive; got {dim}")
-        if kernel_size <= 0 or kernel_size % 2 == 0:
+        check_int("dim", dim, minimum=1)
+        check_int("kernel_size", kernel_size, minimum=1)
+        if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be a positive odd number; got {kernel_size}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.dim, self.kernel_size, self.num_prefix_tokens = dim, kernel_size, num_prefix_tokens
         self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=True)
 
@@ -82,6 +82,8 @@ class PEG(PositionEncoding):
         if n == 0:
             return torch.zeros_like(x)
         r0, c0, rows, cols = grid_extent(coords)
+        check_allocation(f"PEG's feature map over the positions' bounding box ({rows} rows x {cols} cols)",
+                         (b, c, rows, cols), x.dtype, x.device)
         cell = ((coords[..., 0] - r0) * cols + (coords[..., 1] - c0)).expand(b, n)  # [B, N]
         raster = coords.shape[0] == 1 and n == rows * cols and torch.equal(cell[0], torch.arange(n, device=cell.device))
         if raster:

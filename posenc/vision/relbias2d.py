@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
-from .grid import grid_extent, integer_coords, patch_coords, to_pair
+from .grid import check_table_grid, grid_extent, integer_coords, patch_coords, to_pair
 
 NEW_GRID = ("resample", "refuse")
 
@@ -85,12 +86,11 @@ class RelativePositionBias2D(PositionEncoding):
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
-        if num_heads <= 0:
-            raise ValueError(f"num_heads must be positive; got {num_heads}")
-        if new_grid not in NEW_GRID:
-            raise ValueError(f"new_grid must be one of {NEW_GRID}; got {new_grid!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_int("num_heads", num_heads, minimum=1)
+        check_choice("new_grid", new_grid, NEW_GRID)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        check_bool("prefix_bias", prefix_bias)
+        check_number("init_std", init_std, minimum=0.0, strict=True)
         self.num_heads, self.grid_size = num_heads, to_pair(grid_size, "grid_size")
         self.num_prefix_tokens, self.prefix_bias, self.new_grid = num_prefix_tokens, prefix_bias, new_grid
         r, c = self.grid_size
@@ -111,6 +111,7 @@ class RelativePositionBias2D(PositionEncoding):
             raise ValueError(
                 f"relbias2d was built for the grid {self.grid_size} with new_grid='refuse'; got the grid {grid}"
             )
+        check_table_grid("relbias2d", grid, (self.num_heads, 2 * grid[0] - 1, 2 * grid[1] - 1), torch.float32, self.table.device)
         offsets = resample_offset_table(self.table[:, : self.num_offsets], self.grid_size, grid)
         return torch.cat((offsets, self.table[:, self.num_offsets:]), dim=1)
 

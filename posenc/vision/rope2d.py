@@ -29,6 +29,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import apply_rotary
@@ -39,10 +40,10 @@ PAIRINGS = ("interleaved", "half_split")
 
 def rope2d_frequencies(head_dim: int, base: float) -> Tensor:
     """``base^(-4j/D)`` for ``j = 0 .. D/4 - 1`` (float64)."""
-    if head_dim <= 0 or head_dim % 4:
+    check_int("head_dim", head_dim, minimum=1)
+    if head_dim % 4:
         raise ValueError(f"head_dim must be a positive multiple of 4 for 2D RoPE; got {head_dim}")
-    if base <= 1:
-        raise ValueError(f"base must be > 1; got {base}")
+    check_number("base", base, minimum=1.0, strict=True)
     j = torch.arange(head_dim // 4, dtype=torch.float64)
     return base ** (-4.0 * j / head_dim)
 
@@ -59,12 +60,11 @@ class _Rope2D(PositionEncoding):
     hooks = frozenset({Hook.QK})
 
     def _init_common(self, head_dim: int, num_prefix_tokens: int, pairing: str) -> None:
-        if head_dim <= 0 or head_dim % 4:
+        check_int("head_dim", head_dim, minimum=1)
+        if head_dim % 4:
             raise ValueError(f"head_dim must be a positive multiple of 4 for 2D RoPE; got {head_dim}")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_choice("pairing", pairing, PAIRINGS)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.head_dim, self.num_prefix_tokens, self.pairing = head_dim, num_prefix_tokens, pairing
 
     def extra_repr(self) -> str:
@@ -159,8 +159,7 @@ class Rope2DMixed(_Rope2D):
     ) -> None:
         super().__init__()
         self._init_common(head_dim, num_prefix_tokens, pairing)
-        if num_heads <= 0:
-            raise ValueError(f"num_heads must be positive; got {num_heads}")
+        check_int("num_heads", num_heads, minimum=1)
         self.num_heads, self.base = num_heads, base
         mag = rope2d_frequencies(head_dim, base).float()  # [D/4]
         alpha = torch.rand(num_heads, 1) * 2 * math.pi  # one direction per head

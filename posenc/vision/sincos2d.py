@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..common.checks import check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_frequencies
@@ -89,14 +90,12 @@ class SinCos2D(PositionEncoding):
         num_prefix_tokens: int = 0,
     ) -> None:
         super().__init__()
-        if dim <= 0 or dim % 4:
+        check_int("dim", dim, minimum=1)
+        if dim % 4:
             raise ValueError(f"dim must be a positive multiple of 4 for a 2D sinusoidal encoding; got {dim}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-        if base <= 1:
-            raise ValueError(f"base must be > 1; got {base}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_choice("layout", layout, LAYOUTS)
+        check_number("base", base, minimum=1.0, strict=True)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.dim, self.layout, self.base, self.num_prefix_tokens = dim, layout, base, num_prefix_tokens
 
     def extra_repr(self) -> str:
