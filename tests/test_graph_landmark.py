@@ -148,7 +148,7 @@ def test_transform_stores_float32_even_for_integer_x():
     "call, error, msg",
     [
         (lambda: landmark_pe(PATH5, 5, 0), ValueError, "k .* must be a positive int; got 0"),
-        (lambda: landmark_pe(PATH5, 5, 2.0), ValueError, "k .* must be a positive int; got 2.0"),
+        (lambda: landmark_pe(PATH5, 5, 2.0), TypeError, r"k \(the number of anchors\) must be an int; got 2.0"),
         (lambda: landmark_pe_batch(PATH5, torch.zeros(5, dtype=torch.long), -1), ValueError, "got -1"),
         (lambda: landmark_pe(PATH5[0], 5, 2), ValueError, r"edge_index must have shape \[2, num_edges\], got \(8,\)"),
         (lambda: landmark_pe(PATH5.unsqueeze(0), 5, 2), ValueError, r"edge_index must have shape \[2, num_edges\]"),
@@ -157,7 +157,7 @@ def test_transform_stores_float32_even_for_integer_x():
         (lambda: landmark_pe(PATH5, 5, 2, anchors="central"), ValueError, "anchors must be one of"),
         (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 5])), ValueError, r"anchors\[0, 1\] = 5 is not a node of graph 0"),
         (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 1, 2])), ValueError, r"anchors must be \[num_graphs=1, k=2\]"),
-        (lambda: AddLandmarkPE(0), ValueError, "k must be a positive int, got 0"),
+        (lambda: AddLandmarkPE(0), ValueError, "k must be a positive int; got 0"),
         (lambda: AddLandmarkPE(2, anchors="random", seed="x"), ValueError, "seed must be an int or None"),
         (lambda: LandmarkPE(8, 0), ValueError, "dim and k must be positive"),
     ],

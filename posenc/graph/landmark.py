@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..common.checks import check_int
 from .edges import check_batch, check_edge_index, check_same_graph, graph_sizes, local_index
 from .shortest_path import check_sources, shortest_path_distances_batch
 
@@ -48,8 +49,7 @@ ANCHOR_METHODS = ("degree", "random")
 
 
 def _check_k(k: object) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k (the number of anchors) must be a positive int; got {k!r}")
+    check_int("k (the number of anchors)", k, minimum=1)
 
 
 def landmark_features(distances: Tensor) -> Tensor:
