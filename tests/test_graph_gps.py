@@ -70,7 +70,7 @@ def test_without_edge_features_uses_gin():
     g = _graph(6, 1)
     del g.edge_attr
     model = _model("rwse", edge_dim=None)
-    assert model.layers[0].local_kind == "gin"
+    assert model.local == "gin" and type(model.layers[0].conv).__name__ == "GINConv"
     out = model.forward_data(Batch.from_data_list([_with_pe(g)]))
     assert out.shape == (1, 5)
 

@@ -11,6 +11,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+from timm.models._features import FeatureGetterNet
 from timm.models.vision_transformer import VisionTransformer
 
 import posenc.vision.timm_models as tm
@@ -201,5 +202,126 @@ def test_bad_swaps_are_clear_errors_and_leave_the_model_unchanged():
     fixed = replace_position_encoding(_stock(), "peg")
     with pytest.raises(AssertionError):  # timm's strict PatchEmbed: other sizes need dynamic_img_size=True
         fixed(torch.randn(1, 3, 24, 24))
-    with pytest.raises(NotImplementedError, match="forward_intermediates is not available with the peg encoding"):
-        fixed.forward_intermediates(torch.randn(1, 3, 16, 16))
+    rope = replace_position_encoding(_stock(), "rope2d_axial")
+    with pytest.raises(ValueError, match="attn_mask and is_causal are not supported by the posenc attention blocks"):
+        rope(torch.randn(1, 3, 16, 16), is_causal=True)
+    with pytest.raises(ValueError, match="attn_mask and is_causal are not supported"):
+        rope.forward_intermediates(torch.randn(1, 3, 16, 16), attn_mask=torch.ones(17, 17, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------------------------
+# What timm's own tests/test_models.py checks, fast: pretrained config, features_only,
+# forward_intermediates, FX tracing (forward and backward), TorchScript refused clearly.
+
+ENCODINGS = ["peg", "sincos2d", "learned2d", "axial", "rope2d_axial", "rope2d_mixed", "relbias2d"]
+SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5)
+
+
+def _small(encoding: str, **over):
+    torch.manual_seed(0)
+    return timm.create_model(f"posenc_vit_tiny_{encoding}", **{**SMALL, **over})
+
+
+def _swapped_stock(encoding: str):
+    torch.manual_seed(0)
+    stock = timm.create_model("vit_tiny_patch16_224", pretrained=False, dynamic_img_size=True, **SMALL)
+    return replace_position_encoding(stock, encoding)
+
+
+def test_every_registered_model_has_a_weightless_pretrained_config():
+    names = tm.timm_model_names()
+    assert set(timm.list_models("posenc_vit_*", name_matches_cfg=True)) == set(names)  # timm's filter keeps them
+    assert timm.list_models("posenc_vit_*", pretrained=True) == []  # no weights are claimed
+    for name in names:
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg is not None and cfg.architecture == name and not cfg.has_weights
+        assert timm.models.get_pretrained_cfg_value(name, "input_size") == (3, 224, 224)
+        assert tm.default_cfgs[name].cfgs[""].first_conv == "patch_embed.proj"
+    model = _small("peg")
+    assert model.pretrained_cfg["architecture"] == "posenc_vit_tiny_peg" and model.default_cfg is model.pretrained_cfg
+    # the names of the config exist in the model (timm's default-config test)
+    keys = model.state_dict().keys()
+    assert "patch_embed.proj.weight" in keys and "head.weight" in keys
+
+
+@pytest.mark.parametrize("make", ["registered", "swapped"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_forward_intermediates_with_every_encoding(encoding, make):
+    model = (_small(encoding) if make == "registered" else _swapped_stock(encoding)).eval()
+    images = torch.randn(2, 3, 32, 24)  # a 4 x 3 grid, not the training 4 x 4
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(images)
+        features = model.forward_features(images)
+        torch.testing.assert_close(final, features)
+        assert [t.shape for t in inter] == [(2, 32, 4, 3)] * 3
+        # the last intermediate, normalised, is the patch part of forward_features
+        last = model.forward_intermediates(images, indices=[2], norm=True, output_fmt="NLC", intermediates_only=True)
+        torch.testing.assert_close(last[0], features[:, 1:])
+        # a middle block's output equals the model cut after that block (its PEG included)
+        first = model.forward_intermediates(images, indices=[0], output_fmt="NLC", stop_early=True,
+                                            return_prefix_tokens=True, intermediates_only=True)[0]
+        cut = copy.deepcopy(model)
+        cut.prune_intermediate_layers([0], prune_norm=True)
+        assert len(cut.blocks) == 1 and all(int(k) < 1 for k in cut.posenc_conditional)
+        torch.testing.assert_close(torch.cat([first[1], first[0]], 1), cut.forward_features(images))
+        model.set_grad_checkpointing()
+        torch.testing.assert_close(model.forward_intermediates(images)[0], final)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_features_only_gives_feature_info_and_grid_maps(encoding):
+    model = _small(encoding, features_only=True).eval()
+    assert type(model).__name__ == "FeatureGetterNet"
+    assert model.feature_info.channels() == [32, 32, 32] and model.feature_info.reduction() == [8, 8, 8]
+    full = _small(encoding).eval()
+    images = torch.randn(1, 3, 24, 40)
+    with torch.no_grad():
+        maps = model(images)
+        _, expected = full.forward_intermediates(images)
+    assert [m.shape for m in maps] == [(1, 32, 3, 5)] * 3
+    for got, want in zip(maps, expected):
+        torch.testing.assert_close(got, want)
+    one = _small(encoding, features_only=True, out_indices=(1,))
+    assert one.feature_info.channels() == [32] and len(one.model.blocks) == 2
+    # timm's getter wrapper around a stock ViT whose encoding was swapped
+    swapped = _swapped_stock(encoding).eval()
+    with torch.no_grad():
+        _, expected = swapped.forward_intermediates(images)
+        maps = FeatureGetterNet(swapped, out_indices=3)(images)
+    for got, want in zip(maps, expected):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("make", ["registered", "swapped"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_fx_symbolic_trace_runs_the_same_model(encoding, make):
+    model = (_small(encoding) if make == "registered" else _swapped_stock(encoding)).eval()
+    traced = torch.fx.symbolic_trace(model)
+    called = {n.target.__name__ for n in traced.graph.nodes if n.op == "call_function" and hasattr(n.target, "__name__")}
+    assert "patch_tokens" in called
+    for size in ((32, 32), (24, 40)):  # the traced graph follows the grid of each call
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            assert torch.equal(traced(images), model(images))
+    # backward through the traced model reaches every parameter (timm's FX backward test)
+    model.train()
+    traced = torch.fx.symbolic_trace(model)
+    traced(torch.randn(2, 3, 32, 32)).mean().backward()
+    assert all(p.grad is not None for p in traced.parameters())
+
+
+def test_fx_feature_extraction_with_timms_fx_features():
+    model = _small("relbias2d", features_only=True, feature_cls="fx").eval()
+    assert type(model).__name__ == "FeatureGraphNet"
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 32, 24))
+    assert [o.shape for o in out] == [(1, 1 + 12, 32)] * 3  # the blocks' token outputs
+
+
+@pytest.mark.parametrize("encoding", ["sincos2d", "peg", "rope2d_axial"])
+def test_torchscript_is_refused_with_a_clear_error(encoding):
+    with pytest.raises(NotImplementedError, match="does not support TorchScript.*torch.compile, torch.export or FX"):
+        torch.jit.script(_small(encoding))
+    # also after FX tracing (timm's FX + TorchScript test), where the graph holds the posenc modules
+    with pytest.raises(NotImplementedError, match="does not support TorchScript"):
+        torch.jit.script(torch.fx.symbolic_trace(_small(encoding).eval()))

@@ -1,9 +1,11 @@
 """A GPS-style graph transformer (Rampasek et al. 2022, "Recipe for a General, Powerful, Scalable
 Graph Transformer", https://arxiv.org/abs/2205.12454).
 
-Each :class:`GPSLayer` runs a local message-passing layer (PyG's ``GINEConv`` with edge features,
-``GINConv`` without) beside global multi-head attention over all nodes of the same graph; the two
-residual branches are normalised, summed, and followed by an MLP::
+A stack of :class:`~posenc.graph.gps_layer.GPSLayer` (the GPSConv-shaped layer, usable on its own
+in any PyG model) between a node embedding and a head. Each layer runs a local message-passing
+layer (here PyG's ``GINEConv`` with edge features, ``GINConv`` without: :func:`local_conv`) beside
+global multi-head attention over all nodes of the same graph; the two residual branches are
+normalised, summed, and followed by an MLP::
 
     h_local = Norm(x + Dropout(MPNN(x, edges)))
     h_attn  = Norm(x + Dropout(Attn(x)))
@@ -33,107 +35,38 @@ from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time Fut
 # isort: split
 from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
-from ..common.attention import Backend, MultiheadAttention
+from ..common.attention import Backend
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build
 from ..training.pretrained import PretrainedMixin
 from .edges import check_batch, check_edge_index, check_same_graph
+from .gps_layer import GPSLayer, NormKind
+from .transforms import EIGENVALUES_ATTR
 
 LocalKind = Literal["gine", "gin", "none"]
-NormKind = Literal["batch", "layer"]
 Task = Literal["graph", "node"]
 Pool = Literal["mean", "add", "max"]
 
 _POOLS = {"mean": global_mean_pool, "add": global_add_pool, "max": global_max_pool}
 
 
-def _norm(kind: str, dim: int) -> nn.Module:
-    if kind == "batch":
-        return nn.BatchNorm1d(dim)
-    if kind == "layer":
-        return nn.LayerNorm(dim)
-    raise ValueError(f"norm must be 'batch' or 'layer'; got {kind!r}")
-
-
-class GPSLayer(nn.Module):
-    """One GPS layer: local MPNN and global attention in parallel, summed, then an MLP.
-
-    Args:
-        dim: node feature width ``C``.
-        num_heads: attention heads.
-        local: "gine" (``GINEConv``, needs ``edge_attr [E, C]``), "gin" (``GINConv``, ignores edge
-            features) or "none" (attention only, as in a plain graph transformer).
-        encoding: the attention part of an encoding (score bias such as ``spd``) or None; shared
-            between layers when the same instance is given to each.
-        dropout: dropout on both residual branches and inside the MLP.
-        norm: "batch" (BatchNorm over nodes, as GPS) or "layer".
-        mlp_ratio: hidden width of the MLP over ``C``.
-        backend: the attention kernel path (see :func:`posenc.attend`).
-
-    Shapes: ``x [N, C]``, ``edge_index [2, E]``, ``edge_attr [E, C]`` -> ``[N, C]``.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        local: LocalKind = "gine",
-        encoding: PositionEncoding | None = None,
-        dropout: float = 0.0,
-        norm: NormKind = "batch",
-        mlp_ratio: float = 2.0,
-        backend: Backend = "auto",
-    ) -> None:
-        super().__init__()
-        if local not in ("gine", "gin", "none"):
-            raise ValueError(f"local must be 'gine', 'gin' or 'none'; got {local!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
-        self.local_kind = local
-        if local == "none":
-            self.local = None
-        else:
-            mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
-            self.local = GINEConv(mlp, train_eps=True) if local == "gine" else GINConv(mlp, train_eps=True)
-            self.norm_local = _norm(norm, dim)
-        self.attn = MultiheadAttention(dim, num_heads, encoding=encoding, backend=backend)
-        self.norm_attn = _norm(norm, dim)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
-        self.norm_out = _norm(norm, dim)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        *,
-        mask: AttentionMask,
-        edge_attr: Tensor | None = None,
-        positions: Tensor | None = None,
-    ) -> Tensor:
-        """``mask``: the packed block-diagonal mask of the batch (``[1, N]`` segments);
-        ``positions``: ``[1, N, F]`` per-node structure for an attention-hook encoding, or None."""
-        h = self.drop(self.attn(x.unsqueeze(0), q_pos=positions, mask=mask).squeeze(0))
-        h = self.norm_attn(x + h)
-        if self.local is not None:
-            if self.local_kind == "gine":
-                if edge_attr is None:
-                    raise ValueError("local='gine' needs edge_attr; use local='gin' for graphs without edge features")
-                m = self.local(x, edge_index, edge_attr)
-            else:
-                m = self.local(x, edge_index)
-            h = h + self.norm_local(x + self.drop(m))
-        return self.norm_out(h + self.drop(self.mlp(h)))
+def local_conv(kind: LocalKind, dim: int) -> nn.Module | None:
+    """The message-passing layer of a GPS layer: "gine" (``GINEConv``, needs ``edge_attr [E, dim]``),
+    "gin" (``GINConv``) -- both with a 2-layer MLP and a learned epsilon, as GraphGPS -- or "none"."""
+    if kind == "none":
+        return None
+    if kind not in ("gine", "gin"):
+        raise ValueError(f"local must be 'gine', 'gin' or 'none'; got {kind!r}")
+    mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+    return GINEConv(mlp, train_eps=True) if kind == "gine" else GINConv(mlp, train_eps=True)
 
 
 # The batch attributes holding the precomputed per-node features of the input-hook encodings, as
-# written by posenc.graph.AddLaplacianPE(k, eigenvalues_attr=LAP_EIGENVALUES_ATTR) and
+# written by posenc.graph.AddLaplacianPE(k, eigenvalues=True) and
 # AddRandomWalkSE (the first two names are PyG's, shared by AddLaplacianEigenvectorPE / AddRandomWalkPE).
 LAP_ATTR = "laplacian_eigenvector_pe"
-LAP_EIGENVALUES_ATTR = "laplacian_eigenvalues"
+LAP_EIGENVALUES_ATTR = EIGENVALUES_ATTR
 RWSE_ATTR = "random_walk_pe"
 LANDMARK_ATTR = "landmark_pe"  # posenc.graph.AddLandmarkPE(k)
 
@@ -208,8 +141,9 @@ class GPS(nn.Module, PretrainedMixin):
         self.node_embed = nn.Linear(in_dim, dim)
         self.edge_embed = nn.Linear(edge_dim, dim) if edge_dim is not None and local == "gine" else None
         shared = attention_part(encoding)
+        self.local = local
         self.layers = nn.ModuleList(
-            GPSLayer(dim, num_heads, local=local, encoding=shared, dropout=dropout, norm=norm,
+            GPSLayer(dim, local_conv(local, dim), num_heads, encoding=shared, dropout=dropout, norm=norm,
                      mlp_ratio=mlp_ratio, backend=backend)
             for _ in range(depth)
         )
@@ -267,12 +201,11 @@ class GPS(nn.Module, PretrainedMixin):
                 raise ValueError(f"the model has encoding {type(self.encoding).__name__}: pass positions [num_nodes, features]")
             if positions.shape[0] != n:
                 raise ValueError(f"positions must have one row per node ({n}); got {tuple(positions.shape)}")
-            positions = positions.unsqueeze(0)
         else:
             positions = None
         h = self.node_embed(x)
         if self.uses_input_hook:
-            h = self.encoding.encode_input(h.unsqueeze(0), positions).squeeze(0)
+            h = self.encoding.encode_input(h.unsqueeze(0), positions.unsqueeze(0)).squeeze(0)
         e = self.edge_embed(edge_attr) if self.edge_embed is not None else None
         mask = AttentionMask.packed(batch.unsqueeze(0))
         attn_pos = positions if self.uses_attention_hooks else None
@@ -299,7 +232,7 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
 
     * ``lap`` (:class:`~posenc.graph.LapPE`): ``data.laplacian_eigenvector_pe [N, k]``, followed by
       ``data.laplacian_eigenvalues [N, k]`` when the encoding uses eigenvalues (write both with
-      ``AddLaplacianPE(k, eigenvalues_attr="laplacian_eigenvalues")``).
+      ``AddLaplacianPE(k, eigenvalues=True)``).
     * ``rwse`` (:class:`~posenc.graph.RWSE`): ``data.random_walk_pe [N, K]``
       (``AddRandomWalkSE(K)`` or PyG's ``AddRandomWalkPE(K)``).
     * ``landmark`` (:class:`~posenc.graph.LandmarkPE`): ``data.landmark_pe [N, k]``
@@ -318,10 +251,10 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
         return value
 
     if isinstance(encoding, LapPE):
-        vecs = need(LAP_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues_attr={LAP_EIGENVALUES_ATTR!r})")
+        vecs = need(LAP_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues=True)")
         if not encoding.use_eigenvalues:
             return vecs
-        vals = need(LAP_EIGENVALUES_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues_attr={LAP_EIGENVALUES_ATTR!r})")
+        vals = need(LAP_EIGENVALUES_ATTR, f"posenc.graph.AddLaplacianPE({encoding.k}, eigenvalues=True)")
         return torch.cat([vecs, vals], dim=-1)
     if isinstance(encoding, RWSE):
         return need(RWSE_ATTR, f"posenc.graph.AddRandomWalkSE({encoding.walk_length})")

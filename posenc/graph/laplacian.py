@@ -69,6 +69,46 @@ def _check_options(k: int, normalization, method: str) -> None:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
 
 
+#: The keyword arguments of ``scipy.sparse.linalg.eigsh`` that may be passed on (the others are
+#: set by posenc: ``k``, ``which="SA"``, ``return_eigenvectors``; shift-invert would change ``which``).
+EIGSH_OPTIONS = ("tol", "maxiter", "ncv", "v0")
+
+
+def check_eigsh_options(options: dict | None, k: int, method: str = "auto") -> dict:
+    """Validate keyword arguments for ``scipy.sparse.linalg.eigsh`` (as PyG's
+    ``AddLaplacianEigenvectorPE(**kwargs)`` passes on): ``tol`` (>= 0), ``maxiter`` (> 0), ``ncv``
+    (> k + 1, capped at the graph size), ``v0`` (1D, one entry per node, checked per graph).
+    Returns a new dict; a ValueError/TypeError names the bad key and value."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(EIGSH_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"unknown eigsh argument(s) {', '.join(unknown)}; accepted: {', '.join(EIGSH_OPTIONS)} "
+            "(k, which and return_eigenvectors are set by posenc)"
+        )
+    if options and method == "lobpcg":
+        raise ValueError(f"eigsh options {sorted(options)} apply to scipy's eigsh; method='lobpcg' uses torch.lobpcg")
+    if "tol" in options:
+        tol = options["tol"]
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
+            raise ValueError(f"tol must be a number >= 0 (0: machine precision); got {tol!r}")
+    if "maxiter" in options:
+        maxiter = options["maxiter"]
+        if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 1):
+            raise ValueError(f"maxiter must be a positive int or None; got {maxiter!r}")
+    if "ncv" in options:
+        ncv = options["ncv"]
+        if isinstance(ncv, bool) or not isinstance(ncv, int) or ncv <= k + 1:
+            raise ValueError(f"ncv must be an int > k + 1 = {k + 1} (Lanczos vectors for k + 1 eigenpairs); got {ncv!r}")
+    if "v0" in options:
+        v0 = options["v0"]
+        v0 = v0.detach().cpu().numpy() if isinstance(v0, Tensor) else np.asarray(v0)
+        if v0.ndim != 1 or not np.issubdtype(v0.dtype, np.number):
+            raise ValueError(f"v0 must be a 1D numeric array with one entry per node; got shape {v0.shape} {v0.dtype}")
+        options["v0"] = v0
+    return options
+
+
 def _prepare(
     edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None, symmetrize: bool
 ) -> tuple[Tensor, Tensor]:
@@ -161,7 +201,7 @@ def _dense_eigen(adj: Tensor, k: int, normalization: Normalization) -> tuple[Ten
 
 def _sparse_eigen(
     edge_index: Tensor, edge_weight: Tensor, num_nodes: int, k: int, normalization: Normalization,
-    solver: str = "auto",
+    solver: str = "auto", eigsh_options: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LapPE of one large graph with a sparse eigensolver: ``(vals [k], vecs [N, k])`` float64.
 
@@ -194,9 +234,16 @@ def _sparse_eigen(
         lap = sp.coo_matrix(
             (val.numpy().astype(np.float32), (idx[0].numpy(), idx[1].numpy())), shape=(num_nodes, num_nodes)
         ).tocsr()
-        v0 = np.random.default_rng(0).uniform(0.5, 1.5, num_nodes).astype(np.float32)  # reproducible output
+        opts = dict(eigsh_options or {})
+        v0 = opts.pop("v0", None)
+        if v0 is None:
+            v0 = np.random.default_rng(0).uniform(0.5, 1.5, num_nodes)  # reproducible output
+        elif v0.shape != (num_nodes,):
+            raise ValueError(f"v0 has {v0.shape[0]} entries; this graph has {num_nodes} nodes")
+        opts.setdefault("tol", 0)
+        opts["ncv"] = min(num_nodes, opts.get("ncv", max(2 * want + 1, 20)))
         with blas_single_threaded():  # ARPACK's many small BLAS calls gain nothing from threads
-            vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=0, ncv=min(num_nodes, max(2 * want + 1, 20)))
+            vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0.astype(np.float32), **opts)
         order = np.argsort(vals_np)
         vals = torch.from_numpy(vals_np[order].astype(np.float64))
         vecs = torch.from_numpy(vecs_np[:, order].astype(np.float64))
@@ -224,6 +271,7 @@ def laplacian_pe(
     edge_weight: Tensor | None = None,
     symmetrize: bool = False,
     method: Method = "auto",
+    eigsh_options: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LapPE of one graph.
 
@@ -238,6 +286,8 @@ def laplacian_pe(
         method: "dense" (``torch.linalg.eigh``), "sparse" (eigsh on CPU, LOBPCG elsewhere),
             "lobpcg" (``torch.lobpcg`` on any device) or "auto" (sparse from
             :data:`SPARSE_MIN_NODES` nodes). Graphs with ``N <= 3 (k + 1)`` always go dense.
+        eigsh_options: keyword arguments for ``scipy.sparse.linalg.eigsh`` when it runs (the
+            sparse path on CPU): ``tol``, ``maxiter``, ``ncv``, ``v0`` (:func:`check_eigsh_options`).
 
     Returns:
         ``(vecs [N, k], vals [k])``, float32 on the device of ``edge_index``; columns past
@@ -246,6 +296,7 @@ def laplacian_pe(
     """
     _check_options(k, normalization, method)
     check_edge_index(edge_index, num_nodes)
+    eigsh_options = check_eigsh_options(eigsh_options, k, method)
     sparse = num_nodes > 3 * (k + 1) and (
         method in ("sparse", "lobpcg") or (method == "auto" and num_nodes >= SPARSE_MIN_NODES)
     )
@@ -261,7 +312,7 @@ def laplacian_pe(
     with single_threaded(edge_index.device) if not (sparse and method == "lobpcg") else nullcontext():
         edge_index, edge_weight = _prepare(edge_index, num_nodes, edge_weight, symmetrize)
         if sparse:
-            vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method)
+            vals, vecs = _sparse_eigen(edge_index, edge_weight, num_nodes, k, normalization, method, eigsh_options)
         else:
             adj = torch.zeros(1, num_nodes, num_nodes, dtype=torch.float64, device=edge_index.device)
             adj.index_put_(
@@ -283,6 +334,7 @@ def laplacian_pe_batch(
     edge_weight: Tensor | None = None,
     symmetrize: bool = False,
     method: Method = "auto",
+    eigsh_options: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LapPE of every graph of a batch at once (a PyG ``Batch``: ``data.edge_index``, ``data.batch``).
 
@@ -297,6 +349,7 @@ def laplacian_pe_batch(
         ``(vecs [N, k], vals [G, k])`` float32; per-node eigenvalues are ``vals[batch]``.
     """
     _check_options(k, normalization, method)
+    eigsh_options = check_eigsh_options(eigsh_options, k, method)
     device = edge_index.device
     with single_threaded(device) as count:
         num_graphs = check_batch(batch, num_graphs)
@@ -323,7 +376,7 @@ def laplacian_pe_batch(
         def sparse_part(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
             first = int(nodes[0])  # a graph's nodes are contiguous (sorted batch)
             vals, vecs = _sparse_eigen(
-                edge_index[:, edges] - first, edge_weight[edges], nodes.numel(), k, normalization, method
+                edge_index[:, edges] - first, edge_weight[edges], nodes.numel(), k, normalization, method, eigsh_options
             )
             return vecs, vals[None]
 

@@ -36,8 +36,12 @@ from torch_geometric.transforms import BaseTransform
 
 from ..common.checks import check_bool, check_int
 from .landmark import ANCHOR_METHODS, landmark_pe, landmark_pe_batch
-from .laplacian import laplacian_pe, laplacian_pe_batch
+from .laplacian import check_eigsh_options, laplacian_pe, laplacian_pe_batch
 from .random_walk import random_walk_se, random_walk_se_batch
+
+#: Where ``eigenvalues=True`` stores the per-node eigenvalues ``[N, k]`` by default (read by
+#: ``posenc.graph.node_positions`` for the ``lap`` encoding).
+EIGENVALUES_ATTR = "laplacian_eigenvalues"
 
 
 def _store(data: Any, value: Tensor, attr_name: str | None) -> Any:
@@ -71,17 +75,28 @@ def _check_attr(name: str, value: str | None) -> None:
 
 class AddLaplacianPE(BaseTransform):
     """Laplacian eigenvector PE (:func:`posenc.graph.laplacian_pe`), drop-in for PyG's
-    ``AddLaplacianEigenvectorPE(k, attr_name, is_undirected)``: stores ``[N, k]`` float32.
+    ``AddLaplacianEigenvectorPE(k, attr_name, is_undirected, **kwargs)``: stores ``[N, k]`` float32,
+    and with ``eigenvalues=True`` the eigenvalues too, which the ``lap`` encoding reads
+    (``LapPE(use_eigenvalues=True)``, the default) and PyG's transform does not give.
 
     Args:
         k: number of non-trivial eigenvectors.
         attr_name: where to store ``[N, k]`` (None: concatenate to ``data.x``).
         is_undirected: accepted for compatibility; the graph is checked either way and a directed
             one raises unless ``symmetrize``.
+        eigenvalues: also store the ``k`` eigenvalues of each node's graph, ``[N, k]`` float32:
+            under ``eigenvalues_attr``, or, with ``attr_name=None``, concatenated to ``data.x``
+            after the eigenvectors (``x = [x, vecs, vals]``: the layout ``lap`` reads).
+        eigenvalues_attr: the attribute of the eigenvalues (default ``"laplacian_eigenvalues"``,
+            where :func:`posenc.graph.node_positions` looks); giving it implies ``eigenvalues``.
         random_sign: flip each eigenvector's sign at random (torch's global RNG, as PyG does);
             False keeps the deterministic signs of :func:`~posenc.graph.laplacian_pe`.
-        eigenvalues_attr: also store the eigenvalues per node, ``[N, k]``, under this name.
         normalization, symmetrize, method: as in :func:`~posenc.graph.laplacian_pe`.
+        **kwargs: keyword arguments of ``scipy.sparse.linalg.eigsh``, as PyG's transform takes
+            them: ``tol``, ``maxiter``, ``ncv``, ``v0`` (validated here). They apply where eigsh
+            runs: graphs of at least ``SPARSE_MIN_NODES`` nodes on CPU (``method="auto"``), or every
+            graph larger than ``3 (k + 1)`` with ``method="sparse"``; smaller graphs are solved
+            densely (PyG: below 100 nodes).
     """
 
     def __init__(
@@ -90,35 +105,49 @@ class AddLaplacianPE(BaseTransform):
         attr_name: str | None = "laplacian_eigenvector_pe",
         is_undirected: bool = False,
         *,
-        random_sign: bool = True,
+        eigenvalues: bool = False,
         eigenvalues_attr: str | None = None,
+        random_sign: bool = True,
         normalization: str | None = "sym",
         symmetrize: bool = False,
         method: str = "auto",
+        **kwargs: Any,
     ) -> None:
         _check_k("k", k)
         _check_attr("attr_name", attr_name)
         _check_attr("eigenvalues_attr", eigenvalues_attr)
+        if eigenvalues_attr == "":
+            raise ValueError("eigenvalues_attr must be a non-empty str or None; got ''")
+        check_bool("eigenvalues", eigenvalues)
         check_bool("random_sign", random_sign)
         check_bool("symmetrize", symmetrize)
         self.k, self.attr_name, self.is_undirected = k, attr_name, is_undirected
-        self.random_sign, self.eigenvalues_attr = random_sign, eigenvalues_attr
+        self.eigenvalues = eigenvalues or eigenvalues_attr is not None
+        self.eigenvalues_attr = eigenvalues_attr if eigenvalues_attr is not None else EIGENVALUES_ATTR
+        self.random_sign = random_sign
         self.normalization, self.symmetrize, self.method = normalization, symmetrize, method
+        self.kwargs = check_eigsh_options(kwargs, k, method)
 
     def forward(self, data: Data) -> Data:
         num_nodes = data.num_nodes
         vecs, vals = laplacian_pe(
             data.edge_index, num_nodes, self.k, normalization=self.normalization,
             edge_weight=getattr(data, "edge_weight", None), symmetrize=self.symmetrize, method=self.method,
+            eigsh_options=self.kwargs,
         )
         if self.random_sign:
             vecs = vecs * _random_signs(1, self.k, vecs.device)
-        if self.eigenvalues_attr is not None:
-            data[self.eigenvalues_attr] = vals.expand(num_nodes, self.k).clone()
+        if not self.eigenvalues:
+            return _store(data, vecs, self.attr_name)
+        per_node = vals.expand(num_nodes, self.k).clone()
+        if self.attr_name is None:
+            return _store(data, torch.cat([vecs, per_node], dim=-1), None)
+        data[self.eigenvalues_attr] = per_node
         return _store(data, vecs, self.attr_name)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(k={self.k}, attr_name={self.attr_name!r})"
+        vals = f", eigenvalues_attr={self.eigenvalues_attr!r}" if self.eigenvalues else ""
+        return f"{type(self).__name__}(k={self.k}, attr_name={self.attr_name!r}{vals})"
 
 
 class AddRandomWalkSE(BaseTransform):
@@ -189,24 +218,32 @@ def add_laplacian_pe_batch(
     k: int,
     attr_name: str | None = "laplacian_eigenvector_pe",
     *,
-    random_sign: bool = True,
+    eigenvalues: bool = False,
     eigenvalues_attr: str | None = None,
+    random_sign: bool = True,
     normalization: str | None = "sym",
     symmetrize: bool = False,
     method: str = "auto",
+    **kwargs: Any,
 ) -> Any:
     """:class:`AddLaplacianPE` for a whole PyG ``Batch`` at once (one batched eigensolve per graph
-    size); random signs are drawn per graph and eigenvector. Returns ``data`` with the attribute set."""
+    size); random signs are drawn per graph and eigenvector. Same arguments (``**kwargs``: eigsh
+    options). Returns ``data`` with the attribute(s) set."""
     _check_k("k", k)
+    options = check_eigsh_options(kwargs, k, method)
     batch, num_graphs = _batch_vector(data)
     vecs, vals = laplacian_pe_batch(
         data.edge_index, batch, k, num_graphs=num_graphs, normalization=normalization,
         edge_weight=getattr(data, "edge_weight", None), symmetrize=symmetrize, method=method,
+        eigsh_options=options,
     )
     if random_sign:
         vecs = vecs * _random_signs(num_graphs, k, vecs.device)[batch]
-    if eigenvalues_attr is not None:
-        data[eigenvalues_attr] = vals[batch]
+    if not (eigenvalues or eigenvalues_attr is not None):
+        return _store(data, vecs, attr_name)
+    if attr_name is None:
+        return _store(data, torch.cat([vecs, vals[batch]], dim=-1), None)
+    data[eigenvalues_attr if eigenvalues_attr is not None else EIGENVALUES_ATTR] = vals[batch]
     return _store(data, vecs, attr_name)
 
 

@@ -8,16 +8,20 @@ Two entry points:
     subclass :class:`PosencVisionTransformer`), so timm's tools keep working on it.
 timm's registry
     importing this module registers ``posenc_vit_{tiny,small}_{encoding}`` with timm's
-    ``register_model``, so ``timm.create_model("posenc_vit_tiny_peg", num_classes=10)`` works:
+    ``register_model``, each with a (weightless) pretrained config in this module's
+    ``default_cfgs`` (timm's ``generate_default_cfgs``), so ``timm.create_model("posenc_vit_tiny_peg",
+    num_classes=10)`` works, and so do ``features_only=True`` and ``timm.get_pretrained_cfg``:
     timm's DeiT-tiny (patch 16, width 192, 12 blocks, 3 heads) or DeiT-small (width 384, 6
-    heads) at 224 pixels, built by timm and then given the encoding by
+    heads) at 224 pixels, built by timm's ``build_model_with_cfg`` and given the encoding by
     :func:`replace_position_encoding`. They take timm's usual keyword arguments (``num_classes``,
-    ``img_size``, ``patch_size``, ``in_chans``, ``global_pool``, ``depth``, ...) and default to
-    ``dynamic_img_size=True``, so they run at any image size divisible by the patch. There are no
-    pretrained weights: ``pretrained=True`` is a ValueError.
+    ``img_size``, ``patch_size``, ``in_chans``, ``global_pool``, ``depth``, ``features_only``,
+    ``out_indices``, ...) and default to ``dynamic_img_size=True``, so they run at any image size
+    divisible by the patch. There are no pretrained weights: ``pretrained=True`` is a ValueError.
 
 Where each kind of encoding goes (the seam is timm's ``_pos_embed`` and the block loop of
-``forward_features``, both overridden by :class:`PosencVisionTransformer`):
+``forward_features``/``forward_intermediates``, all overridden by :class:`PosencVisionTransformer`;
+the rules that turn a name or an instance into encodings are
+:func:`~posenc.vision.resolve.resolve_vit_encoding`, shared with :class:`~posenc.vision.ViT`):
 
 * input encodings (sincos2d, learned2d, axial, a 1D encoding over the raster order): timm's
   ``pos_embed`` is removed and the encoding is applied to the tokens after the prefix tokens are
@@ -37,34 +41,116 @@ embedding returns (``[B, H, W, C]`` with ``dynamic_img_size``, otherwise the fix
 ``patch_embed.grid_size``), builds the positions of that grid and passes them to the encoding,
 the blocks and the PEGs. Nothing is stored on a module between calls.
 
+timm's tools: ``forward_intermediates`` (and so ``features_only=True``, timm's getter feature
+wrapper), ``prune_intermediate_layers``, ``set_grad_checkpointing`` and FX tracing work with every
+encoding. For FX, the steps that depend on tensor sizes or values (the patch grid and its
+positions, the encodings, the posenc attention, the PEG) are called through the functions
+:func:`patch_tokens`, :func:`apply_input_encoding`, :func:`apply_attention` and
+:func:`conditional_term`, which ``torch.fx.wrap`` keeps opaque: ``torch.fx.symbolic_trace``, timm's
+FX feature extraction and torchvision's ``create_feature_extractor`` record each as one call.
+TorchScript is not supported: ``torch.jit.script`` raises a NotImplementedError saying so (use
+``torch.compile``, ``torch.export`` or FX).
+
 Not supported (a clear error at swap time): ``patch_drop_rate > 0`` (dropped tokens would need
 their positions gathered), attention with ``qk_norm``, ``scale_attn_norm``, gating or attention
 dropout when an attention encoding is swapped in, blocks other than timm's ``Block``; and
-``attn_mask``/``is_causal`` or ``forward_intermediates`` on a model whose blocks were replaced.
+``attn_mask``/``is_causal`` on a model whose blocks were replaced.
 """
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any, Sequence
 
 import torch
-from timm.models import register_model
+import torch.fx
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import Attention, Block, VisionTransformer
 from torch import Tensor, nn
 
 from ..common.attention import MultiheadAttention
-from ..common.encoding import Hook, PositionEncoding, attention_part
-from ..common.registry import ModelDims, available, build, get
+from ..common.encoding import PositionEncoding
+from ..common.registry import get
 from .grid import grid_positions, raster_positions
-from .peg import PEG
-from .prefix import PatchTokensOnly
+from .resolve import ViTEncoding, resolve_vit_encoding
 
 __all__ = [
     "PosencVisionTransformer", "PosencBlock", "PosencAttention", "replace_position_encoding",
-    "TIMM_ENCODINGS", "TIMM_SIZES", "timm_model_names",
+    "TIMM_ENCODINGS", "TIMM_SIZES", "timm_model_names", "patch_tokens", "apply_input_encoding",
+    "apply_attention", "conditional_term", "refuse_attention_mask",
 ]
+
+_NO_TORCHSCRIPT = (
+    "{} does not support TorchScript (posenc encodings follow the patch grid of each call with Python-level "
+    "shape logic); use torch.compile, torch.export or FX (torch.fx.symbolic_trace, timm's features_only)"
+)
+
+
+def _refuse_torchscript():
+    raise NotImplementedError(_NO_TORCHSCRIPT.format("a posenc position encoding"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The steps FX keeps opaque (torch.fx.wrap: each is one call in a traced graph)
+
+
+def patch_tokens(
+    patches: Tensor, fixed_grid: tuple[int, int], num_prefix_tokens: int, position_kind: str
+) -> tuple[Tensor, Tensor]:
+    """The patch embedding's output as tokens, and the positions of all tokens (prefix first).
+
+    Args:
+        patches: ``[B, H, W, C]`` (``dynamic_img_size``) or ``[B, N, C]`` at ``fixed_grid``.
+        fixed_grid: ``patch_embed.grid_size``, the grid of a ``[B, N, C]`` output.
+        num_prefix_tokens: class and register tokens that come before the patches.
+        position_kind: "2d" (``(row, col)``) or "1d" (raster order).
+
+    Returns:
+        ``(tokens [B, H*W, C], positions [1, P + H*W, 2] or [1, P + H*W])``.
+    """
+    if patches.dim() == 4:
+        rows, cols = int(patches.shape[1]), int(patches.shape[2])
+    else:
+        rows, cols = fixed_grid
+        if patches.shape[1] != rows * cols:
+            raise ValueError(
+                f"the patch embedding returned {patches.shape[1]} tokens, not the {rows}x{cols} grid of "
+                f"patch_embed.grid_size; build the model with dynamic_img_size=True for other image sizes"
+            )
+    tokens = patches.reshape(patches.shape[0], rows * cols, patches.shape[-1])
+    if position_kind == "1d":
+        positions = raster_positions(rows * cols, num_prefix_tokens=num_prefix_tokens, device=patches.device)
+    else:
+        positions = grid_positions(rows, cols, num_prefix_tokens=num_prefix_tokens, device=patches.device)
+    return tokens, positions
+
+
+def apply_input_encoding(encoding: PositionEncoding, x: Tensor, positions: Tensor) -> Tensor:
+    """``encoding.encode_input(x, positions)``: tokens ``[B, T, C]`` with the input encoding."""
+    return encoding.encode_input(x, positions)
+
+
+def apply_attention(attn: nn.Module, x: Tensor, positions: Tensor) -> Tensor:
+    """``attn(x, positions)`` for a :class:`PosencAttention`: ``[B, T, C]`` -> ``[B, T, C]``."""
+    return attn(x, positions)
+
+
+def conditional_term(module: nn.Module, x: Tensor, positions: Tensor) -> Tensor:
+    """``module(x, positions)``: the term a conditional encoder (PEG) adds after a block, ``[B, T, C]``."""
+    return module(x, positions)
+
+
+def refuse_attention_mask(attn_mask: Tensor | None, is_causal: bool) -> None:
+    """ValueError when a mask is given to a model whose blocks have the posenc attention (a
+    function, so that a traced graph keeps the check instead of branching on a traced argument)."""
+    if attn_mask is not None or is_causal:
+        raise ValueError("attn_mask and is_causal are not supported by the posenc attention blocks")
+
+
+for _fn in (patch_tokens, refuse_attention_mask, apply_input_encoding, apply_attention, conditional_term):
+    torch.fx.wrap(_fn.__name__)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,6 +213,9 @@ class PosencAttention(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         return self.proj_drop(self.attn(x, q_pos=positions))
 
+    def __prepare_scriptable__(self):
+        raise NotImplementedError(_NO_TORCHSCRIPT.format("the posenc attention of a timm ViT"))
+
 
 class PosencBlock(nn.Module):
     """timm's pre-norm ``Block`` with a :class:`PosencAttention`: the same norms, MLP, layer
@@ -141,7 +230,7 @@ class PosencBlock(nn.Module):
         self.norm2, self.mlp, self.ls2, self.drop_path2 = block.norm2, block.mlp, block.ls2, block.drop_path2
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), positions)))
+        x = x + self.drop_path1(self.ls1(apply_attention(self.attn, self.norm1(x), positions)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -159,19 +248,6 @@ class PosencVisionTransformer(VisionTransformer):
     posenc_position_kind: str
     posenc_name: str
 
-    def patch_grid(self, patches: Tensor) -> tuple[int, int]:
-        """The grid ``(rows, cols)`` of the patch embedding's output: ``[B, H, W, C]``
-        (``dynamic_img_size``) or ``[B, N, C]`` at the fixed ``patch_embed.grid_size``."""
-        if patches.dim() == 4:
-            return int(patches.shape[1]), int(patches.shape[2])
-        rows, cols = self.patch_embed.grid_size
-        if patches.shape[1] != rows * cols:
-            raise ValueError(
-                f"the patch embedding returned {patches.shape[1]} tokens, not the {rows}x{cols} grid of "
-                f"patch_embed.grid_size; build the model with dynamic_img_size=True for other image sizes"
-            )
-        return rows, cols
-
     def token_positions(self, rows: int, cols: int, device=None) -> Tensor:
         """Positions of all tokens (prefix first) for a ``rows x cols`` grid: ``[1, T, 2]`` or ``[1, T]``."""
         if self.posenc_position_kind == "1d":
@@ -180,74 +256,131 @@ class PosencVisionTransformer(VisionTransformer):
 
     def _embed_with_positions(self, patches: Tensor) -> tuple[Tensor, Tensor]:
         """Patch embedding output -> (tokens with prefix and input encoding ``[B, T, C]``, positions)."""
-        rows, cols = self.patch_grid(patches)
-        x = patches.reshape(patches.shape[0], rows * cols, patches.shape[-1])
+        x, positions = patch_tokens(
+            patches, tuple(self.patch_embed.grid_size), self.num_prefix_tokens, self.posenc_position_kind
+        )
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat((*prefix, x), dim=1)
-        positions = self.token_positions(rows, cols, device=x.device)
         if self.posenc_encoding is not None:
-            x = self.posenc_encoding.encode_input(x, positions)
+            x = apply_input_encoding(self.posenc_encoding, x, positions)
         return self.pos_drop(x), positions
 
     def _pos_embed(self, x: Tensor) -> Tensor:
         return self._embed_with_positions(x)[0]
 
+    def _block(self, i: int, block: nn.Module, x: Tensor, positions: Tensor, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        """Block ``i`` and the conditional encoder after it (if any)."""
+        if isinstance(block, PosencBlock):  # takes no mask: forward_features refused one (_refuse_attention_mask)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(block, x, positions)
+            else:
+                x = block(x, positions)
+        elif attn_mask is not None or is_causal:
+            x = block(x, attn_mask=attn_mask, is_causal=is_causal)
+        elif self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint(block, x)
+        else:
+            x = block(x)
+        if str(i) in self.posenc_conditional:
+            x = x + conditional_term(self.posenc_conditional[str(i)], x, positions)
+        return x
+
+    def _check_mask(self, attn_mask: Tensor | None, is_causal: bool) -> None:
+        if any(isinstance(b, PosencBlock) for b in self.blocks):
+            refuse_attention_mask(attn_mask, is_causal)
+
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        self._check_mask(attn_mask, is_causal)
         x, positions = self._embed_with_positions(self.patch_embed(x))
         x = self.norm_pre(self.patch_drop(x))
         for i, block in enumerate(self.blocks):
-            if isinstance(block, PosencBlock):
-                if attn_mask is not None or is_causal:
-                    raise ValueError("attn_mask and is_causal are not supported by the posenc attention blocks")
-                x = block(x, positions)
-            else:
-                x = block(x, attn_mask=attn_mask, is_causal=is_causal)
-            if str(i) in self.posenc_conditional:
-                x = x + self.posenc_conditional[str(i)](x, positions)
+            x = self._block(i, block, x, positions, attn_mask, is_causal)
         return self.norm(x)
 
-    def forward_intermediates(self, *args: Any, **kwargs: Any):
-        if any(isinstance(b, PosencBlock) for b in self.blocks) or len(self.posenc_conditional):
-            raise NotImplementedError(
-                f"forward_intermediates is not available with the {self.posenc_name} encoding "
-                "(its blocks need positions); use forward_features"
-            )
-        return super().forward_intermediates(*args, **kwargs)
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        # Defined here (not inherited) so that FX's tracing of this module sees the wrapped functions.
+        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ):
+        """timm's ``VisionTransformer.forward_intermediates`` (same arguments and outputs) with the
+        positions of the patch grid passed to every block and PEG.
+
+        Args:
+            x: images ``[B, C, H, W]``.
+            indices: the last ``n`` blocks (int), all (None) or these block indices.
+            output_fmt: "NCHW" (``[B, C, rows, cols]`` intermediates) or "NLC" (``[B, rows*cols, C]``).
+            others: as timm's.
+        Returns:
+            ``(final features [B, T, C], intermediates)``, the intermediates alone, or a dict with
+            ``image_intermediates`` (and ``image_features``, ``image_intermediates_prefix``).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC'; got {output_fmt!r}")
+        self._check_mask(attn_mask, is_causal)
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        batch = x.shape[0]
+        patches = self.patch_embed(x)
+        x, positions = self._embed_with_positions(patches)
+        x = self.norm_pre(self.patch_drop(x))
+        if patches.dim() == 4:
+            rows, cols = int(patches.shape[1]), int(patches.shape[2])
+        else:
+            rows, cols = self.patch_embed.grid_size
+        intermediates = []
+        blocks = self.blocks if not stop_early else self.blocks[: max_index + 1]
+        for i, block in enumerate(blocks):
+            x = self._block(i, block, x, positions, attn_mask, is_causal)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix_tokens = [y[:, :p] for y in intermediates] if p else None
+        intermediates = [y[:, p:] for y in intermediates]
+        if output_fmt == "NCHW":
+            intermediates = [y.reshape(batch, rows, cols, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if output_dict:
+            out: dict[str, Any] = {"image_intermediates": intermediates}
+            if prefix_tokens is not None and return_prefix_tokens:
+                out["image_intermediates_prefix"] = prefix_tokens
+            if not intermediates_only:
+                out["image_features"] = self.norm(x)
+            return out
+        if return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's pruning (blocks after the last index, optionally the norm and head) that also
+        drops the PEGs after removed blocks."""
+        take_indices = super().prune_intermediate_layers(indices, prune_norm=prune_norm, prune_head=prune_head)
+        kept = len(self.blocks)
+        for key in [k for k in self.posenc_conditional if int(k) >= kept]:
+            del self.posenc_conditional[key]
+        return take_indices
+
+    def __prepare_scriptable__(self):
+        raise NotImplementedError(_NO_TORCHSCRIPT.format(f"{type(self).__name__} ({self.posenc_name})"))
 
 
 # ----------------------------------------------------------------------------------------------
 # Swapping
-
-
-def _modality(encoding: PositionEncoding) -> str | None:
-    for info in available():
-        if info.cls is type(encoding):
-            return info.modality
-    return None
-
-
-def _build(name: str, model: VisionTransformer, options: dict[str, Any], per_block: bool) -> list[PositionEncoding]:
-    """The encodings for ``model``: one, or one per block when the class asks for it (``per_layer``)."""
-    info = get(name)
-    rows, cols = model.patch_embed.grid_size
-    heads = _num_heads(model)
-    dims = ModelDims(dim=model.embed_dim, num_heads=heads, max_len=rows * cols)
-    if info.modality == "seq":
-        return [PatchTokensOnly(build(name, dims=dims, **options), model.num_prefix_tokens)]
-    if info.modality != "vision":
-        raise ValueError(f"encoding {name!r} belongs to the {info.modality!r} modality; a ViT takes vision or seq encodings")
-    if getattr(info.cls, "grid_ndim", 2) != 2:  # sincos3d, axial3d, rope3d: timm's ViT is for images
-        raise ValueError(f"encoding {name!r} is a 3D (video) encoding of (t, row, col) positions; timm's ViT takes images")
-    params = inspect.signature(info.cls.__init__).parameters
-    extra: dict[str, Any] = {}
-    if "num_prefix_tokens" in params:
-        extra["num_prefix_tokens"] = model.num_prefix_tokens
-    if "grid_size" in params:
-        extra["grid_size"] = (rows, cols)
-    extra.update(options)
-    count = len(model.blocks) if per_block and info.cls.per_layer else 1
-    return [build(name, dims=dims, **extra) for _ in range(count)]
 
 
 def _num_heads(model: VisionTransformer) -> int:
@@ -293,7 +426,7 @@ def replace_position_encoding(
             match the model's; a registered sequence encoding instance is wrapped in
             :class:`~posenc.vision.prefix.PatchTokensOnly`. A registry name gets
             ``num_prefix_tokens`` and the training ``grid_size`` from the model, one instance per
-            block when its class sets ``per_layer``.
+            block when its class sets ``per_layer`` (:func:`~posenc.vision.resolve.resolve_vit_encoding`).
         peg_blocks: for "peg" (or a PEG instance): the blocks after which a PEG is added.
         keep_weights: ``learned2d`` starts from the model's learned ``pos_embed`` when its grid
             matches (then the converted model computes what the original did).
@@ -315,49 +448,14 @@ def replace_position_encoding(
         raise ValueError("patch_drop_rate > 0 is not supported: dropped tokens would need their positions gathered")
     if getattr(model, "attn_pool", None) is not None and model.pool_include_prefix:
         raise ValueError("attention pooling over the prefix tokens is not supported")
-    name = encoding if isinstance(encoding, str) else "none" if encoding is None else type(encoding).__name__
-    if not isinstance(encoding, (str, PositionEncoding)) and encoding is not None:
-        raise TypeError(f"encoding must be a registered name, a PositionEncoding or None; got {type(encoding).__name__}")
-    if options and not isinstance(encoding, str):
-        raise ValueError("encoding options apply to a registry name, not to an encoding instance or None")
 
-    # Build the new encoding(s) before touching the model, so a bad option leaves it unchanged.
-    conditional: dict[int, nn.Module] = {}
-    if isinstance(encoding, str) and get(encoding).cls is PEG or isinstance(encoding, PEG):
-        blocks = sorted(set(int(i) for i in peg_blocks))
-        if not blocks or any(not 0 <= i < len(model.blocks) for i in blocks):
-            raise ValueError(f"peg_blocks must name blocks in 0..{len(model.blocks) - 1}; got {list(peg_blocks)}")
-        if isinstance(encoding, PEG):
-            if len(blocks) != 1:
-                raise ValueError("a PEG instance goes after one block; pass a name ('peg') for several")
-            _check_prefix(encoding, model)
-            conditional = {blocks[0]: encoding}
-        else:
-            conditional = {i: _build("peg", model, dict(options), per_block=False)[0] for i in blocks}
-        encodings: list[PositionEncoding | None] = [None]
-        kind = "2d"
-    elif isinstance(encoding, str):
-        encodings = list(_build(encoding, model, dict(options), per_block=True))
-        kind = "1d" if get(encoding).modality == "seq" else "2d"
-    elif isinstance(encoding, PositionEncoding):
-        if _modality(encoding) == "seq":
-            encoding = PatchTokensOnly(encoding, model.num_prefix_tokens)
-            kind = "1d"
-        else:
-            _check_prefix(encoding, model)
-            kind = "2d"
-        encodings = [encoding]
-    else:
-        encodings, kind = [None], "2d"
-    first = encodings[0]
-    if first is not None and first.causal_only:
-        raise ValueError(f"{name} is defined for causal attention only; a ViT attends in both directions "
-                         "(ALiBi: pass symmetric=True)")
-    if first is not None and Hook.INPUT in first.hooks and len(encodings) > 1:
-        raise ValueError(f"{name}: an encoding with an input hook cannot be built once per block")
-
-    attn_encodings = [attention_part(e) for e in encodings]
-    per_block = attn_encodings if len(attn_encodings) == len(model.blocks) else attn_encodings * len(model.blocks)
+    # Resolve the new encoding(s) before touching the model, so a bad option leaves it unchanged.
+    resolved: ViTEncoding = resolve_vit_encoding(
+        encoding, dim=model.embed_dim, num_heads=_num_heads(model), depth=len(model.blocks),
+        grid_size=tuple(model.patch_embed.grid_size), num_prefix_tokens=model.num_prefix_tokens,
+        options=options, peg_blocks=peg_blocks,
+    )
+    per_block = resolved.attention_per_block
     new_blocks: list[nn.Module] = []
     for block, enc in zip(model.blocks, per_block):
         if isinstance(block, PosencBlock):  # converted before: only its encoding changes (set below)
@@ -370,8 +468,9 @@ def replace_position_encoding(
             new_blocks.append(PosencBlock(block, PosencAttention.from_timm(block.attn, enc, backend)))
 
     patch_pos_embed = _fold_prefix_pos_embed(model)
+    first = resolved.input_encoding
     if (
-        keep_weights and patch_pos_embed is not None and isinstance(first, nn.Module)
+        keep_weights and patch_pos_embed is not None and first is not None
         and type(first).__name__ == "Learned2D" and tuple(first.table.shape[:2]) == tuple(model.patch_embed.grid_size)
     ):
         with torch.no_grad():
@@ -382,20 +481,16 @@ def replace_position_encoding(
             block.attn.attn.encoding = enc
     model.blocks = nn.Sequential(*new_blocks)
     model.__class__ = PosencVisionTransformer
-    model.posenc_encoding = first if first is not None and Hook.INPUT in first.hooks else None
-    model.posenc_conditional = nn.ModuleDict({str(i): m for i, m in sorted(conditional.items())})
-    model.posenc_position_kind = kind
-    model.posenc_name = name
+    model.posenc_encoding = first
+    model.posenc_conditional = nn.ModuleDict({str(i): m for i, m in sorted(resolved.conditional.items())})
+    # A graph traced by FX holds these modules directly (not the model): torch.jit.script of it asks
+    # each module's __prepare_scriptable__ first, so it meets the clear refusal, not a type error.
+    for module in (first, *resolved.conditional.values()):
+        if module is not None:
+            module.__prepare_scriptable__ = _refuse_torchscript
+    model.posenc_position_kind = resolved.position_kind
+    model.posenc_name = resolved.name or "none"
     return model
-
-
-def _check_prefix(encoding: PositionEncoding, model: VisionTransformer) -> None:
-    built_for = encoding.num_prefix_tokens
-    if built_for is not None and built_for != model.num_prefix_tokens:
-        raise ValueError(
-            f"the {type(encoding).__name__} instance was built for num_prefix_tokens={built_for}; "
-            f"the model has {model.num_prefix_tokens} prefix tokens (class token + registers)"
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,44 +526,56 @@ def _known(name: str) -> bool:
     return True
 
 
-def _pretrained_cfg(name: str) -> dict[str, Any]:
+def _cfg(**overrides: Any) -> dict[str, Any]:
+    """A weightless pretrained config: timm's data settings for a DeiT at 224 pixels, no url/hub id."""
     return {
         "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.9,
         "interpolation": "bicubic", "fixed_input_size": False, "mean": (0.485, 0.456, 0.406),
         "std": (0.229, 0.224, 0.225), "first_conv": "patch_embed.proj", "classifier": "head",
-        "architecture": name, "license": "apache-2.0",
+        "license": "apache-2.0", **overrides,
     }
 
 
-def _entrypoint(name: str, size: str, encoding: str):
-    def create(pretrained: bool = False, **kwargs: Any) -> PosencVisionTransformer:
-        if pretrained:
-            raise ValueError(f"{name} has no pretrained weights (posenc ships none); use pretrained=False")
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "pretrained_model_args"):
-            kwargs.pop(key, None)
-        peg_blocks = kwargs.pop("peg_blocks", (0,))
-        encoding_options = dict(kwargs.pop("encoding_options", None) or {})
-        args = dict(TIMM_SIZES[size])
-        args.update(dynamic_img_size=True, pos_embed="none")
-        args.update(kwargs)
-        model = VisionTransformer(**args)
-        model.pretrained_cfg = model.default_cfg = _pretrained_cfg(name)
-        options = {**TIMM_ENCODINGS[encoding], **encoding_options}
+#: timm reads a module's ``default_cfgs`` when ``register_model`` registers an entry point of it
+#: (as in timm's own model files); filled by :func:`register_timm_models`.
+default_cfgs: dict[str, Any] = {}
+
+
+def _create(name: str, size: str, encoding: str, pretrained: bool, kwargs: dict[str, Any]) -> nn.Module:
+    if pretrained:
+        raise ValueError(f"{name} has no pretrained weights (posenc ships none); use pretrained=False")
+    peg_blocks = kwargs.pop("peg_blocks", (0,))
+    options = {**TIMM_ENCODINGS[encoding], **dict(kwargs.pop("encoding_options", None) or {})}
+    out_indices = kwargs.pop("out_indices", 3)  # timm's ViT default: the last 3 blocks as features
+
+    def make(**model_args: Any) -> PosencVisionTransformer:
+        model = VisionTransformer(**model_args)
         return replace_position_encoding(model, encoding, peg_blocks=peg_blocks, **options)
+
+    args = {**TIMM_SIZES[size], "dynamic_img_size": True, "pos_embed": "none", **kwargs}
+    return build_model_with_cfg(
+        make, name, pretrained=False, feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **args
+    )
+
+
+def _entrypoint(name: str, size: str, encoding: str):
+    def create(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        return _create(name, size, encoding, pretrained, kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
     create.__doc__ = (
         f"timm DeiT-{size} ({TIMM_SIZES[size]['embed_dim']} wide) with posenc's {encoding!r} encoding; no pretrained weights. "
-        "Keyword arguments go to timm's VisionTransformer (defaults: dynamic_img_size=True), plus peg_blocks and "
-        "encoding_options (constructor options of the encoding)."
+        "Keyword arguments go to timm's VisionTransformer (defaults: dynamic_img_size=True) and timm's builder "
+        "(features_only, out_indices, ...), plus peg_blocks and encoding_options (constructor options of the encoding)."
     )
     return create
 
 
 def register_timm_models() -> list[str]:
-    """Register :func:`timm_model_names` with timm (idempotent: names this module registered
-    before are left alone; a name another module owns is not overwritten, with a warning)."""
+    """Register :func:`timm_model_names` with timm, each with its pretrained config (idempotent:
+    names this module registered before are left alone; a name another module owns is not
+    overwritten, with a warning)."""
     from timm.models import is_model, model_entrypoint
 
     done = []
@@ -480,6 +587,7 @@ def register_timm_models() -> list[str]:
                 warnings.warn(f"timm already has a model named {name} (from {owner}); posenc does not overwrite it",
                               stacklevel=2)
             continue
+        default_cfgs.update(generate_default_cfgs({name: _cfg()}))
         fn = _entrypoint(name, size, encoding)
         globals()[name] = fn  # a module attribute, as timm's own entry points are (register_model lists it in __all__)
         register_model(fn)

@@ -20,6 +20,8 @@ explicit positions and keeps the prefix out by construction:
 * an encoding class with ``per_layer = True`` (RoPE-Mixed, 2D relative bias: their papers learn
   one set per block) gets one instance per block; any other is shared by every block.
 
+(These rules are :func:`~posenc.vision.resolve.resolve_vit_encoding`, shared with the timm integration.)
+
 Images of any size divisible by the patch run at inference: each encoding follows the new grid
 (sinusoidal, RoPE, PEG), resamples its table (learned 2D, axial, 2D relative bias) or refuses
 clearly (e.g. a learned 1D table past its length).
@@ -40,8 +42,6 @@ per frame they would give every frame the same positions, which cannot tell the 
 
 from __future__ import annotations
 
-import inspect
-import math
 from typing import Sequence
 
 import torch
@@ -49,26 +49,11 @@ from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
 from ..common.encoding import PositionEncoding
-from ..common.registry import ModelDims, available, build, get
-from ..common.spe import StochasticPositionalEncoding
 from ..training.pretrained import PretrainedMixin
 from .grid import grid_positions, grid_positions3d, raster_positions, to_pair
-from .peg import PEG
-from .prefix import PatchTokensOnly
+from .resolve import resolve_vit_encoding
 
 POOLS = ("cls", "avg")
-
-
-def _modality_of(encoding: PositionEncoding) -> str | None:
-    for info in available():
-        if info.cls is type(encoding):
-            return info.modality
-    return None
-
-
-def _grid_ndim(cls: type) -> int:
-    """2 for image encodings, 3 for the video ones (see :mod:`posenc.vision.grid`)."""
-    return int(getattr(cls, "grid_ndim", 2))
 
 
 class ViT(nn.Module, PretrainedMixin):
@@ -162,13 +147,14 @@ class ViT(nn.Module, PretrainedMixin):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02, a=-0.04, b=0.04)
 
-        per_layer, conditional, self.position_kind = self._build_encoding(
-            encoding, dict(encoding_options or {}), peg_blocks
+        resolved = resolve_vit_encoding(
+            encoding, dim=dim, num_heads=num_heads, depth=depth, grid_size=self.train_grid,
+            num_prefix_tokens=self.num_prefix_tokens, options=encoding_options, peg_blocks=peg_blocks,
         )
-        self.encoding_name = encoding if isinstance(encoding, str) else type(encoding).__name__ if encoding else None
+        self.position_kind, self.encoding_name = resolved.position_kind, resolved.name
         self.encoder = TransformerEncoder(
-            dim, depth, num_heads, encoding=per_layer, mlp_ratio=mlp_ratio, dropout=dropout,
-            conditional=conditional, backend=backend, feature_map=feature_map,
+            dim, depth, num_heads, encoding=resolved.encoding, mlp_ratio=mlp_ratio, dropout=dropout,
+            conditional=resolved.conditional or None, backend=backend, feature_map=feature_map,
         )
         self.feature_map = feature_map
         self.head = nn.Linear(dim, num_classes)
@@ -188,87 +174,6 @@ class ViT(nn.Module, PretrainedMixin):
         if num_frames % tubelet_size:
             raise ValueError(f"num_frames={num_frames} must be divisible by tubelet_size={tubelet_size}")
         return num_frames, tubelet_size
-
-    def _check_grid_ndim(self, cls: type, name: str) -> None:
-        """A 2D encoding on a video model, or a 3D one on an image model, is a ValueError."""
-        ndim = _grid_ndim(cls)
-        if self.num_frames is not None and ndim != 3:
-            video = ", ".join(i.name for i in available("vision") if _grid_ndim(i.cls) == 3)
-            raise ValueError(
-                f"encoding {name!r} is a 2D (image) encoding; this video ViT (num_frames={self.num_frames}) takes a 3D "
-                f"one ({video}), a seq encoding over the flattened (t, row, col) order, or None (2D encodings are not "
-                "applied per frame: every frame would get the same positions)"
-            )
-        if self.num_frames is None and ndim != 2:
-            raise ValueError(
-                f"encoding {name!r} is a 3D (video) encoding of (t, row, col) positions; build the ViT with num_frames "
-                "(and tubelet_size) for videos [batch, channels, frames, height, width]"
-            )
-
-    def _build_encoding(self, encoding, options: dict, peg_blocks: Sequence[int]):
-        """-> (encoding or per-layer list for the encoder, conditional modules, "2d" | "1d")."""
-        p = self.num_prefix_tokens
-        if encoding is None:
-            if options:
-                raise ValueError("encoding_options given without an encoding")
-            return None, None, "2d"
-        if isinstance(encoding, PositionEncoding):
-            if options:
-                raise ValueError("encoding_options apply to a registry name, not to an encoding instance")
-            if _modality_of(encoding) == "seq" and not isinstance(encoding, StochasticPositionalEncoding):
-                if encoding.causal_only:
-                    raise ValueError(f"{type(encoding).__name__} is causal-only; a ViT attends in both directions")
-                return PatchTokensOnly(encoding, p), None, "1d"
-            if _modality_of(encoding) == "vision" or hasattr(type(encoding), "grid_ndim"):  # not a user's own class
-                self._check_grid_ndim(type(encoding), type(encoding).__name__)
-            built_for = encoding.num_prefix_tokens
-            if built_for is not None and built_for != p:
-                raise ValueError(
-                    f"the {type(encoding).__name__} instance was built for num_prefix_tokens={built_for}; "
-                    f"this ViT has {p} prefix tokens (class token + registers)"
-                )
-            return encoding, None, "2d"
-        if not isinstance(encoding, str):
-            raise TypeError(f"encoding must be a name, a PositionEncoding or None; got {type(encoding).__name__}")
-        info = get(encoding)
-        num_patches = math.prod(self.train_grid)
-        if info.modality == "seq":
-            dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=num_patches)
-            if issubclass(info.cls, StochasticPositionalEncoding):  # keeps prefix tokens apart itself
-                built = [build(encoding, dims=dims, num_prefix_tokens=p, **options) for _ in range(self.depth)]
-                return built, None, "1d"
-            built = build(encoding, dims=dims, **options)
-            if built.causal_only:
-                raise ValueError(
-                    f"encoding {encoding!r} (with options {options}) is defined for causal attention only; "
-                    "a ViT attends in both directions (ALiBi: encoding_options={'symmetric': True})"
-                )
-            return PatchTokensOnly(built, p), None, "1d"
-        if info.modality != "vision":
-            raise ValueError(
-                f"encoding {encoding!r} belongs to the {info.modality!r} modality; a ViT takes vision or seq encodings"
-            )
-        self._check_grid_ndim(info.cls, encoding)
-        if info.cls is PEG:
-            blocks = sorted(set(int(i) for i in peg_blocks))
-            if not blocks:
-                raise ValueError("peg_blocks must name at least one block for encoding='peg'")
-            bad = [i for i in blocks if not 0 <= i < self.depth]
-            if bad:
-                raise ValueError(f"peg_blocks {bad} are outside 0..{self.depth - 1}")
-            conditional = {i: PEG(self.dim, num_prefix_tokens=p, **options) for i in blocks}
-            return None, conditional, "2d"
-        params = inspect.signature(info.cls.__init__).parameters
-        extra = {}
-        if "num_prefix_tokens" in params:
-            extra["num_prefix_tokens"] = p
-        if "grid_size" in params:
-            extra["grid_size"] = self.train_grid
-        extra.update(options)
-        dims = ModelDims(dim=self.dim, num_heads=self.num_heads, max_len=num_patches)
-        if info.cls.per_layer:  # e.g. RoPE-Mixed learns its frequencies per block
-            return [build(encoding, dims=dims, **extra) for _ in range(self.depth)], None, "2d"
-        return build(encoding, dims=dims, **extra), None, "2d"
 
     # -- forward ------------------------------------------------------------------------------
 
