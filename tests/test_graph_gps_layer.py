@@ -283,5 +283,5 @@ def test_eigsh_keyword_arguments_are_passed_and_validated():
         AddLaplacianPE(3, method="lobpcg", tol=1e-3)
     with pytest.raises(ValueError, match="v0 has 5 entries; this graph has 40 nodes"):
         AddLaplacianPE(3, method="sparse", v0=np.ones(5))(data.clone())
-    with pytest.raises(TypeError, match="eigenvalues must be a bool"):
+    with pytest.raises(TypeError, match="eigenvalues must be True or False"):
         AddLaplacianPE(3, eigenvalues="yes")
