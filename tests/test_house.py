@@ -69,3 +69,18 @@ def test_import_posenc_is_lazy_and_the_registry_still_sees_every_modality():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("package, other", [("train", "bench"), ("bench", "train")])
+def test_train_and_bench_never_import_each_other(package, other):
+    """They share posenc.options, posenc.argtypes and posenc.report instead."""
+    for path in sorted((ROOT / package).rglob("*.py")):
+        assert other not in _posenc_imports(path), f"{path.relative_to(ROOT.parent)} imports posenc.{other}"
+
+
+@pytest.mark.parametrize("package", ["common", "training", *MODALITIES])
+def test_the_library_never_imports_the_command_line(package):
+    command_line = {"cli", "train", "bench", "demo", "demo_parts", "options", "argtypes"}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = _posenc_imports(path) & command_line
+        assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> str | None:
-    from ..train.vision import check_encoding
+    from ..options import vit_encoding_error as check_encoding
     from ..vision.data import TASKS
 
     names = [n for n in args.encodings.split(",") if n]
@@ -142,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
     from ..report import Progress
-    from ..train.vision import accuracy, eval_sizes, train_vit, vit_config
     from ..training.trainer import TrainConfig
+    from ..vision.classify import accuracy, eval_sizes, train_vit, vit_config
     from ..vision.data import DigitsCanvas, digits_at_size
 
     names = [n for n in args.encodings.split(",") if n]

@@ -49,14 +49,14 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..train.timeseries import add_model_arguments
+    from ..options import add_convtran_arguments
 
     parser.add_argument("--datasets", type=_names, default=DEFAULT_DATASETS,
                         help=f"bundled names or .ts folders (default: {','.join(DEFAULT_DATASETS)})")
     parser.add_argument("--encodings", type=_names, default=None,
                         help=f"encoding specs (default: {','.join(DEFAULT_ENCODINGS)})")
     parser.add_argument("--seeds", type=_seeds, default=(0, 1, 2), help="default: 0,1,2")
-    add_model_arguments(parser)
+    add_convtran_arguments(parser)
     parser.add_argument("--threads", type=nonnegative_int, default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="default: %(default)s")
     parser.add_argument("--out", default=None, help="directory for timeseries.json and timeseries.png")
@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
     from ..common.registry import get
-    from ..train.timeseries import check_model_args, encoding_spec
+    from ..options import check_convtran_args, encoding_spec
 
-    error = check_model_args(args)
+    error = check_convtran_args(args)
     if error is not None:
         return error, [], []
     if args.threads < 0:
@@ -168,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
+    from ..options import convtran_settings
     from ..report import Progress
     from ..timeseries.classify import train_classifier
     from ..timeseries.datasets import load_dataset
-    from ..train.timeseries import settings_from_args
 
     data = {}
     for name in args.datasets:
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         train, test = data[dataset]
         cpu = time.process_time()
         _, metrics = train_classifier(
-            train, test, settings_from_args(args, encoding, seed), device=args.device, progress=False
+            train, test, convtran_settings(args, encoding, seed), device=args.device, progress=False
         )
         runs.append({"dataset": dataset, "encoding": encoding, "seed": seed, "test_accuracy": metrics["test_accuracy"],
                      "test_loss": metrics["test_loss"], "train_loss": metrics["train_loss"],

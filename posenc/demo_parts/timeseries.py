@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
+    from ..options import encoding_spec
     from ..timeseries.datasets import bundled_datasets
-    from ..train.timeseries import encoding_spec
 
     for spec in args.ts_encodings.split(","):
         try:

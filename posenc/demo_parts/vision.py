@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
-    from ..train.vision import check_encoding
+    from ..options import vit_encoding_error as check_encoding
 
     names = [n for n in args.vision_encodings.split(",") if n]
     if not names:
@@ -41,8 +41,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
-    from ..train.vision import train_vit, vit_config
     from ..training.trainer import TrainConfig
+    from ..vision.classify import train_vit, vit_config
     from ..vision.data import DigitsCanvas, digits_at_size
 
     train = DigitsCanvas("train", canvas_size=IMG_SIZE, digit_size=16, repeats=10, seed=args.seed)

@@ -34,22 +34,17 @@ refused. With ``--tubelet`` 2 or more, the tubelet embedding itself sees the ord
 inside each tubelet, so even ``none`` can learn the direction. A video run is evaluated on
 held-out clips of its training size.
 
-The helpers :func:`build_vit`, :func:`accuracy` and :func:`train_vit` are shared with
-``posenc bench resolution`` and the demo.
+The model, training and evaluation helpers live in :mod:`posenc.vision.classify` (shared with
+``posenc bench resolution`` and the demo).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
-from typing import Mapping, Sequence
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..argtypes import int_list, positive_float, positive_float_list, positive_int
 from ..options import (
@@ -58,43 +53,25 @@ from ..options import (
     add_model_arguments,
     add_optim_arguments,
     add_run_arguments,
-    encoding_error,
     out_dir_error,
     size_error,
 )
+from ..options import (
+    vit_encoding_error as check_encoding,
+)
 from ..report import format_table
+from ..vision.classify import (  # noqa: F401  (the helpers live with the ViT; kept importable here)
+    accuracy,
+    build_vit,
+    classification_loss,
+    eval_sizes,
+    evaluate_sizes,
+    train_vit,
+    vit_config,
+)
 from . import run_checked, write_results
 
 PROG = "posenc train vision"
-# Registered encodings a ViT takes: the 2D ones, and the 1D ones over the flattened patch order.
-MODALITIES = ("vision", "seq")
-
-
-def check_encoding(name: str, flag: str = "--encoding", feature_map: str | None = None, *,
-                   video: bool = False) -> str | None:
-    """What is wrong with an encoding name for a ViT on images (or on ``video``), or None ("none"
-    means no encoding): the shared rule (:func:`posenc.options.encoding_error`), then the grid's
-    rank: vision encodings over 3D grids (``grid_ndim = 3``) are for video only, the 2D ones for
-    images only."""
-    error = encoding_error(name, MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
-    if error is not None or name == "none":
-        return error
-    from ..common.registry import get
-
-    info = get(name)
-    if info.modality == "vision":
-        ndim = getattr(info.cls, "grid_ndim", 2)
-        if video and ndim != 3:
-            return (f"{flag}: {name!r} is a 2D (image) encoding; with --video use a 3D one (sincos3d, axial3d, rope3d), "
-                    "a seq encoding over the flattened (t, row, col) order, or none")
-        if not video and ndim == 3:
-            return f"{flag}: {name!r} is a 3D (video) encoding of (t, row, col) positions (posenc train vision --video)"
-    return None
-
-
-def eval_sizes(img_size: int, scales: Sequence[float]) -> list[int]:
-    """The image sides ``round(img_size * s)`` for each scale, in order, without repeats."""
-    return list(dict.fromkeys(int(round(img_size * s)) for s in scales))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,109 +202,6 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     return run_checked(PROG, args, check, _train)
-
-
-# ----------------------------------------------------------------------------------------------
-# Shared helpers (the resolution benchmark and the demo use them too)
-
-
-def build_vit(config: Mapping[str, object]) -> nn.Module:
-    """A :class:`posenc.vision.ViT` from a plain config dict (the ``model_config`` of a checkpoint):
-    the ViT's constructor arguments, with ``encoding`` ``None`` for no encoding."""
-    from ..vision import ViT
-
-    return ViT(**dict(config))
-
-
-def vit_config(
-    encoding: str | None,
-    *,
-    img_size: int,
-    patch_size: int,
-    in_chans: int,
-    num_classes: int,
-    dim: int,
-    depth: int,
-    num_heads: int,
-    mlp_ratio: float = 2.0,
-    pool: str = "cls",
-    encoding_options: Mapping[str, object] | None = None,
-    peg_blocks: Sequence[int] = (0,),
-    feature_map: str | None = None,
-    dropout: float = 0.0,
-    num_frames: int | None = None,
-    tubelet_size: int = 1,
-) -> dict[str, object]:
-    """The plain config dict of a ViT (see :func:`build_vit`); ``peg_blocks`` only for PEG;
-    ``num_frames`` and ``tubelet_size`` only for a video model."""
-    config: dict[str, object] = {
-        "img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes,
-        "dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio, "pool": pool,
-        "encoding": None if encoding in (None, "none") else encoding,
-        "encoding_options": dict(encoding_options or {}), "dropout": dropout,
-    }
-    if feature_map is not None:  # absent for softmax: configs written before linear attention still load
-        config["feature_map"] = feature_map
-    if encoding == "peg":
-        config["peg_blocks"] = list(peg_blocks)
-    if num_frames is not None:
-        config["num_frames"], config["tubelet_size"] = num_frames, tubelet_size
-    return config
-
-
-def accuracy(model: nn.Module, data: Dataset, *, batch_size: int = 256) -> float:
-    """Top-1 accuracy of ``model`` (in its current mode) on ``(image, label)`` items."""
-    device = next(model.parameters()).device
-    correct = total = 0
-    with torch.no_grad():
-        for images, labels in DataLoader(data, batch_size=batch_size, shuffle=False):
-            logits = model(images.to(device))
-            correct += int((logits.argmax(-1).cpu() == labels).sum())
-            total += len(labels)
-    return correct / max(1, total)
-
-
-def classification_loss(model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of ``model(images)`` against the labels; the batch accuracy as an extra."""
-    images, labels = batch
-    logits = model(images)
-    return F.cross_entropy(logits, labels), {"acc": (logits.argmax(-1) == labels).float().mean().item()}
-
-
-def evaluate_sizes(model: nn.Module, sets: Mapping[int, Dataset], *, batch_size: int = 256) -> dict[str, float]:
-    """``{"acc@<size>": accuracy}`` per evaluation set. A size the model refuses (an encoding that
-    cannot follow the new grid) gives NaN, and the reason is printed once."""
-    out: dict[str, float] = {}
-    for size, data in sets.items():
-        try:
-            out[f"acc@{size}"] = accuracy(model, data, batch_size=batch_size)
-        except ValueError as exc:
-            print(f"size {size}: refused: {exc}", file=sys.stderr)
-            out[f"acc@{size}"] = math.nan
-    return out
-
-
-def train_vit(
-    model_config: Mapping[str, object],
-    train_set: Dataset,
-    eval_sets: Mapping[int, Dataset],
-    train_config,
-) -> tuple[nn.Module, dict[str, float], object]:
-    """Build the ViT of ``model_config``, train it on ``train_set`` with ``train_config`` (a
-    :class:`~posenc.training.trainer.TrainConfig`) and evaluate it on ``eval_sets`` ({size: set}).
-    Returns ``(model, metrics, trainer)``; metrics hold ``train_loss``, ``train_acc`` and ``acc@<size>``."""
-    from ..training.trainer import Trainer
-
-    torch.manual_seed(train_config.seed)
-    model = build_vit(model_config)
-
-    def evaluate(m: nn.Module) -> dict[str, float]:
-        return evaluate_sizes(m, eval_sets)
-
-    trainer = Trainer(model, train_set, classification_loss, train_config, eval_fn=evaluate,
-                      model_config=dict(model_config))
-    metrics = trainer.fit()
-    return model, metrics, trainer
 
 
 def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
