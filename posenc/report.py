@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence, TextIO
+from typing import Any, BinaryIO, Callable, Sequence, TextIO
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
@@ -132,22 +132,50 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` atomically: a temporary file in the same folder,
-    then a rename, which replaces a symbolic link at ``path`` instead of writing through it."""
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+    """Write a file atomically: ``write(f)`` fills a temporary file beside ``path`` (flushed and
+    fsynced), which then gets the mode of an ordinary new file (:func:`file_mode`) and is renamed
+    over ``path``. A reader sees the old file or the new one, never a partial one; a symbolic link
+    at ``path`` is replaced, never written through; on any failure the temporary file is removed
+    and ``path`` is untouched. The one writer of checkpoints, configs and results files."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    directory = path.parent.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_json_safe(data), f, indent=2)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_dir(directory)
     return path
+
+
+def _fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename durable (best effort: not every platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` atomically (:func:`write_atomic`); NaN and
+    infinities become ``null``."""
+    text = json.dumps(_json_safe(data), indent=2) + "\n"
+    return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 class MissingExtra(ImportError):

@@ -32,14 +32,13 @@ import os
 import pickle
 import random
 import re
-import tempfile
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..report import file_mode
+from ..report import write_atomic
 
 CHECKPOINT_FORMAT = 1
 
@@ -117,43 +116,10 @@ def restore_rng_state(state: Mapping[str, Any], device: torch.device | None = No
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``.
-
-    A reader sees the old file or the new one, never a partial one; on any failure the temporary
-    file is removed and ``path`` is untouched.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())  # as the run's other files, not tempfile's 0o600
-        os.replace(tmp, path)  # replaces a symbolic link at path, never writes through it
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    """Make the rename durable (best effort: not every platform can open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``
+    (:func:`posenc.report.write_atomic`): a reader sees the old file or the new one, never a
+    partial one; on any failure ``path`` is untouched."""
+    write_atomic(path, lambda f: torch.save(obj, f))
 
 
 # The keys the trainer writes, and the type each must have (``int`` never a ``bool``).

@@ -25,14 +25,14 @@ import functools
 import inspect
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 import torch
 from torch import nn
 
-from .checkpoint import _fsync_dir, check_plain, save_atomic, state_dict_problems
+from ..report import write_atomic
+from .checkpoint import check_plain, save_atomic, state_dict_problems
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.pt"
@@ -51,26 +51,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``json.dump`` to a temporary file beside ``path``, then ``os.replace``: a reader sees the old
-    file or the new one."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    """``obj`` as indented JSON at ``path``, written atomically (:func:`posenc.report.write_atomic`)."""
+    text = json.dumps(obj, indent=2) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def read_pretrained_config(directory: str | os.PathLike) -> dict[str, Any]:

@@ -38,7 +38,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -50,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..common.checks import check_bool, check_int, check_number, is_int
-from ..report import Progress, file_mode
+from ..report import Progress, write_atomic
 from . import distributed as distu
 from .checkpoint import (
     CHECKPOINT_FORMAT,
@@ -459,13 +458,9 @@ class Trainer:
                         continue  # a line cut short by a kill
                     if isinstance(rec, dict) and rec.get("step", 0) <= resumed_step:
                         kept.append(json.dumps(rec))
-        # the kept lines go to a fresh temporary file renamed over the log: never through a link
-        fd, tmp = tempfile.mkstemp(prefix=f".{METRICS_FILE}.", suffix=".tmp", dir=self.out_dir)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in kept:
-                f.write(line + "\n")
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, self.metrics_path)
+        # the kept lines go to a fresh file renamed over the log: never written through a link
+        text = "".join(line + "\n" for line in kept).encode("utf-8")
+        write_atomic(self.metrics_path, lambda f: f.write(text))
         self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
