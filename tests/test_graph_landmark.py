@@ -159,7 +159,8 @@ def test_transform_stores_float32_even_for_integer_x():
         (lambda: landmark_pe(PATH5, 5, 2, anchors=torch.tensor([0, 1, 2])), ValueError, r"anchors must be \[num_graphs=1, k=2\]"),
         (lambda: AddLandmarkPE(0), ValueError, "k must be a positive int; got 0"),
         (lambda: AddLandmarkPE(2, anchors="random", seed="x"), ValueError, "seed must be an int or None"),
-        (lambda: LandmarkPE(8, 0), ValueError, "dim and k must be positive"),
+        (lambda: LandmarkPE(8, 0), ValueError, "k must be a positive int; got 0"),
+        (lambda: LandmarkPE(True, 2), TypeError, "dim must be an int; got True"),
     ],
 )
 def test_bad_input_is_a_clear_error(call, error, msg):

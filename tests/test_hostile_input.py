@@ -145,17 +145,20 @@ def test_attention_api_misuse_is_one_clear_error(call, error, pieces):
 # ---- positions: bool and non-finite positions are refused where they enter ----------------------
 
 DIMS = ModelDims(dim=32, num_heads=2, max_len=16)
-GRID_OPTIONS = {"axial": {"grid_size": 4}, "learned2d": {"grid_size": 4}, "relbias2d": {"grid_size": 4}}
+GRID_OPTIONS = {"axial": {"grid_size": 4}, "learned2d": {"grid_size": 4}, "relbias2d": {"grid_size": 4},
+                "axial3d": {"grid_size": 4}}
+NODE_FEATURES = {"lap": 16, "rwse": 20, "landmark": 8}  # per-node features F of the default options
 
 
 def _positions(info, kind):
     base = torch.arange(16)
-    if info.modality == "vision":
+    if info.modality == "vision" and getattr(info.cls, "grid_ndim", 2) == 3:  # video: (t, row, col)
+        base = torch.stack((base // 8, base // 4 % 2, base % 4), dim=-1)
+    elif info.modality == "vision":
         base = torch.stack((base // 4, base % 4), dim=-1)
     base = base.unsqueeze(0)
-    if info.name in ("lap", "rwse"):  # per-node features [1, T, F]
-        features = 16 if info.name == "lap" else 20
-        base = torch.rand(1, 16, features)
+    if info.name in NODE_FEATURES:  # per-node features [1, T, F]
+        base = torch.rand(1, 16, NODE_FEATURES[info.name])
     if info.name == "spd":
         base = torch.cat((torch.zeros(1, 16, 1), torch.arange(16).view(1, 16, 1), torch.ones(1, 16, 16)), -1).long()
     if kind == "bool":
@@ -259,7 +262,7 @@ PARAM_KINDS = {
     "original_max_len": "int+", "hidden": "int+", "mlp_width": "int+", "kernel_size": "int+",
     "num_realizations": "int+", "num_sines": "int+", "max_relative": "int+", "num_buckets": "int+",
     "max_distance": "int0", "span": "int+", "max_position": "int+", "npos_max": "int+", "grid_size": "int+",
-    "row_dim": "int+", "k": "int+", "signnet_hidden": "int+", "walk_length": "int+",
+    "row_dim": "int+", "k": "int+", "signnet_hidden": "int+", "walk_length": "int+", "time_dim": "int+",
     "num_prefix_tokens": "int0", "seed": "int", "center": "int",
     "base": "num+", "scale": "num+", "factor": "num+", "init_std": "num+", "init_c": "num+",
     "init_threshold": "num+", "scale_base": "num+", "beta_fast": "num+", "beta_slow": "num+",
@@ -267,9 +270,11 @@ PARAM_KINDS = {
     "high_freq_factor": "num+",
     "symmetric": "bool", "gated": "bool", "log_buckets": "bool", "values": "bool", "bidirectional": "bool",
     "untie_cls": "bool", "prefix_bias": "bool", "use_eigenvalues": "bool", "per_head": "bool", "truncate": "bool",
+    "causal": "bool",
     "pairing": "choice", "mode": "choice", "new_grid": "choice", "layout": "choice", "variant": "choice",
     "beyond": "choice", "sign": "choice", "select": "choice",
-    "short_factor": "seq", "long_factor": "seq", "scaling": "obj", "base_options": "obj",
+    "short_factor": "seq", "long_factor": "seq", "axis_dims": "seq", "axis_pairs": "seq",
+    "scaling": "obj", "base_options": "obj",
 }
 KIND_OVERRIDES = {("cape", "base"): "choice"}  # CAPE's base is the name of its static bias
 

@@ -152,8 +152,8 @@ class LandmarkPE(PositionEncoding):
 
     def __init__(self, dim: int, k: int = 8) -> None:
         super().__init__()
-        if dim <= 0 or k <= 0:
-            raise ValueError(f"dim and k must be positive; got dim={dim}, k={k}")
+        check_int("dim", dim, minimum=1)
+        check_int("k", k, minimum=1)
         self.dim, self.k = dim, k
         self.proj = nn.Linear(k, dim)
 

@@ -24,7 +24,8 @@ first block.
 Explicit structure, never module state:
 
 * ``positions`` are not read: the convolution follows the token order, whatever the position
-  values (offsets, gaps);
+  values (offsets, gaps); given, they are still checked as every encoding checks them (real and
+  finite, never ``bool``: such positions are a bug upstream, not something to pass silently);
 * packed sequences: the mask's segments (``AttentionMask.packed(segments)``) stop every tap at a
   segment boundary -- each sequence is convolved as if alone, zero-padded at its own ends;
 * padding tokens (``mask.key_valid`` False) enter the convolution as zeros, so real tokens next
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.kv_cache import LayerKVCache
 from ..common.masks import AttentionMask
@@ -50,8 +52,7 @@ from ..common.registry import register
 
 
 def _check_kernel_size(kernel_size: object, causal: bool, name: str = "kernel_size") -> None:
-    if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 1:
-        raise ValueError(f"{name} must be a positive int; got {kernel_size!r}")
+    check_int(name, kernel_size, minimum=1)
     if not causal and kernel_size % 2 == 0:
         raise ValueError(
             f"{name} must be odd for symmetric (non-causal) padding, which puts {name} // 2 zeros on each "
@@ -186,13 +187,10 @@ class PEG1d(PositionEncoding):
 
     def __init__(self, dim: int, kernel_size: int = 3, causal: bool = False, num_prefix_tokens: int = 0) -> None:
         super().__init__()
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-            raise ValueError(f"dim must be a positive int; got {dim!r}")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool; got {causal!r}")
+        check_int("dim", dim, minimum=1)
+        check_bool("causal", causal)
         _check_kernel_size(kernel_size, causal)
-        if not isinstance(num_prefix_tokens, int) or num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be an int >= 0; got {num_prefix_tokens!r}")
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.dim, self.kernel_size, self.causal, self.num_prefix_tokens = dim, kernel_size, causal, num_prefix_tokens
         self.proj = nn.Conv1d(dim, dim, kernel_size, groups=dim, bias=True)
 
@@ -211,7 +209,8 @@ class PEG1d(PositionEncoding):
         """The term ``DWConv1d(X)`` at every token (zeros at prefix tokens): ``[B, T, C]``.
 
         Args:
-            positions: ``[B or 1, T]``; not read (the convolution follows token order).
+            positions: ``[B or 1, T]``; not read (the convolution follows token order), only
+                checked (a tensor of real, finite numbers, never bool) when given.
             mask: the model's attention mask: its segments separate packed sequences, its
                 ``key_valid`` marks padding (read as zeros); a causal mask needs ``causal=True``.
             cache: the layer's KV cache during incremental decoding (causal only): the last
@@ -221,8 +220,11 @@ class PEG1d(PositionEncoding):
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {shape}")
         b, t, _ = x.shape
-        if positions is not None and (positions.dim() < 2 or positions.shape[1] != t):
-            raise ValueError(f"positions must be [batch or 1, tokens={t}(, ...)]; got {tuple(positions.shape)}")
+        if positions is not None:
+            # Not read, but checked like every encoding's: bool or NaN positions are a caller's bug.
+            check_positions("positions", positions)
+            if positions.dim() < 2 or positions.shape[1] != t:
+                raise ValueError(f"positions must be [batch or 1, tokens={t}(, ...)]; got {tuple(positions.shape)}")
         segments = valid = None
         if mask is not None:
             if mask.causal and not self.causal:

@@ -347,7 +347,7 @@ def scaled_rope_class(entry: RopeScalingEntry) -> type[RotaryEncoding]:
         if needs_l0:
             params["original_max_len"] = _original_max_len(
                 max_len, params["original_max_len"], params.get("factor", 1.0), entry.encoding_name)
-        r = head_dim if rotary_dim is None else rotary_dim
+        r = check_rotary_dims(head_dim, rotary_dim)  # before the width-dependent defaults read it
         scaling = entry.config(**entry.with_defaults(r, params))
         RotaryEncoding.__init__(self, head_dim, base, rotary_dim, pairing, scaling=scaling)
 

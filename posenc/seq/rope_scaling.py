@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
@@ -88,13 +89,20 @@ def _check_original_max_len(original_max_len: int) -> None:
     check_int("original_max_len", original_max_len, minimum=1)
 
 
+def _is_real(value: Any) -> bool:
+    """A real number, NumPy's included (a list read from a checkpoint or an array), never a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _factor_list(name: str, values: Sequence[float]) -> Tensor:
-    """``values`` as a float64 vector of finite positive numbers; else a ValueError naming ``name``."""
-    try:
-        t = torch.as_tensor(list(values), dtype=torch.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a sequence of numbers, got {values!r}") from exc
-    if t.dim() != 1 or t.numel() == 0:
+    """``values`` (a list or tuple of numbers, or a 1-D tensor or array) as a float64 vector of
+    finite positive numbers. Anything else (a bare number, ``True``, a string, bool items) is a
+    TypeError naming ``name``; an empty list or a value that is not finite and positive a ValueError."""
+    items = values.tolist() if not isinstance(values, (list, tuple)) and hasattr(values, "tolist") else values
+    if not isinstance(items, (list, tuple)) or not all(_is_real(v) for v in items):
+        raise TypeError(f"{name} must be a sequence of numbers; got {values!r} ({type(values).__name__})")
+    t = torch.tensor([float(v) for v in items], dtype=torch.float64)
+    if t.numel() == 0:
         raise ValueError(f"{name} must be a non-empty flat sequence of numbers, got {values!r}")
     if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
         raise ValueError(f"{name} must be finite and positive; got {values!r}")

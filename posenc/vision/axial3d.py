@@ -30,21 +30,27 @@ from typing import ClassVar, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_choice, check_int, check_number, is_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from .axial import MODES, NEW_GRID, resample_axis
 from .grid import absolute_grid, integer_coords, patch_coords, to_triple
 
 
+def _check_axis_dims(axis_dims: object) -> None:
+    """None, or three ints (a list or tuple; ``True`` is not a width)."""
+    if axis_dims is not None and not (isinstance(axis_dims, (tuple, list)) and len(axis_dims) == 3
+                                      and all(is_int(v) for v in axis_dims)):
+        raise TypeError(f"axis_dims must be three ints (t, row, col) or None; got {axis_dims!r}")
+
+
 def _concat_dims(dim: int, axis_dims: Sequence[int] | None) -> tuple[int, int, int]:
+    _check_axis_dims(axis_dims)
     if axis_dims is None:
         t = dim // 4
         r = (dim - t) // 2
         dims = (t, r, dim - t - r)
     else:
-        if not (isinstance(axis_dims, (tuple, list)) and len(axis_dims) == 3
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in axis_dims)):
-            raise TypeError(f"axis_dims must be three ints (t, row, col); got {axis_dims!r}")
         dims = tuple(int(v) for v in axis_dims)
     if any(v <= 0 for v in dims) or sum(dims) != dim:
         raise ValueError(
@@ -89,14 +95,12 @@ class Axial3D(PositionEncoding):
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise ValueError(f"dim must be a positive int; got {dim!r}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-        if new_grid not in NEW_GRID:
-            raise ValueError(f"new_grid must be one of {NEW_GRID}; got {new_grid!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_int("dim", dim, minimum=1)
+        check_choice("mode", mode, MODES)
+        _check_axis_dims(axis_dims)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        check_choice("new_grid", new_grid, NEW_GRID)
+        check_number("init_std", init_std, minimum=0.0, strict=True)
         if mode == "sum":
             if axis_dims is not None:
                 raise ValueError("axis_dims applies to mode='concat' only")

@@ -29,6 +29,7 @@ from typing import ClassVar, Literal, Sequence
 import torch
 from torch import Tensor
 
+from ..common.checks import check_choice, check_int, check_number, is_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from .grid import patch_coords
@@ -37,7 +38,8 @@ from .rope2d import PAIRINGS, _rotate_patches
 
 def rope3d_axis_pairs(head_dim: int, axis_pairs: Sequence[int] | None = None) -> tuple[int, int, int]:
     """Rotary pairs per axis ``(t, row, col)``: checked, or the default split of ``head_dim / 2``."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+    check_int("head_dim", head_dim, minimum=1)
+    if head_dim % 2:
         raise ValueError(f"head_dim must be a positive even int for 3D RoPE; got {head_dim!r}")
     total = head_dim // 2
     if axis_pairs is None:
@@ -46,8 +48,8 @@ def rope3d_axis_pairs(head_dim: int, axis_pairs: Sequence[int] | None = None) ->
             raise ValueError(f"head_dim={head_dim} has {total} rotary pairs; 3D RoPE needs at least 3 (head_dim >= 6)")
         return total - 2 * space, space, space
     if not (isinstance(axis_pairs, (tuple, list)) and len(axis_pairs) == 3
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in axis_pairs)):
-        raise TypeError(f"axis_pairs must be three ints (t, row, col); got {axis_pairs!r}")
+            and all(is_int(v) for v in axis_pairs)):
+        raise TypeError(f"axis_pairs must be three ints (t, row, col) or None; got {axis_pairs!r}")
     pairs = tuple(int(v) for v in axis_pairs)
     if any(v < 0 for v in pairs) or sum(pairs) == 0 or sum(pairs) > total:
         raise ValueError(
@@ -58,8 +60,7 @@ def rope3d_axis_pairs(head_dim: int, axis_pairs: Sequence[int] | None = None) ->
 
 def rope3d_frequencies(n: int, base: float, device=None) -> Tensor:
     """One axis's ladder ``base^(-j/n)`` for ``j = 0 .. n - 1`` (float64; empty for ``n = 0``)."""
-    if base <= 1:
-        raise ValueError(f"base must be > 1; got {base}")
+    check_number("base", base, minimum=1.0, strict=True)
     j = torch.arange(n, dtype=torch.float64, device=device)
     return base ** (-j / max(n, 1))
 
@@ -107,12 +108,9 @@ class Rope3D(PositionEncoding):
     ) -> None:
         super().__init__()
         self.axis_pairs = rope3d_axis_pairs(head_dim, axis_pairs)
-        if base <= 1:
-            raise ValueError(f"base must be > 1; got {base}")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_number("base", base, minimum=1.0, strict=True)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
+        check_choice("pairing", pairing, PAIRINGS)
         self.head_dim, self.base, self.num_prefix_tokens, self.pairing = head_dim, base, num_prefix_tokens, pairing
 
     def extra_repr(self) -> str:

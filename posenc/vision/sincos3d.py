@@ -29,6 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
@@ -38,12 +39,11 @@ from .grid import patch_coords
 def sincos3d_split(dim: int, time_dim: int | None = None) -> tuple[int, int, int]:
     """Channels per axis ``(t, row, col)``: ``time_dim`` (default ``dim // 4``) for time, the rest
     halved between rows and columns; every part must be a positive even number."""
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-        raise ValueError(f"dim must be a positive int; got {dim!r}")
+    check_int("dim", dim, minimum=1)
     if time_dim is None:
         time_dim = dim // 4
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise TypeError(f"time_dim must be an int or None; got {time_dim!r}")
+    else:
+        check_int("time_dim", time_dim, minimum=1)
     space = dim - time_dim
     if time_dim <= 0 or time_dim % 2 or space <= 0 or space % 4:
         hint = " (the default time_dim = dim // 4 needs dim to be a multiple of 16)" if time_dim == dim // 4 else ""
@@ -97,10 +97,8 @@ class SinCos3D(PositionEncoding):
     def __init__(self, dim: int, time_dim: int | None = None, base: float = 10000.0, num_prefix_tokens: int = 0) -> None:
         super().__init__()
         self.time_dim = sincos3d_split(dim, time_dim)[0]
-        if base <= 1:
-            raise ValueError(f"base must be > 1; got {base}")
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0; got {num_prefix_tokens}")
+        check_number("base", base, minimum=1.0, strict=True)
+        check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         self.dim, self.base, self.num_prefix_tokens = dim, base, num_prefix_tokens
 
     def extra_repr(self) -> str:
