@@ -65,3 +65,65 @@ PY
 python3 -m posenc.cli bench attention --device cuda --dtype bfloat16 --seq-lens 4096,16384 --batch 4 --no-peers --no-progress \
   --repeats 3 --warmup 1 --plans --encodings none --linear-encodings none,sine_spe,conv_spe \
   --json "$out/bench_cuda_linear.json" 2>&1 | tee "$out/bench_cuda_linear.txt"
+# 5. What the 2026-12 round added, on CUDA (each line PASS or FAIL with the reason):
+#    TorchMultiheadAttention against torch's layer with float and bool masks (the attn_bias path,
+#    FlexAttention on CUDA); NaN in padded keys on every path; the video ViT with the 3D encodings,
+#    forward and backward in bf16; GPSLayer with the shortest-path bias; peg1d cached generation.
+python3 - <<'PY' 2>&1 | tee "$out/round_2026_12_cuda.txt"
+import math, traceback, torch, posenc
+from torch import nn
+dev = torch.device("cuda")
+def check(name, fn):
+    try:
+        fn(); print(f"PASS {name}")
+    except Exception as exc:
+        print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+def torch_mha():
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(64, 4, batch_first=True).to(dev, torch.float64)
+    ours = posenc.TorchMultiheadAttention.from_torch(ref, encoding=None).to(dev, torch.float64)
+    x = torch.randn(2, 50, 64, device=dev, dtype=torch.float64)
+    for mask in (torch.randn(50, 50, device=dev, dtype=torch.float64), torch.rand(50, 50, device=dev) < 0.3):
+        a, _ = ref(x, x, x, attn_mask=mask, need_weights=False)
+        b, _ = ours(x, x, x, attn_mask=mask, need_weights=False)
+        assert torch.allclose(a, b, atol=1e-9), (a - b).abs().max().item()
+def nan_padding():
+    for backend in ("sdpa", "dense", "flex", "math"):
+        enc = None if backend == "sdpa" else posenc.build("alibi", num_heads=4, symmetric=True)
+        q, k, v = (torch.randn(2, 4, 64, 16, device=dev) for _ in range(3))
+        valid = torch.arange(64, device=dev)[None].expand(2, -1) < 48
+        k[:, :, 48:] = math.nan; v[:, :, 48:] = math.nan
+        pos = torch.arange(64, device=dev)[None]
+        out = posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(key_valid=valid),
+                            backend=backend)
+        assert torch.isfinite(out).all(), backend
+def video():
+    from posenc.vision import ViT
+    for enc in ("sincos3d", "axial3d", "rope3d"):
+        m = ViT(img_size=32, patch_size=8, in_chans=1, num_classes=4, dim=64, depth=2, num_heads=4, encoding=enc,
+                num_frames=8).to(dev)
+        with torch.autocast("cuda", torch.bfloat16):
+            m(torch.randn(2, 1, 8, 32, 32, device=dev)).float().sum().backward()
+def gps_layer():
+    from posenc.graph import GPSLayer, ShortestPathBias, node_positions  # first: PyG without its import warning
+    from posenc.graph.datasets import csl_dataset
+    from torch_geometric.data import Batch
+    from torch_geometric.nn import GINConv
+    spd = ShortestPathBias(4, max_distance=10)
+    layer = GPSLayer(16, GINConv(nn.Linear(16, 16)), 4, encoding=spd).to(dev)
+    batch = Batch.from_data_list(csl_dataset(1)).to(dev)
+    h = torch.randn(batch.num_nodes, 16, device=dev)
+    layer(h, batch.edge_index, batch.batch, positions=node_positions(batch, spd)).sum().backward()
+def peg1d_cache():
+    from posenc.seq import CausalLM
+    m = CausalLM(256, 64, 2, 4, encoding="peg1d", max_len=64).to(dev).eval()
+    prompt = torch.randint(0, 256, (2, 8), device=dev)
+    full = m.generate(prompt, 8, greedy=True)
+    assert full.shape == (2, 16)
+for name, fn in [("TorchMultiheadAttention == nn.MultiheadAttention (float and bool masks)", torch_mha),
+                 ("NaN in padded keys/values never reaches a real row (sdpa, dense, flex, math)", nan_padding),
+                 ("video ViT with sincos3d/axial3d/rope3d, bf16 forward+backward", video),
+                 ("GPSLayer with the shortest-path bias, forward+backward", gps_layer),
+                 ("CausalLM with peg1d: cached greedy generation", peg1d_cache)]:
+    check(name, fn)
+PY
