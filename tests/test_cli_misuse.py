@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from posenc.cli import main
 

@@ -19,7 +19,6 @@ from posenc.graph import (
     landmark_pe,
     landmark_pe_batch,
     select_anchors,
-    shortest_path_distances,
     shortest_path_distances_batch,
 )
 
