@@ -152,6 +152,28 @@ def _run(prep: _Prepared, mask: AttentionMask | None) -> Tensor:
     return out
 
 
+def _checked_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_pos: Tensor | None,
+    kv_pos: Tensor | None,
+    encoding: PositionEncoding | None,
+    mask: AttentionMask | None,
+    attn_bias: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The checks :func:`attend`, :func:`attend_with_weights` and :func:`plan` share; returns the
+    positions normalised to ``[B or 1, T(, C)]`` (None: ``0 .. T-1`` on ``q``'s device)."""
+    check_qkv(q, k, v)
+    b, hq, tq, _ = q.shape
+    tk = k.shape[2]
+    q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=q.device)
+    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos", device=q.device)
+    check_attention_args(encoding, mask, b, hq, tq, tk)
+    check_attn_bias(attn_bias, b, hq, tq, tk)
+    return q_pos, kv_pos
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -195,13 +217,9 @@ def attend(
     Returns:
         ``[B, Hq, Tq, D]``.
     """
-    check_qkv(q, k, v)
+    q_pos, kv_pos = _checked_call(q, k, v, q_pos, kv_pos, encoding, mask, attn_bias)
     b, hq, tq, d = q.shape
     tk = k.shape[2]
-    q_pos = normalize_positions(q_pos, tq, b, "q_pos")
-    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
-    check_attention_args(encoding, mask, b, hq, tq, tk)
-    check_attn_bias(attn_bias, b, hq, tq, tk)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if tq == 0 or tk == 0:  # nothing to attend to (or from): zeros, as for fully masked rows
@@ -230,13 +248,9 @@ def attend_with_weights(
     after-softmax bias (eRPE). This path keeps the whole ``[B, H, Tq, Tk]`` matrix and gives up
     the fused kernels: use it when the weights are wanted, or for attention dropout
     (``dropout_p``, applied as given: pass 0 outside training), which only it implements."""
-    check_qkv(q, k, v)
+    q_pos, kv_pos = _checked_call(q, k, v, q_pos, kv_pos, encoding, mask, attn_bias)
     b, hq, tq, d = q.shape
     tk = k.shape[2]
-    q_pos = normalize_positions(q_pos, tq, b, "q_pos")
-    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos")
-    check_attention_args(encoding, mask, b, hq, tq, tk)
-    check_attn_bias(attn_bias, b, hq, tq, tk)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
     if tq == 0 or tk == 0:
@@ -279,13 +293,8 @@ def plan(
     positions to ``0 .. T-1``. A forced ``backend`` that cannot serve the call raises the same
     ValueError as :func:`attend`."""
     v = k if v is None else v
-    check_qkv(q, k, v)
-    b, hq, tq, _ = q.shape
-    tk = k.shape[2]
-    q_pos = normalize_positions(q_pos, tq, b, "q_pos", device=q.device)
-    kv_pos = normalize_positions(kv_pos, tk, b, "kv_pos", device=q.device)
-    check_attention_args(encoding, mask, b, hq, tq, tk)
-    check_attn_bias(attn_bias, b, hq, tq, tk)
+    q_pos, kv_pos = _checked_call(q, k, v, q_pos, kv_pos, encoding, mask, attn_bias)
+    tq, tk = q.shape[2], k.shape[2]
     if tq == 0 or tk == 0:
         return Plan("sdpa", "an empty sequence: zeros, no kernel runs")
     return _prepare(q, k, v, q_pos, kv_pos, encoding, mask, scale, backend, qk_transformed, feature_map, attn_bias).plan
