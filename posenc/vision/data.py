@@ -91,6 +91,20 @@ def split_indices(n: int, test_fraction: float = 0.2, seed: int = 0) -> tuple[Te
     return perm[n_test:].sort().values, perm[:n_test].sort().values
 
 
+def split_digits(split: str, digit_size: int, test_fraction: float, split_seed: int) -> tuple[Tensor, Tensor]:
+    """The digits of one split, ``([n, 1, digit_size, digit_size] in [0, 1], labels [n])``: the
+    seeded train/test split of :func:`split_indices`, resized (bilinear, antialiased when
+    shrinking) from 8x8. Shared by :class:`DigitsCanvas` and :class:`MovingDigits`."""
+    images, labels = load_digit_images()
+    train_idx, test_idx = split_indices(len(images), test_fraction, split_seed)
+    chosen = train_idx if split == "train" else test_idx
+    digits = images[chosen].unsqueeze(1)  # [n, 1, 8, 8]
+    if digit_size != digits.shape[-1]:
+        digits = F.interpolate(digits, size=(digit_size, digit_size), mode="bilinear", align_corners=False,
+                               antialias=digit_size < digits.shape[-1]).clamp_(0.0, 1.0)
+    return digits, labels[chosen]
+
+
 def _sample_seed(*parts: object) -> int:
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
@@ -147,21 +161,13 @@ class DigitsCanvas(Dataset):
             )
         if resize_to is not None and (not isinstance(resize_to, int) or isinstance(resize_to, bool) or resize_to <= 0):
             raise ValueError(f"resize_to must be a positive int or None; got {resize_to!r}")
-        images, labels = load_digit_images()
-        train_idx, test_idx = split_indices(len(images), test_fraction, split_seed)
-        chosen = train_idx if split == "train" else test_idx
-        digits = images[chosen].unsqueeze(1)  # [n, 1, 8, 8]
-        if digit_size != digits.shape[-1]:
-            digits = F.interpolate(digits, size=(digit_size, digit_size), mode="bilinear", align_corners=False,
-                                   antialias=digit_size < digits.shape[-1]).clamp_(0.0, 1.0)
-        self.digits = digits
-        self.digit_labels = labels[chosen]
+        self.digits, self.digit_labels = split_digits(split, digit_size, test_fraction, split_seed)
         self.split, self.task, self.seed = split, task, seed
         self.canvas_size, self.digit_size, self.repeats = canvas_size, digit_size, repeats
         self.resize_to = resize_to
         self.test_fraction, self.split_seed = test_fraction, split_seed
         self.num_classes = 10 if task == "class" else 40
-        self.offsets, self.quadrants = self._place(len(digits) * repeats)
+        self.offsets, self.quadrants = self._place(len(self.digits) * repeats)
 
     @property
     def size(self) -> int:
@@ -283,18 +289,11 @@ class MovingDigits(Dataset):
                 f"canvas_size - digit_size = {canvas_size - digit_size}; use fewer frames, a lower max_speed, a "
                 "larger canvas or a smaller digit"
             )
-        images, labels = load_digit_images()
-        train_idx, test_idx = split_indices(len(images), test_fraction, split_seed)
-        chosen = train_idx if split == "train" else test_idx
-        digits = images[chosen].unsqueeze(1)  # [n, 1, 8, 8]
-        if digit_size != digits.shape[-1]:
-            digits = F.interpolate(digits, size=(digit_size, digit_size), mode="bilinear", align_corners=False,
-                                   antialias=digit_size < digits.shape[-1]).clamp_(0.0, 1.0)
-        self.digits, self.digit_labels = digits, labels[chosen]
+        self.digits, self.digit_labels = split_digits(split, digit_size, test_fraction, split_seed)
         self.split, self.frames, self.canvas_size, self.digit_size = split, frames, canvas_size, digit_size
         self.max_speed, self.repeats, self.seed = max_speed, repeats, seed
         self.test_fraction, self.split_seed = test_fraction, split_seed
-        self.directions, self.speeds, self.starts = self._draw(len(digits) * repeats)
+        self.directions, self.speeds, self.starts = self._draw(len(self.digits) * repeats)
 
     @property
     def size(self) -> int:
