@@ -164,3 +164,15 @@ def test_registry_errors_name_the_valid_choices():
         posenc.build("alibi")
     with pytest.raises(ValueError, match="modality must be one of"):
         posenc.available("audio")
+
+
+def test_torchscript_is_refused_by_every_encoding_with_one_clear_error():
+    import warnings
+
+    import posenc
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch 2.14 deprecates torch.jit.script itself
+        for enc in (posenc.build("rope", head_dim=16), posenc.build("sinusoidal", dim=16)):
+            with pytest.raises(NotImplementedError, match=f"{type(enc).__name__} does not support TorchScript.*FX"):
+                torch.jit.script(enc)

@@ -170,6 +170,14 @@ class PositionEncoding(nn.Module):
     def has_prob_bias(self) -> bool:
         return Hook.POST_SOFTMAX in self.hooks and type(self).prob_bias is not PositionEncoding.prob_bias
 
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` asks this first, of the encoding and of a model or FX graph that
+        holds it: one clear refusal instead of a type-annotation error deep in the compiler."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support TorchScript (posenc encodings follow the positions of each "
+            "call with Python-level shape logic); use torch.compile, torch.export or FX (torch.fx.symbolic_trace)"
+        )
+
     def attention_needs(self) -> AttentionNeeds:
         """The attention hooks this instance uses, as the kernel plan reads them."""
         hooks = self.hooks

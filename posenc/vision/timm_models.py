@@ -88,10 +88,6 @@ _NO_TORCHSCRIPT = (
 )
 
 
-def _refuse_torchscript():
-    raise NotImplementedError(_NO_TORCHSCRIPT.format("a posenc position encoding"))
-
-
 # ----------------------------------------------------------------------------------------------
 # The steps FX keeps opaque (torch.fx.wrap: each is one call in a traced graph)
 
@@ -483,11 +479,8 @@ def replace_position_encoding(
     model.__class__ = PosencVisionTransformer
     model.posenc_encoding = first
     model.posenc_conditional = nn.ModuleDict({str(i): m for i, m in sorted(resolved.conditional.items())})
-    # A graph traced by FX holds these modules directly (not the model): torch.jit.script of it asks
-    # each module's __prepare_scriptable__ first, so it meets the clear refusal, not a type error.
-    for module in (first, *resolved.conditional.values()):
-        if module is not None:
-            module.__prepare_scriptable__ = _refuse_torchscript
+    # A graph traced by FX holds the encodings directly (not the model): torch.jit.script of it
+    # meets PositionEncoding.__prepare_scriptable__, the clear refusal.
     model.posenc_position_kind = resolved.position_kind
     model.posenc_name = resolved.name or "none"
     return model
