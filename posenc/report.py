@@ -184,7 +184,7 @@ class MissingExtra(ImportError):
 
 # optional package -> the extra of posenc that installs it
 EXTRAS = {"matplotlib": "plot", "sklearn": "data", "sktime": "data", "rdkit": "data",
-          "x_transformers": "bench", "attention_smithy": "bench"}
+          "x_transformers": "bench", "attention_smithy": "smithy", "transformers": "hf"}
 
 
 def optional(module: str, what: str) -> ModuleType:
