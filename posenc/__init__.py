@@ -33,7 +33,10 @@ from .common import (
     plan,
     register,
 )
+from ._moved import install as _install_moved_paths
 from .common.registry import add_loader
+
+_install_moved_paths()  # old paths (posenc.bench, posenc.report, ...) keep working for one release
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -m pytest -q -x tests/test_kernel_paths.py -k cuda 2>&1 | tail -n 40 | tee "$out/cuda_tests.txt"
 python3 - <<'PY' 2>&1 | tee "$out/plans.txt"
 import torch, posenc
-from posenc.bench.attention import DEFAULT_ENCODINGS
+from posenc.cli.bench.attention import DEFAULT_ENCODINGS
 dims = posenc.ModelDims(dim=512, num_heads=8, max_len=4096)
 x = torch.randn(1, 4096, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 for name in [n for n in DEFAULT_ENCODINGS if n != "none"]:

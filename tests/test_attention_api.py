@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -399,3 +401,50 @@ def test_more_bad_input_is_named():
         mha(torch.randn(1, 3, 16), torch.randn(1, 4, 6))
     with pytest.raises(ValueError, match=r"encoding\[1\] \(SinusoidalEncoding\) has an input hook"):
         posenc.TransformerEncoder(16, 2, 2, encoding=[SinusoidalEncoding(16), SinusoidalEncoding(16)])
+
+
+# ---- one attention call -----------------------------------------------------------------------
+
+
+def test_an_attention_call_is_checked_once_and_runs_as_attend():
+    from posenc.common import AttentionCall, make_plan, prepare, run
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 10, 8, dtype=torch.float64)
+    causal = posenc.AttentionMask(causal=True)
+    call = AttentionCall.checked(q, q, q, encoding=ALiBi(4), mask=causal)
+    assert call.scale == 8 ** -0.5 and call.q_pos.shape == (1, 10) and call.needs.score_bias
+    ready = prepare(call)
+    assert ready.plan == make_plan(call) and ready.plan.path == "dense"
+    want = attend(q, q, q, q_pos=torch.arange(10), kv_pos=torch.arange(10), encoding=ALiBi(4), mask=causal)
+    torch.testing.assert_close(run(ready), want)
+    text = repr(call)
+    assert "q=[2, 4, 10, 8] float64 cpu" in text and "encoding=ALiBi" in text and "AttentionMask(causal=True)" in text
+    assert "tensor(" not in text and "dense" in repr(ready)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        AttentionCall.checked(q, q, q, backend="fast")
+    with pytest.raises(ValueError, match="q_pos must have shape"):
+        AttentionCall.checked(q, q, q, q_pos=torch.arange(9))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        call.scale = 1.0
+
+
+def test_a_module_forward_checks_its_positions_once(monkeypatch):
+    """MultiheadAttention builds its call from what it checked before projecting: each explicit
+    position tensor is checked once per forward, not again inside attend."""
+    import posenc.common.call as call_module
+
+    seen = []
+    original = call_module.check_positions
+    monkeypatch.setattr(call_module, "check_positions", lambda name, pos: seen.append(name) or original(name, pos))
+    mha = posenc.MultiheadAttention(32, 4, encoding=RotaryEncoding(8))
+    x = torch.randn(2, 6, 32)
+    mha(x, q_pos=torch.arange(6), kv_pos=torch.arange(6), mask=posenc.AttentionMask(causal=True))
+    assert seen == ["q_pos", "kv_pos"]
+
+
+def test_masks_and_calls_print_readably():
+    valid = torch.ones(2, 7, dtype=torch.bool)
+    assert repr(posenc.AttentionMask(causal=True, key_valid=valid, window=3)) == (
+        "AttentionMask(causal=True, key_valid=[2, 7], window=3)")
+    assert repr(posenc.AttentionMask()) == "AttentionMask()"

@@ -15,15 +15,15 @@ import torch
 
 import posenc
 from posenc import cli
-from posenc.bench import attention as bench_attention
-from posenc.bench.attention import (
+from posenc.cli.bench import attention as bench_attention
+from posenc.cli.bench.attention import (
     BASELINE, DEFAULT_ENCODINGS, AttentionBenchConfig, BenchResult, GrowthResult, Row, candidates, config_from_args,
     encoding_names, render, render_growth, run_benchmark,
 )
-from posenc.bench.load import background_load
-from posenc.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
-from posenc.report import format_table
-from posenc.bench.timing import time_interleaved
+from posenc.cli.bench.load import background_load
+from posenc.cli.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
+from posenc.common.report import format_table
+from posenc.cli.bench.timing import time_interleaved
 
 TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]
 REQUIRED = {"name", "impl", "ms", "ratio", "peak_mb"}

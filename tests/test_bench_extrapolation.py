@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc import cli
-from posenc.bench.extrapolation import DEFAULT_ENCODINGS
+from posenc.cli.bench.extrapolation import DEFAULT_ENCODINGS
 
 TINY = ["--steps", "3", "--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--no-progress"]
 SEQ = {i.name for i in posenc.available("seq")}
@@ -96,7 +96,7 @@ def test_linear_attention_runs_with_spe_and_says_so(tmp_path, capsys):
 
 
 def test_log_axis_ticks_read_distinct_numbers_even_on_a_narrow_range():
-    from posenc.bench.extrapolation import log_ticks
+    from posenc.cli.bench.extrapolation import log_ticks
 
     ticks, labels = log_ticks(2.05, 2.09)
     assert len(set(labels)) == len(labels) == 5 and labels[0] == "2.05" and labels[-1] == "2.09"

@@ -8,7 +8,7 @@ import json
 import torch
 
 from posenc import cli
-from posenc.bench import graph_pe
+from posenc.cli.bench import graph_pe
 
 TINY = ["--graphs", "12", "--nodes", "150", "--edges", "400", "--lap-k", "3", "--walk-length", "5",
         "--repeats", "1", "--no-progress", "--threads", "1"]

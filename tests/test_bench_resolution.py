@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from posenc.bench.resolution import direction, summarize
+from posenc.cli.bench.resolution import direction, summarize
 from posenc.cli import main
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc import cli
-from posenc.bench.spline import DEFAULT_MODELS
+from posenc.cli.bench.spline import DEFAULT_MODELS
 
 TINY = ["--steps", "2", "--dim", "16", "--depth", "2", "--heads", "2", "--batch-size", "4", "--length", "8",
         "--eval-curves", "6", "--control-points", "4", "--no-progress"]

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from posenc import demo
+from posenc.cli import demo
 from posenc.seq.data import ByteWindows, pydoc_corpus, split_text
 from posenc.seq.models import CausalLM
 

@@ -99,7 +99,7 @@ def test_user_dataset_node_task_with_spd(tmp_path, capsys):
 def test_demo_part_checks_its_arguments():
     import argparse
 
-    from posenc.demo_parts import graph as part
+    from posenc.cli.demo import graph as part
 
     ok = argparse.Namespace(graph_encodings="none,lap,rwse,spd", graph_per_class=15)
     assert part.check(ok) is None

@@ -1,5 +1,7 @@
-"""The house rules, read from the source: ``common`` and ``training`` import no modality, and no
-modality imports another (shared primitives live in ``common``)."""
+"""The house rules, read from the source: ``common`` and ``training`` import no modality, no
+modality imports another (shared primitives live in ``common``), the library never imports the
+command line (``posenc/cli``) or the integrations (``posenc/integrations``), and inside the command
+line ``train`` and ``bench`` never import each other."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1] / "posenc"
 MODALITIES = ("seq", "vision", "graph", "timeseries")
 
 
-def _posenc_imports(path: Path) -> set[str]:
-    """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"}."""
+def _posenc_imports(path: Path, depth: int = 1) -> set[str]:
+    """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"};
+    with ``depth=2`` two levels deep, e.g. {"cli.bench", "common.report"}."""
     package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]  # ("posenc", "seq")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -26,12 +29,12 @@ def _posenc_imports(path: Path) -> set[str]:
             else:
                 parts = (node.module or "").split(".")
             if parts[:1] == ["posenc"] and len(parts) > 1:
-                found.add(parts[1])
+                found.add(".".join(parts[1:1 + depth]))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] == "posenc" and len(parts) > 1:
-                    found.add(parts[1])
+                    found.add(".".join(parts[1:1 + depth]))
     return found
 
 
@@ -73,14 +76,50 @@ def test_import_posenc_is_lazy_and_the_registry_still_sees_every_modality():
 
 @pytest.mark.parametrize("package, other", [("train", "bench"), ("bench", "train")])
 def test_train_and_bench_never_import_each_other(package, other):
-    """They share posenc.options, posenc.argtypes and posenc.report instead."""
-    for path in sorted((ROOT / package).rglob("*.py")):
-        assert other not in _posenc_imports(path), f"{path.relative_to(ROOT.parent)} imports posenc.{other}"
+    """They share posenc.cli.options, posenc.cli.argtypes and posenc.common.report instead."""
+    for path in sorted((ROOT / "cli" / package).rglob("*.py")):
+        imported = _posenc_imports(path, depth=2)
+        assert f"cli.{other}" not in imported, f"{path.relative_to(ROOT.parent)} imports posenc.cli.{other}"
 
 
-@pytest.mark.parametrize("package", ["common", "training", *MODALITIES])
-def test_the_library_never_imports_the_command_line(package):
-    command_line = {"cli", "train", "bench", "demo", "demo_parts", "options", "argtypes"}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        bad = _posenc_imports(path) & command_line
+LIBRARY = ["common", "training", *MODALITIES, "functional.py", "loading.py"]
+
+
+def _library_files(part: str) -> list[Path]:
+    return [ROOT / part] if part.endswith(".py") else sorted((ROOT / part).rglob("*.py"))
+
+
+@pytest.mark.parametrize("part", LIBRARY)
+def test_the_library_never_imports_the_command_line_or_the_integrations(part):
+    for path in _library_files(part):
+        bad = _posenc_imports(path) & {"cli", "integrations"}
         assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"
+
+
+def test_the_integrations_never_import_the_command_line():
+    for path in sorted((ROOT / "integrations").rglob("*.py")):
+        assert "cli" not in _posenc_imports(path), f"{path.relative_to(ROOT.parent)} imports posenc.cli"
+
+
+def test_the_package_root_holds_only_the_library_api():
+    """The layers show in the layout: the root's loose modules are the library API; everything else
+    lives in a folder (core, trainer, modalities, integrations, command line)."""
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert loose == ["__init__.py", "_moved.py", "functional.py", "loading.py"], loose
+    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == sorted(["cli", "common", "integrations", "training", *MODALITIES]), folders
+
+
+@pytest.mark.parametrize("old, new", [("posenc.bench.attention", "posenc.cli.bench.attention"),
+                                      ("posenc.report", "posenc.common.report"),
+                                      ("posenc.demo_parts.seq", "posenc.cli.demo.seq"),
+                                      ("posenc.argtypes", "posenc.cli.argtypes")])
+def test_old_import_paths_still_work_with_a_deprecation_warning(old, new):
+    import importlib
+    import sys
+
+    for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc import cli
-from posenc.train.seq import TASK_NAMES
+from posenc.cli.train.seq import TASK_NAMES
 
 from .cli_helpers import interrupted_at
 

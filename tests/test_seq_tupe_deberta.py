@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.common.plan import flex_available
+from posenc.common.planning import flex_available
 from posenc.common.kv_cache import KVCache
 from posenc.common.registry import ModelDims
 from posenc.seq.deberta import DeBERTa, deberta_index

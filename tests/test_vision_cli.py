@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from posenc import demo
+from posenc.cli import demo
 from posenc.cli import main
-from posenc.demo_parts import vision as vision_part
+from posenc.cli.demo import vision as vision_part
 
 from .cli_helpers import interrupted_at
 

@@ -7,12 +7,13 @@ from typing import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from .attention import Backend, MultiheadAttention, normalize_positions
+from .attention import MultiheadAttention
+from .call import normalize_positions
 from .encoding import Hook, PositionEncoding, attention_part
 from .kv_cache import KVCache
 from .linear_attention import make_feature_map
 from .masks import AttentionMask
-from .plan import check_attention_kind
+from .planning import Backend, check_attention_kind
 
 
 class MLP(nn.Module):

@@ -3,7 +3,7 @@
 Every constructor argument, configuration field and position tensor is checked by one of these
 functions, so a rule ("an int, not a bool", "finite", "positive") is written once and every
 misuse reads the same way: ``NAME must be WHAT; got VALUE``. A wrong type raises ``TypeError``,
-a wrong value ``ValueError``. The command line reuses them through :mod:`posenc.argtypes`, which
+a wrong value ``ValueError``. The command line reuses them through :mod:`posenc.cli.argtypes`, which
 turns the message into argparse's one line and exit status 2.
 
 ::

@@ -179,33 +179,36 @@ class PositionEncoding(nn.Module):
         )
 
     def attention_needs(self) -> AttentionNeeds:
-        """The attention hooks this instance uses, as the kernel plan reads them."""
-        hooks = self.hooks
-        value_term = Hook.POST_SOFTMAX in hooks and bool(self.needs_probs)
-        return AttentionNeeds(
-            qk=Hook.QK in hooks,
-            score_bias=self.has_score_bias,
-            score_transform=Hook.SCORE_BIAS in hooks and bool(self.needs_scores),
-            prob_bias=self.has_prob_bias,
-            value_term=value_term,
-            offset_values=value_term and self.offset_values() is not None,
-            linear_only=bool(self.linear_only),
-        )
+        """The attention hooks this instance uses, as the kernel plan reads them (exact: the score
+        and after-softmax biases count only where implemented)."""
+        return _needs(self.hooks, self.needs_probs, self.needs_scores, self.linear_only,
+                      score_bias=self.has_score_bias, prob_bias=self.has_prob_bias,
+                      offset_values=Hook.POST_SOFTMAX in self.hooks and bool(self.needs_probs)
+                      and self.offset_values() is not None)
 
 
 def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
     """What any instance of ``cls`` may ask of attention, read from its declared hooks (before
     one is built: command lines check an encoding name against the attention kind up front). An
     instance's :meth:`PositionEncoding.attention_needs` is exact and can only ask for less."""
-    hooks = cls.hooks
+    return _needs(cls.hooks, cls.needs_probs, cls.needs_scores, cls.linear_only)
+
+
+def _needs(
+    hooks: frozenset[Hook], needs_probs: bool, needs_scores: bool, linear_only: bool, *,
+    score_bias: bool | None = None, prob_bias: bool | None = None, offset_values: bool = False,
+) -> AttentionNeeds:
+    """The one derivation of an encoding's needs from its hooks and flags. ``score_bias`` and
+    ``prob_bias`` (None: as the hooks declare) say whether the bias methods are implemented."""
     post = Hook.POST_SOFTMAX in hooks
     return AttentionNeeds(
         qk=Hook.QK in hooks,
-        score_bias=Hook.SCORE_BIAS in hooks,
-        score_transform=Hook.SCORE_BIAS in hooks and bool(cls.needs_scores),
-        prob_bias=post and not cls.needs_probs,
-        value_term=post and bool(cls.needs_probs),
-        linear_only=bool(cls.linear_only),
+        score_bias=Hook.SCORE_BIAS in hooks if score_bias is None else score_bias,
+        score_transform=Hook.SCORE_BIAS in hooks and bool(needs_scores),
+        prob_bias=(post and not needs_probs) if prob_bias is None else prob_bias,
+        value_term=post and bool(needs_probs),
+        offset_values=offset_values,
+        linear_only=bool(linear_only),
     )
 
 

@@ -1,5 +1,5 @@
-"""The attention kernel paths. :func:`posenc.common.plan.make_plan` chooses among them and
-:func:`posenc.common.attention.attend` runs the chosen one.
+"""The attention kernel paths. :func:`posenc.common.planning.decide` chooses among them and
+:func:`posenc.common.attention.run` runs the chosen one.
 
 ``sdpa``   ``scaled_dot_product_attention``: nothing touches the scores (masks only).
 ``dense``  a score bias handed to a fused kernel chunk by chunk of query rows, inside a custom
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -440,6 +441,30 @@ ScoreTransform = Callable[[Tensor, Tensor, Tensor, slice, slice, "Tensor | None"
 ValueTerm = Callable[[Tensor, slice, slice], Tensor]
 
 
+@dataclass(frozen=True)
+class EncodingTerms:
+    """What an encoding adds to one call's scores and probabilities, as the kernels take it.
+
+    Attributes:
+        bias: the score bias (the encoding's and a caller's ``attn_bias``, summed).
+        prob_bias: an after-softmax bias (eRPE).
+        score_transform: ``(scores, q_rows, k_keys, rows, keys, allowed) -> scores`` over whole
+            score blocks ``[B, H, rows, keys]`` (CAPE, CoPE).
+        value_term: ``(probs, rows, keys) -> [B, H, rows, Dv]`` added to ``P V`` (Shaw values).
+        transform_inputs: the tensors ``score_transform`` and ``value_term`` read that may need a
+            gradient (the encoding's :meth:`~posenc.common.encoding.PositionEncoding.math_parameters`).
+    """
+
+    bias: PairwiseBias | None = None
+    prob_bias: PairwiseBias | None = None
+    score_transform: ScoreTransform | None = None
+    value_term: ValueTerm | None = None
+    transform_inputs: tuple[Tensor, ...] = ()
+
+
+NO_TERMS = EncodingTerms()
+
+
 def _call_rows(rows_fn, chunk: tuple[int, int, int], rows_in, keys_in) -> Tensor:
     """``rows_fn`` on one chunk: the row inputs sliced to its rows, the key inputs to its keys."""
     s, e, kv_end = chunk
@@ -540,17 +565,15 @@ def _math_block(
     q_len: int,
     kv_len: int,
     mask: AttentionMask | None,
-    bias: PairwiseBias | None,
+    terms: EncodingTerms,
     scale: float,
-    prob_bias: PairwiseBias | None,
-    value_term: ValueTerm | None,
-    score_transform: ScoreTransform | None,
     dropout_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """One block of query rows of the explicit path: ``(out [B, H, rows, D], weights [B, H, rows,
     keys])``, ``weights`` being the matrix applied to ``V``: the probabilities after dropout (with
     probability ``dropout_p``, kept entries scaled by ``1 / (1 - p)``) plus the after-softmax
     bias. ``q_rows``, ``k``, ``v`` are in the working dtype with the key heads repeated."""
+    bias, prob_bias, value_term, score_transform = terms.bias, terms.prob_bias, terms.value_term, terms.score_transform
     b, h = q_rows.shape[:2]
     scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
     if bias is not None:
@@ -591,27 +614,21 @@ def math_path(
     k: Tensor,
     v: Tensor,
     mask: AttentionMask | None,
-    bias: PairwiseBias | None,
+    terms: EncodingTerms,
     scale: float,
-    prob_bias: PairwiseBias | None = None,
-    value_term: ValueTerm | None = None,
-    score_transform: ScoreTransform | None = None,
     chunk: int | None = None,
-    transform_inputs: tuple[Tensor, ...] = (),
 ) -> Tensor:
     """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
-    ``out = (P + prob_bias) V + value_term(P)``, ``chunk`` query rows at a time (default: the
-    :func:`chunk_rows` budget), each chunk recomputed in the backward pass.
+    ``out = (P + prob_bias) V + value_term(P)`` with the :class:`EncodingTerms` ``terms``,
+    ``chunk`` query rows at a time (default: the :func:`chunk_rows` budget), each chunk recomputed
+    in the backward pass.
 
-    ``score_transform(scores, q_rows, k_keys, rows, keys, allowed)`` sees the finite scores
-    ``[B, H, rows, keys]`` of query rows ``rows`` (a slice) and keys ``keys`` at every pair; the
-    mask is applied to its result. ``value_term(probs, rows, keys)`` -> ``[B, H, rows, Dv]``. With
-    a causal mask a chunk's keys stop at its last visible key (the rest are masked anyway).
-    ``transform_inputs``: the tensors ``score_transform`` and ``value_term`` read that may need a
-    gradient (the encoding's :meth:`~posenc.common.encoding.PositionEncoding.math_parameters`).
+    ``terms.score_transform`` sees the finite scores ``[B, H, rows, keys]`` of query rows ``rows``
+    (a slice) and keys ``keys`` at every pair; the mask is applied to its result. With a causal
+    mask a chunk's keys stop at its last visible key (the rest are masked anyway).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     dtype = q.dtype
-    q, k, v, _ = _math_inputs(q, k, v)
+    q, k, v, _ = _math_inputs(q, k, v)  # [B, H, Tq, D], [B, H, Tk, D] x2 (key heads repeated)
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     idx = _indices(max(tq, tk), q.device)
@@ -621,13 +638,15 @@ def math_path(
     def rows_out(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
         (q_rows,), (k, v) = rows, keys  # [B, H, rows, D], [B, H, kv_end, D] x2
         out, _ = _math_block(q_rows, k, v, idx[s:e], idx[:kv_end], slice(s, e), slice(0, kv_end), tq, tk, mask,
-                             bias, scale, prob_bias, value_term, score_transform)
-        return out.to(dtype)
+                             terms, scale)
+        return out.to(dtype)  # [B, H, rows, D]
 
     causal = mask is not None and mask.causal
     chunks = list(_row_chunks(tq, tk, chunk, causal))
+    bias, prob_bias = terms.bias, terms.prob_bias
     others = _frontier(
-        bias.learned if bias is not None else (), prob_bias.learned if prob_bias is not None else (), transform_inputs
+        bias.learned if bias is not None else (), prob_bias.learned if prob_bias is not None else (),
+        terms.transform_inputs,
     )
     return _row_chunked(rows_out, chunks, [q], [k, v], others)
 
@@ -637,11 +656,8 @@ def weights_path(
     k: Tensor,
     v: Tensor,
     mask: AttentionMask | None,
-    bias: PairwiseBias | None,
+    terms: EncodingTerms,
     scale: float,
-    prob_bias: PairwiseBias | None = None,
-    value_term: ValueTerm | None = None,
-    score_transform: ScoreTransform | None = None,
     dropout_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """The math path in one block under plain autograd, returning the attention weights too:
@@ -649,11 +665,11 @@ def weights_path(
     ``[B, H, Tq, Tk]`` matrix, as returning it requires, and is the one path with attention
     dropout (``dropout_p``; the caller passes 0 outside training)."""
     dtype = q.dtype
-    q, k, v, _ = _math_inputs(q, k, v)
+    q, k, v, _ = _math_inputs(q, k, v)  # [B, H, Tq, D], [B, H, Tk, D] x2 (key heads repeated)
     tq, tk = q.shape[2], k.shape[2]
     idx = _indices(max(tq, tk), q.device)
-    out, weights = _math_block(q, k, v, idx[:tq], idx[:tk], slice(0, tq), slice(0, tk), tq, tk, mask, bias, scale,
-                               prob_bias, value_term, score_transform, dropout_p)
+    out, weights = _math_block(q, k, v, idx[:tq], idx[:tk], slice(0, tq), slice(0, tk), tq, tk, mask, terms, scale,
+                               dropout_p)  # [B, H, Tq, D], [B, H, Tq, Tk]
     return out.to(dtype), weights.to(dtype)
 
 

@@ -70,6 +70,17 @@ class AttentionMask:
         if self.window is not None:
             check_int("window", self.window, minimum=1)
 
+    def __repr__(self) -> str:
+        """Only what is set, tensors as their shapes: ``AttentionMask(causal=True, key_valid=[2, 64])``."""
+        parts = [] if not self.causal else ["causal=True"]
+        for name in ("key_valid", "q_segments", "kv_segments"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name}=[{', '.join(map(str, value.shape))}]")
+        if self.window is not None:
+            parts.append(f"window={self.window}")
+        return f"AttentionMask({', '.join(parts)})"
+
     @classmethod
     def packed(cls, segments: Tensor, *, causal: bool = False, key_valid: Tensor | None = None) -> "AttentionMask":
         """Block-diagonal self-attention mask for packed sequences: ``segments`` is ``[B, T]``."""

@@ -43,10 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend, attend_with_weights, normalize_positions
+from .attention import attend, attend_with_weights
+from .call import normalize_positions
 from .encoding import Hook, PositionEncoding
 from .masks import AttentionMask
-from .plan import BACKENDS, Backend
+from .planning import Backend, check_backend
 
 
 def _is_square_causal(mask: Tensor) -> bool:
@@ -109,8 +110,7 @@ class TorchMultiheadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
         if add_bias_kv or add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn are not supported: the extra key would have no position")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        check_backend(backend)
         if encoding is not None:
             if not isinstance(encoding, PositionEncoding):
                 raise TypeError(f"encoding must be a posenc PositionEncoding or None; got {type(encoding).__name__}")

@@ -31,7 +31,7 @@ from typing import Any, Mapping, TypeVar
 import torch
 from torch import nn
 
-from ..report import write_atomic
+from ..common.report import write_atomic
 from .checkpoint import check_plain, save_atomic, state_dict_problems
 
 CONFIG_FILE = "config.json"
@@ -51,7 +51,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``obj`` as indented JSON at ``path``, written atomically (:func:`posenc.report.write_atomic`)."""
+    """``obj`` as indented JSON at ``path``, written atomically (:func:`posenc.common.report.write_atomic`)."""
     text = json.dumps(obj, indent=2) + "\n"
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 

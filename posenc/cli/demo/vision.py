@@ -41,9 +41,9 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
-    from ..training.trainer import TrainConfig
-    from ..vision.classify import train_vit, vit_config
-    from ..vision.data import DigitsCanvas, digits_at_size
+    from ...training.trainer import TrainConfig
+    from ...vision.classify import train_vit, vit_config
+    from ...vision.data import DigitsCanvas, digits_at_size
 
     train = DigitsCanvas("train", canvas_size=IMG_SIZE, digit_size=16, repeats=10, seed=args.seed)
     test = DigitsCanvas("test", canvas_size=IMG_SIZE, digit_size=16, seed=args.seed)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def _hooks(model) -> str:
-    from ..report import hook_text
+    from ...common.report import hook_text
 
     if model.encoder.conditional:  # the PEG slots between blocks
         return hook_text({"input"}, between_blocks=True)

@@ -23,7 +23,7 @@ import sys
 import time
 
 from ..argtypes import nonnegative_int
-from ..report import format_table
+from ...common.report import format_table
 
 DEFAULT_DATASETS = ("BasicMotions", "JapaneseVowels")
 DEFAULT_ENCODINGS = ("tape+erpe", "sinusoidal", "learned", "none")
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
-    from ..common.registry import get
+    from ...common.registry import get
     from ..options import check_convtran_args, encoding_spec
 
     error = check_convtran_args(args)
@@ -131,7 +131,7 @@ def render(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], runs: list[dict], path: str) -> None:
     """Mean test accuracy per encoding (bars, std as error bars, each seed as a dot), one panel per dataset."""
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:
@@ -169,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..options import convtran_settings
-    from ..report import Progress
-    from ..timeseries.classify import train_classifier
-    from ..timeseries.datasets import load_dataset
+    from ...common.report import Progress
+    from ...timeseries.classify import train_classifier
+    from ...timeseries.datasets import load_dataset
 
     data = {}
     for name in args.datasets:

@@ -3,9 +3,9 @@
 ::
 
     posenc list [--modality M]          the registered encodings
-    posenc bench attention [options]    attention benchmark (see posenc.bench.attention)
-    posenc demo [options]               see posenc.demo
-    posenc extend RUN_DIR [options]     context extension of a trained RoPE run (see posenc.train.extend)
+    posenc bench attention [options]    attention benchmark (see posenc.cli.bench.attention)
+    posenc demo [options]               see posenc.cli.demo
+    posenc extend RUN_DIR [options]     context extension of a trained RoPE run (see posenc.cli.train.extend)
 
 Subcommands other than ``list`` live in their own modules, each defining
 ``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``
@@ -14,8 +14,8 @@ missing or broken module affects that subcommand alone: it then prints why and e
 
 Adding commands:
 
-* ``posenc bench NAME``: a module in :mod:`posenc.bench` and a line in ``posenc.bench.BENCHMARKS``.
-* ``posenc train MODALITY``: a module in :mod:`posenc.train` and a line in :data:`TRAIN_COMMANDS`.
+* ``posenc bench NAME``: a module in :mod:`posenc.cli.bench` and a line in ``posenc.cli.bench.BENCHMARKS``.
+* ``posenc train MODALITY``: a module in :mod:`posenc.cli.train` and a line in :data:`TRAIN_COMMANDS`.
 * a new group of subcommands: an entry in :func:`command_groups`; a single command: :data:`COMMANDS`.
 
 Bad input exits with 2 (argparse's convention) and a message naming the argument.
@@ -31,16 +31,16 @@ from typing import Callable, Mapping, Sequence
 
 # name -> (module, one-line help): commands taking no further subcommand.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("posenc.demo", "a short demonstration of the encodings (see posenc.demo)"),
-    "extend": ("posenc.train.extend", "extend the context of a trained RoPE run of posenc train seq (PI, NTK, YaRN, ...)"),
+    "demo": ("posenc.cli.demo", "a short demonstration of the encodings (see posenc.cli.demo)"),
+    "extend": ("posenc.cli.train.extend", "extend the context of a trained RoPE run of posenc train seq (PI, NTK, YaRN, ...)"),
 }
 
-# modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.train.
+# modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.cli.train.
 TRAIN_COMMANDS: dict[str, tuple[str, str]] = {
-    "seq": ("posenc.train.seq", "train a causal LM or sequence model on text or a synthetic task"),
-    "vision": ("posenc.train.vision", "train a ViT on digits placed on a canvas, an image folder or moving-digit videos (--video)"),
-    "graph": ("posenc.train.graph", "train a GPS-style graph transformer on CSL, molecules or a PyG dataset"),
-    "timeseries": ("posenc.train.timeseries", "train a ConvTran-style classifier on a UEA/UCR dataset"),
+    "seq": ("posenc.cli.train.seq", "train a causal LM or sequence model on text or a synthetic task"),
+    "vision": ("posenc.cli.train.vision", "train a ViT on digits placed on a canvas, an image folder or moving-digit videos (--video)"),
+    "graph": ("posenc.cli.train.graph", "train a GPS-style graph transformer on CSL, molecules or a PyG dataset"),
+    "timeseries": ("posenc.cli.train.timeseries", "train a ConvTran-style classifier on a UEA/UCR dataset"),
 }
 
 
@@ -114,14 +114,14 @@ def _command_path(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    from .common.registry import MODALITIES
+    from ..common.registry import MODALITIES
 
     parser.add_argument("--modality", choices=MODALITIES, default=None, help="only encodings of this modality")
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from .common.registry import available
-    from .report import format_table, hook_text
+    from ..common.registry import available
+    from ..common.report import format_table, hook_text
 
     infos = available(args.modality)
     if not infos:
@@ -137,7 +137,7 @@ def _run_list(args: argparse.Namespace) -> int:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``posenc`` parser. With ``argv``, only the module of the subcommand it selects is
     imported; with None, every subcommand module is (unavailable ones get a stub)."""
-    from . import __version__
+    from .. import __version__
 
     path = None if argv is None else _command_path(argv)
 
@@ -179,11 +179,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    # ``python -m posenc.cli`` puts the working directory first on the import path; nothing there
-    # may be imported by accident (a stray torch.py or a dataset's neighbour), so it goes.
-    cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
-    sys.exit(main())

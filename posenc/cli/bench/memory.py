@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..common import chunk_pool
+from ...common import chunk_pool
 
 MB = 1024 * 1024
 

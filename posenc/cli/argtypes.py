@@ -12,7 +12,7 @@ import json
 import math
 from typing import Callable
 
-from .common.checks import check_int, check_number
+from ..common.checks import check_int, check_number
 
 
 def _bound_words(minimum: float) -> str:

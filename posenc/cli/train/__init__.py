@@ -1,7 +1,7 @@
 """``posenc train MODALITY``: one module per modality, each with ``add_arguments(parser)`` and
 ``run(args) -> int`` (see :mod:`posenc.cli`). They train that modality's reference model through
 :class:`posenc.training.trainer.Trainer`, so every one has checkpoints, resumption, progress and
-``torchrun`` data parallelism, and they share the option vocabulary of :mod:`posenc.options`.
+``torchrun`` data parallelism, and they share the option vocabulary of :mod:`posenc.cli.options`.
 
 Every run directory (``--out``) ends with the same files: ``metrics.jsonl`` and ``checkpoint.pt``
 (the trainer) and ``results.json`` (:func:`write_results`): ``command``, ``encoding``,
@@ -39,8 +39,8 @@ def run_checked(
     ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
     as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
     its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over
-    :data:`posenc.options.FLAGS`)."""
-    from ..training.trainer import ResumeMismatch
+    :data:`posenc.cli.options.FLAGS`)."""
+    from ...training.trainer import ResumeMismatch
 
     error = check(args)
     if error is None:
@@ -60,7 +60,7 @@ def run_checked(
 
 def write_results(out: str | None, record: Mapping[str, Any]) -> Path | None:
     """Write ``record`` as ``out/results.json`` (atomically; nothing without ``--out``)."""
-    from ..report import write_json
+    from ...common.report import write_json
 
     if out is None:
         return None

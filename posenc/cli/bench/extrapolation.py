@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ..common.encoding import class_needs
-from ..common.linear_attention import FEATURE_MAPS
-from ..common.plan import check_attention_kind
-from ..common.registry import available, get
-from ..report import format_table, hook_text
+from ...common.encoding import class_needs
+from ...common.linear_attention import FEATURE_MAPS
+from ...common.planning import check_attention_kind
+from ...common.registry import available, get
+from ...common.report import format_table, hook_text
 
 PROG = "posenc bench extrapolation"
 DEFAULT_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "nope")
@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _resolve(args: argparse.Namespace) -> str | None:
     """Fill the defaults that depend on ``--task``; return what is wrong, or None."""
-    from ..seq.tasks import TASKS
+    from ...seq.tasks import TASKS
 
     if args.task is not None and args.task not in TASKS:
         return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
@@ -159,12 +159,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
-    from ..seq.byte_lm import bits_per_byte_at, next_byte_loss
-    from ..seq.data import ByteWindows, pydoc_corpus, split_text
-    from ..seq.evaluation import task_eval_set, task_exact_match
-    from ..seq.models import CausalLM
-    from ..seq.tasks import TaskDataset, make_task, task_loss
-    from ..training.trainer import TrainConfig, Trainer
+    from ...seq.byte_lm import bits_per_byte_at, next_byte_loss
+    from ...seq.data import ByteWindows, pydoc_corpus, split_text
+    from ...seq.evaluation import task_eval_set, task_exact_match
+    from ...seq.models import CausalLM
+    from ...seq.tasks import TaskDataset, make_task, task_loss
+    from ...training.trainer import TrainConfig, Trainer
 
     if args.task is not None:
         task = make_task(args.task)
@@ -246,7 +246,7 @@ def log_ticks(low: float, high: float, count: int = 5) -> tuple[list[float], lis
 
 
 def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -> None:
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
     from ..options import encoding_spec
-    from ..timeseries.datasets import bundled_datasets
+    from ...timeseries.datasets import bundled_datasets
 
     for spec in args.ts_encodings.split(","):
         try:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     """Train one classifier per encoding for ``min(--steps, 200)`` steps and test it."""
     import torch
 
-    from ..timeseries.datasets import load_dataset
+    from ...timeseries.datasets import load_dataset
 
     train, test = load_dataset(args.ts_dataset)
     steps = min(args.steps, MAX_STEPS)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> Row:
-    from ..timeseries.classify import ClassifierSettings, train_classifier
+    from ...timeseries.classify import ClassifierSettings, train_classifier
 
     start = time.perf_counter()
     _, metrics = train_classifier(

@@ -59,8 +59,8 @@ from ..options import (
 from ..options import (
     vit_encoding_error as check_encoding,
 )
-from ..report import format_table
-from ..vision.classify import (  # noqa: F401  (the helpers live with the ViT; kept importable here)
+from ...common.report import format_table
+from ...vision.classify import (  # noqa: F401  (the helpers live with the ViT; kept importable here)
     accuracy,
     build_vit,
     classification_loss,
@@ -168,7 +168,7 @@ def check(args: argparse.Namespace) -> str | None:
             return (f"--frames {args.frames} at --max-speed {args.max_speed} make a path of {path} pixels, more than "
                     f"--img-size {args.img_size} minus --digit-size {args.digit_size} leaves")
     elif args.data is None:
-        from ..vision.data import TASKS
+        from ...vision.data import TASKS
 
         if args.in_chans is not None and args.in_chans != 1:
             return f"--in-chans {args.in_chans}: the digits are grayscale (1 channel); leave --in-chans out or pass 1"
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
     """(train set, {size: test set}, a description, in_chans, num_classes)."""
-    from ..vision.data import DigitsCanvas, MovingDigits, digits_at_size, image_folder
+    from ...vision.data import DigitsCanvas, MovingDigits, digits_at_size, image_folder
 
     if args.video:
         common = dict(frames=args.frames, canvas_size=args.img_size, digit_size=args.digit_size,
@@ -233,7 +233,7 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..training.trainer import TrainConfig
+    from ...training.trainer import TrainConfig
 
     train, sets, source, in_chans, num_classes = _datasets(args)
     model_config = vit_config(

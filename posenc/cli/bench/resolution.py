@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
-from ..report import format_table
+from ...common.report import format_table
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
 MODES = ("scale", "grow")
@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     from ..options import vit_encoding_error as check_encoding
-    from ..vision.data import TASKS
+    from ...vision.data import TASKS
 
     names = [n for n in args.encodings.split(",") if n]
     if not names:
@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
-    from ..report import Progress
-    from ..training.trainer import TrainConfig
-    from ..vision.classify import accuracy, eval_sizes, train_vit, vit_config
-    from ..vision.data import DigitsCanvas, digits_at_size
+    from ...common.report import Progress
+    from ...training.trainer import TrainConfig
+    from ...vision.classify import accuracy, eval_sizes, train_vit, vit_config
+    from ...vision.data import DigitsCanvas, digits_at_size
 
     names = [n for n in args.encodings.split(",") if n]
     modes = [m for m in args.modes.split(",") if m]
@@ -310,7 +310,7 @@ def render(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> bool:
     """Accuracy against image size, one line per encoding, one panel per mode. False without matplotlib."""
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -34,7 +34,7 @@ from ..options import (
     out_dir_error,
     size_error,
 )
-from ..report import format_table
+from ...common.report import format_table
 from . import run_checked, write_results
 
 # the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)
@@ -90,7 +90,7 @@ def check(args: argparse.Namespace) -> str | None:
         return "--sample-tokens is for text; a task run reports exact match instead"
     # the longest sequence a step sees: a task's example (question and answer) or the longest window
     if args.task is not None:
-        from ..seq.tasks import make_task
+        from ...seq.tasks import make_task
 
         try:
             task = make_task(args.task, num_symbols=args.num_symbols)
@@ -111,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..seq.byte_lm import next_byte_loss
-    from ..seq.data import ByteWindows, eval_windows, load_corpus, split_text
-    from ..seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
-    from ..seq.models import CausalLM
-    from ..seq.tasks import TaskDataset, make_task, task_loss
-    from ..training.trainer import TrainConfig, Trainer
+    from ...seq.byte_lm import next_byte_loss
+    from ...seq.data import ByteWindows, eval_windows, load_corpus, split_text
+    from ...seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
+    from ...seq.models import CausalLM
+    from ...seq.tasks import TaskDataset, make_task, task_loss
+    from ...training.trainer import TrainConfig, Trainer
 
     options = dict(args.encoding_option)
     share = {"auto": None, "yes": True, "no": False}[args.share_encoding]

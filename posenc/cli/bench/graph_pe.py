@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..argtypes import positive_float, positive_int, seed_value
-from ..report import Progress, format_table
+from ...common.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
 
@@ -258,14 +258,14 @@ def _quiet_pyg():
     from torch_geometric.data import Batch
     from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
 
-    from ..graph import pyg  # noqa: F401
+    from ...graph import pyg  # noqa: F401
 
     return Batch, AddLaplacianEigenvectorPE, AddRandomWalkPE
 
 
 def bench_molecules(config: GraphPEBenchConfig, rows: list[Row], notes: list[str], progress: bool) -> None:
-    from ..graph import laplacian_pe_batch, random_walk_se_batch
-    from ..graph.transforms import AddLaplacianPE, AddRandomWalkSE
+    from ...graph import laplacian_pe_batch, random_walk_se_batch
+    from ...graph.transforms import AddLaplacianPE, AddRandomWalkSE
 
     Batch, PygLap, PygRW = _quiet_pyg()
     graphs, source = molecule_graphs(config.graphs, config.seed)
@@ -326,7 +326,7 @@ def bench_molecules(config: GraphPEBenchConfig, rows: list[Row], notes: list[str
 
 
 def bench_large(config: GraphPEBenchConfig, rows: list[Row], notes: list[str], progress: bool) -> None:
-    from ..graph import laplacian_pe, random_walk_se
+    from ...graph import laplacian_pe, random_walk_se
 
     _, PygLap, _ = _quiet_pyg()
     data = random_graph(config.nodes, config.edges, config.seed)
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m posenc.bench.graph_pe``: the same as ``posenc bench graph-pe``."""
+    """``python -m posenc.cli.bench.graph_pe``: the same as ``posenc bench graph-pe``."""
     parser = argparse.ArgumentParser(prog="posenc bench graph-pe", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     try:

@@ -58,7 +58,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..timeseries.ts_format import TsFormatError
+    from ...timeseries.ts_format import TsFormatError
 
     return run_checked(PROG, args, check, _train, (ValueError, TypeError, TsFormatError, OSError),
                        flags={"steps": "--epochs/--steps (steps)"})
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from ..timeseries.classify import classifier_config, train_classifier
-    from ..timeseries.datasets import load_dataset
+    from ...timeseries.classify import classifier_config, train_classifier
+    from ...timeseries.datasets import load_dataset
 
     try:
         train, test = load_dataset(args.dataset, normalize=args.normalize)

@@ -30,7 +30,7 @@ PROG = "posenc extend"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..seq.context import METHOD_ALIASES, METHODS
+    from ...seq.context import METHOD_ALIASES, METHODS
 
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by posenc train seq --out (a text run)")
     parser.add_argument("--method", required=True, choices=(*METHODS, *METHOD_ALIASES),
@@ -57,11 +57,11 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
-    from ..seq.context import canonical_method, plan_extension, rotary_layers
-    from ..seq.data import load_corpus, split_text
-    from ..seq.models import CausalLM
-    from ..training.checkpoint import load_checkpoint
+    from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
+    from ...seq.context import canonical_method, plan_extension, rotary_layers
+    from ...seq.data import load_corpus, split_text
+    from ...seq.models import CausalLM
+    from ...training.checkpoint import load_checkpoint
 
     run_dir = Path(args.run_dir)
     results_path, ckpt_path = run_dir / "results.json", run_dir / "checkpoint.pt"
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed, device=args.device, progress=not args.no_progress, out_dir=str(out),
                         model_config=model_config)
         tuned = bits_per_byte_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
-    from ..report import format_table
+    from ...common.report import format_table
 
     headers = ["length", "before", f"{method} x{factor:g}"] + ([f"+ {args.finetune_steps} steps"] if tuned else [])
     rows = [[n, f"{before[n]:.3f}", f"{after[n]:.3f}"] + ([f"{tuned[n]:.3f}"] if tuned else []) for n in eval_lens]

@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
-from ..report import format_table
+from ...common.report import format_table
 from .load import format_load_average, load_average
 
 PROG = "posenc bench spline"
@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, or None."""
-    from ..common.registry import available, get
+    from ...common.registry import available, get
 
     if len(set(args.models)) != len(args.models):
         return f"--models: a name is repeated in {','.join(args.models)}"
@@ -151,8 +151,8 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def _build(args: argparse.Namespace, name: str) -> torch.nn.Module:
-    from ..seq.latent_autoencoder import PositionalAutoencoder
-    from ..seq.spline import SplineTransformer
+    from ...seq.latent_autoencoder import PositionalAutoencoder
+    from ...seq.spline import SplineTransformer
 
     max_len = args.length * max(args.scales)
     is_spline, encoding = _spline_encoder(name)
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..seq.curves import SmoothCurves
+    from ...seq.curves import SmoothCurves
 
     start = time.perf_counter()
     scales = sorted(set(args.scales))
@@ -237,7 +237,7 @@ def _device(args: argparse.Namespace) -> str:
 
 def _one(args, name, train, held_out, truth, scales, plot_scale) -> tuple[dict, dict]:
     """Train one model, score it at every scale in both modes; also return the curves to draw."""
-    from ..training.trainer import TrainConfig, Trainer
+    from ...training.trainer import TrainConfig, Trainer
 
     torch.manual_seed(args.seed)
     model = _build(args, name)
@@ -288,7 +288,7 @@ def _mse(output, target) -> float:
 def _reconstruct(model, source, n: int, length: int, *, finer: bool):
     """The model's ``n``-point output for ``source`` (``[B, L', 2]``): for the baselines, ``finer``
     puts the queries at ``i (L - 1) / (n - 1)`` instead of ``0 .. n-1``."""
-    from ..seq.spline import SplineTransformer
+    from ...seq.spline import SplineTransformer
 
     if isinstance(model, SplineTransformer) or not finer:
         return model(source, out_length=n) if isinstance(model, SplineTransformer) else model(source, n)
@@ -314,7 +314,7 @@ def _table(rows: list[dict], scales: list[int], mean_point: dict[int, float]) ->
 
 
 def _plot(drawings: dict, args: argparse.Namespace, plot_scale: int, path: Path) -> None:
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -1,7 +1,7 @@
 """``posenc demo``: a short tour that trains reference models on built-in data under several
 encodings and prints the comparison.
 
-Each modality contributes a part: a module in :mod:`posenc.demo_parts` that defines
+Each modality contributes a part: a module in :mod:`posenc.cli.demo` that defines
 
 * ``TITLE``: the heading printed above the part's table;
 * ``add_arguments(parser)``: the part's own options (named ``--<part>-...``);
@@ -21,21 +21,21 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .argtypes import device_name, positive_int, seed_value
-from .options import out_dir_error
-from .report import format_table, write_json
+from ..argtypes import device_name, positive_int, seed_value
+from ..options import out_dir_error
+from ...common.report import format_table, write_json
 
 Row = dict[str, object]
 
 # part -> module. Each modality adds its own line.
 PARTS: dict[str, str] = {
-    "seq": "posenc.demo_parts.seq",
+    "seq": "posenc.cli.demo.seq",
 
-    "vision": "posenc.demo_parts.vision",
+    "vision": "posenc.cli.demo.vision",
 
-    "graph": "posenc.demo_parts.graph",
+    "graph": "posenc.cli.demo.graph",
 
-    "timeseries": "posenc.demo_parts.timeseries",
+    "timeseries": "posenc.cli.demo.timeseries",
 }
 
 

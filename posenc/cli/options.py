@@ -3,7 +3,7 @@
 The train commands, the benches and the demo take their options from these groups, so the same
 thing has the same flag, type, check and help everywhere; every ``--help`` shows the defaults
 (:mod:`posenc.cli` uses argparse's defaults formatter). Values are checked while parsing by the
-types of :mod:`posenc.argtypes` (which apply the rules of :mod:`posenc.common.checks`): a bad value
+types of :mod:`posenc.cli.argtypes` (which apply the rules of :mod:`posenc.common.checks`): a bad value
 is one line and exit status 2 before any work starts. Rules between options (``--dim`` divisible by
 ``--heads``) are checked by each command's ``check(args)``; :func:`encoding_error` is the one rule
 for which encodings a command's model takes.
@@ -131,12 +131,12 @@ def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirect
 
     The one rule for every command: the name is registered, its modality is one of ``modalities``,
     a bidirectional model refuses causal-only encodings, and the attention kind (softmax or the
-    linear ``feature_map``) can run it (:func:`posenc.common.plan.check_attention_kind`). Checked
+    linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`). Checked
     from the registry alone, before anything is built.
     """
-    from .common.encoding import class_needs
-    from .common.plan import check_attention_kind
-    from .common.registry import get
+    from ..common.encoding import class_needs
+    from ..common.planning import check_attention_kind
+    from ..common.registry import get
 
     if name == "none":
         return None
@@ -180,13 +180,13 @@ VIT_MODALITIES = ("vision", "seq")
 def vit_encoding_error(name: str, flag: str = "--encoding", feature_map: str | None = None, *,
                    video: bool = False) -> str | None:
     """What is wrong with an encoding name for a ViT on images (or on ``video``), or None ("none"
-    means no encoding): the shared rule (:func:`posenc.options.encoding_error`), then the grid's
+    means no encoding): the shared rule (:func:`posenc.cli.options.encoding_error`), then the grid's
     rank: vision encodings over 3D grids (``grid_ndim = 3``) are for video only, the 2D ones for
     images only."""
     error = encoding_error(name, VIT_MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
     if error is not None or name == "none":
         return error
-    from .common.registry import get
+    from ..common.registry import get
 
     info = get(name)
     if info.modality == "vision":
@@ -248,7 +248,7 @@ def check_convtran_args(args: argparse.Namespace, *, prefix: str = "") -> str | 
 
 def convtran_settings(args: argparse.Namespace, encoding: str, seed: int):
     """The :class:`~posenc.timeseries.classify.ClassifierSettings` of the ConvTran options."""
-    from .timeseries.classify import ClassifierSettings
+    from ..timeseries.classify import ClassifierSettings
 
     return ClassifierSettings(
         encoding=encoding, dim=args.dim, num_heads=args.heads, ff_dim=args.ff_dim, dropout=args.dropout,

@@ -1,10 +1,11 @@
 """The kernel plan: which path one attention call takes, and why.
 
-:func:`make_plan` is the only place that decides. It reads what the encoding needs
-(:meth:`~posenc.common.encoding.PositionEncoding.attention_needs`), the bias it built, the mask,
-the device, the dtype, whether a gradient is wanted and the sizes, and returns a :class:`Plan`.
-:func:`posenc.common.attention.attend` runs the plan; :func:`posenc.common.attention.plan` and
-:meth:`posenc.MultiheadAttention.plan` return it without running anything, so users, the
+:func:`decide` is the only place that decides. It reads a :class:`PlanInputs`: what the encoding
+needs (:meth:`~posenc.common.encoding.PositionEncoding.attention_needs`), facts of the bias it
+built, the mask, the device, whether a gradient is wanted and the sizes; no tensor data. It returns
+a :class:`Plan`. :func:`posenc.common.attention.make_plan` fills the inputs from an
+:class:`~posenc.common.call.AttentionCall`; :func:`posenc.common.attention.plan` and
+:meth:`posenc.MultiheadAttention.plan` return the plan without running anything, so users, the
 benchmarks and the tests can see the path before (or instead of) timing it.
 
 Rules for ``backend="auto"``:
@@ -79,29 +80,23 @@ def _needs_square_mask(mask: AttentionMask | None, q_len: int, kv_len: int) -> b
     return mask is not None and not mask.is_empty and not mask.only_causal(q_len, kv_len) and not mask.only_key_padding
 
 
-def make_plan(
-    needs: AttentionNeeds = NO_NEEDS,
-    *,
-    mask: AttentionMask | None,
-    device: torch.device,
-    needs_grad: bool,
-    batch: int,
-    heads: int,
-    q_len: int,
-    kv_len: int,
-    backend: str = "auto",
-    bias_per_batch: bool = False,
-    bias_learned: bool = False,
-    consecutive_causal: bool = False,
-    what: str = "this encoding",
-    feature_map: str | None = None,
-) -> Plan:
-    """Decide the kernel path of one call; a forced ``backend`` that cannot honour the hooks is a
-    ValueError naming the alternatives.
+def check_backend(backend: str) -> None:
+    """``backend`` is one of :data:`BACKENDS`; else a ValueError listing them. The one home of the rule."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
 
-    Args:
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan reads about one call, no tensors.
+
+    Attributes:
         needs: what the encoding asks of attention.
+        mask: the call's mask (its kind and shape matter, not its values).
+        device: where the call runs.
         needs_grad: q, k or v need a gradient.
+        batch, heads, q_len, kv_len: the call's sizes (query heads).
+        backend: ``"auto"`` or a forced path.
         bias_per_batch: the score bias differs between sequences of the batch.
         bias_learned: the score bias needs a gradient (learned tables, content-dependent terms).
         consecutive_causal: the mask is causal only and the positions are one run of consecutive
@@ -110,11 +105,31 @@ def make_plan(
         feature_map: the name of a linear attention's feature map (``"elu+1"``, ``"favor+"``):
             the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
     """
-    check_attention_kind(needs, feature_map, what)
-    if feature_map is not None:
-        return _linear_plan(needs, mask, q_len, kv_len, backend, what, feature_map)
-    plan = _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch,
-                   bias_learned, consecutive_causal, what)
+
+    needs: AttentionNeeds = NO_NEEDS
+    mask: AttentionMask | None = None
+    device: torch.device = torch.device("cpu")
+    needs_grad: bool = False
+    batch: int = 1
+    heads: int = 1
+    q_len: int = 1
+    kv_len: int = 1
+    backend: Backend = "auto"
+    bias_per_batch: bool = False
+    bias_learned: bool = False
+    consecutive_causal: bool = False
+    what: str = "this encoding"
+    feature_map: str | None = None
+
+
+def decide(inputs: PlanInputs) -> Plan:
+    """The kernel path of one call; a forced ``backend`` that cannot honour the hooks is a
+    ValueError naming the alternatives."""
+    check_backend(inputs.backend)
+    check_attention_kind(inputs.needs, inputs.feature_map, inputs.what)
+    if inputs.feature_map is not None:
+        return _linear_plan(inputs)
+    plan = _softmax_plan(inputs)
     if plan.prob_bias:
         reason = plan.reason + "; the after-softmax bias is added beside it, (B * mask) V in row chunks"
         plan = Plan(plan.path, reason, plan.chunk_rows, plan.prob_bias, plan.offset_values)
@@ -123,7 +138,7 @@ def make_plan(
 
 def check_attention_kind(needs: AttentionNeeds, feature_map: str | None, what: str) -> None:
     """Whether an encoding can run on this kind of attention (softmax when ``feature_map`` is None,
-    else linear): the one home of the rule; :func:`make_plan` applies it on every call and the
+    else linear): the one home of the rule; :func:`decide` applies it on every call and the
     blocks at construction, so a model with an illegal pair fails when it is built."""
     if feature_map is None:
         if needs.linear_only:
@@ -142,29 +157,28 @@ def check_attention_kind(needs: AttentionNeeds, feature_map: str | None, what: s
             )
 
 
-def _linear_plan(
-    needs: AttentionNeeds, mask: AttentionMask | None, q_len: int, kv_len: int, backend: str, what: str, feature_map: str
-) -> Plan:
+def _linear_plan(inputs: PlanInputs) -> Plan:
+    mask, backend, feature_map = inputs.mask, inputs.backend, inputs.feature_map
     if backend != "auto":
         raise ValueError(
             f"backend={backend!r} is a softmax kernel; linear attention (feature map {feature_map}) has its own "
             "path: use backend='auto'"
         )
-    check_linear_mask(mask, q_len, kv_len)
+    check_linear_mask(mask, inputs.q_len, inputs.kv_len)
     if mask is not None and (mask.causal or mask.q_segments is not None):
         return Plan("linear", f"linear attention, {feature_map} features: a running state over blocks of rows, no T x T",
                     LINEAR_CHUNK_ROWS)
     return Plan("linear", f"linear attention, {feature_map} features: phi(Q) (phi(K)^T V), no T x T")
 
 
-def _decide(needs, mask, device, needs_grad, batch, heads, q_len, kv_len, backend, bias_per_batch, bias_learned,
-            consecutive_causal, what) -> Plan:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+def _softmax_plan(inputs: PlanInputs) -> Plan:
+    needs, mask, device, backend, what = inputs.needs, inputs.mask, inputs.device, inputs.backend, inputs.what
+    batch, heads, q_len, kv_len = inputs.batch, inputs.heads, inputs.q_len, inputs.kv_len
+    bias_per_batch, bias_learned = inputs.bias_per_batch, inputs.bias_learned
     on_cuda = device.type == "cuda"
-    grad = needs_grad or bias_learned
+    grad = inputs.needs_grad or bias_learned
     prob_bias = needs.prob_bias
-    offset_ok = needs.offset_values and needs.score_bias and consecutive_causal and backend in ("auto", "dense")
+    offset_ok = needs.offset_values and needs.score_bias and inputs.consecutive_causal and backend in ("auto", "dense")
     needs_probs = needs.value_term and not offset_ok
 
     if needs_probs and backend not in ("auto", "math"):

@@ -8,41 +8,41 @@ the table.
 Shared pieces: :mod:`.timing` (interleaved timing), :mod:`.memory` (peak memory of one step,
 including a CPU tracker), :mod:`.load` (busy processes for a run under background load, and the
 load average to report with it); tables, progress and results files come from
-:mod:`posenc.report`, which the train commands use too.
+:mod:`posenc.common.report`, which the train commands use too.
 """
 
 from __future__ import annotations
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
-        "posenc.bench.attention",
+        "posenc.cli.bench.attention",
         "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory; "
         "growth with --seq-lens)",
     ),
     "extrapolation": (
-        "posenc.bench.extrapolation",
+        "posenc.cli.bench.extrapolation",
         "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
     ),
     "context-extension": (
-        "posenc.bench.context_extension",
+        "posenc.cli.bench.context_extension",
         "extend a RoPE LM trained at 128 bytes with PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE: zero-shot and "
         "fine-tuned bits per byte (table, plot, JSON)",
     ),
     "resolution": (
-        "posenc.bench.resolution",
+        "posenc.cli.bench.resolution",
         "train a ViT per vision encoding at one canvas size, evaluate at larger ones (table, plot, JSON)",
     ),
     "graph-pe": (
-        "posenc.bench.graph_pe",
+        "posenc.cli.bench.graph_pe",
         "time Laplacian and random-walk encodings against PyG's transforms (table, JSON)",
     ),
     "spline": (
-        "posenc.bench.spline",
+        "posenc.cli.bench.spline",
         "Spline-based Transformer vs ALiBi and sinusoidal autoencoders on synthetic 2D curves: reconstruction MSE "
         "at the training length and at longer / finer sampling (table, plot, JSON)",
     ),
     "timeseries": (
-        "posenc.bench.timeseries",
+        "posenc.cli.bench.timeseries",
         "encoding ablation of the ConvTran-style classifier on the bundled UEA datasets (table, plot, JSON)",
     ),
 }

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
-from ..report import format_table
+from ...common.report import format_table
 
 PROG = "posenc bench context-extension"
 BENCH_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    from ..seq.context import canonical_method
+    from ...seq.context import canonical_method
 
     try:
         args.method_list = [canonical_method(m.strip()) for m in args.methods.split(",") if m.strip()]
@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    from ..seq.byte_lm import bits_per_byte_at, train_on_bytes
-    from ..seq.context import extend_context
-    from ..seq.data import pydoc_corpus, split_text
-    from ..seq.models import CausalLM
+    from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
+    from ...seq.context import extend_context
+    from ...seq.data import pydoc_corpus, split_text
+    from ...seq.models import CausalLM
 
     start = time.perf_counter()
     train_text, valid_text = split_text(pydoc_corpus())
@@ -156,7 +156,7 @@ def _table(rows: list[dict], lens: list[int], finetune_steps: int) -> str:
 
 
 def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None:
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:

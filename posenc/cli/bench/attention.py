@@ -69,13 +69,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..argtypes import int_list, seed_value
-from ..common import chunk_pool
-from ..common.attention import MultiheadAttention
-from ..common.encoding import Hook, PositionEncoding, attention_part
-from ..common.linear_attention import FEATURE_MAPS, make_feature_map
-from ..common.masks import AttentionMask
-from ..common.registry import ModelDims, available, build
-from ..report import Progress, format_table
+from ...common import chunk_pool
+from ...common.attention import MultiheadAttention
+from ...common.encoding import Hook, PositionEncoding, attention_part
+from ...common.linear_attention import FEATURE_MAPS, make_feature_map
+from ...common.masks import AttentionMask
+from ...common.registry import ModelDims, available, build
+from ...common.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
@@ -723,7 +723,7 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
 
     False (and a message on stderr) without matplotlib.
     """
-    from ..report import pyplot
+    from ...common.report import pyplot
 
     plt = pyplot()
     if plt is None:
@@ -970,7 +970,7 @@ def _png_next_to(json_path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m posenc.bench.attention``: the same as ``posenc bench attention``."""
+    """``python -m posenc.cli.bench.attention``: the same as ``posenc bench attention``."""
     parser = argparse.ArgumentParser(prog="posenc bench attention", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     try:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..argtypes import nonnegative_int, positive_int
 from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
-from ..report import format_table
+from ...common.report import format_table
 from . import run_checked, write_results
 
 PROG = "posenc train graph"
@@ -125,7 +125,7 @@ class GraphTask:
 
 def load_task(args: argparse.Namespace) -> GraphTask:
     """The dataset of ``--dataset`` with its splits (deterministic in ``--seed``)."""
-    from ..graph import datasets as gd
+    from ...graph import datasets as gd
 
     if args.dataset == "csl":
         graphs = gd.csl_dataset(args.csl_per_class, seed=args.seed)
@@ -144,7 +144,7 @@ def load_task(args: argparse.Namespace) -> GraphTask:
 
 
 def _user_task(name: str, graphs: list, level: str, seed: int) -> GraphTask:
-    from ..graph import datasets as gd
+    from ...graph import datasets as gd
 
     in_dims = {g.x.shape[-1] if g.x.dim() > 1 else 1 for g in graphs}
     if len(in_dims) != 1:
@@ -195,8 +195,8 @@ def add_encoding_features(
     :func:`posenc.graph.gps.node_positions`): ``lap`` with canonical signs and the eigenvalues,
     ``rwse``, ``landmark`` (random anchors drawn graph by graph from a generator seeded with
     ``seed``); other encodings need nothing precomputed. Modifies and returns ``graphs``."""
-    from ..graph.gps import LANDMARK_ATTR, LAP_ATTR, LAP_EIGENVALUES_ATTR, RWSE_ATTR
-    from ..graph.transforms import AddLandmarkPE, AddLaplacianPE, AddRandomWalkSE
+    from ...graph.gps import LANDMARK_ATTR, LAP_ATTR, LAP_EIGENVALUES_ATTR, RWSE_ATTR
+    from ...graph.transforms import AddLandmarkPE, AddLaplacianPE, AddRandomWalkSE
 
     if encoding == "lap":
         transform = AddLaplacianPE(lap_k, LAP_ATTR, random_sign=False, eigenvalues_attr=LAP_EIGENVALUES_ATTR)
@@ -250,7 +250,7 @@ def _edge_attr(model, batch):
 
 
 def _positions(model, batch):
-    from ..graph.gps import node_positions
+    from ...graph.gps import node_positions
 
     enc = _unwrap(model).encoding
     return None if enc is None else node_positions(batch, enc)
@@ -288,8 +288,8 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..graph.gps import GPS
-    from ..training.trainer import TrainConfig, Trainer
+    from ...graph.gps import GPS
+    from ...training.trainer import TrainConfig, Trainer
 
     task = load_task(args)
     task.graphs = add_encoding_features(
@@ -336,7 +336,7 @@ def _train(args: argparse.Namespace) -> int:
               "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
               "metrics": scores, "dataset": task.name, "metric": task.metric, **scores}
     if task.name == "molecules":
-        from ..graph.datasets import molecule_target_name
+        from ...graph.datasets import molecule_target_name
 
         result["target"] = molecule_target_name()
     write_results(args.out, result)

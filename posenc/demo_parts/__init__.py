@@ -1,1 +1,0 @@
-"""The parts of ``posenc demo``, one module per modality (see :mod:`posenc.demo`)."""
