@@ -505,3 +505,24 @@ def test_the_copy_task_example_trains_at_a_tiny_size(capsys):
     assert "t5" in text and "smithy rope" in text and "step" in text
     with pytest.raises(SystemExit):
         example.main(["--steps", "0"])
+
+
+# --- the bench's --smithy rows (built and run once; no timing in tests) ---------------------------
+
+
+def test_bench_smithy_rows_build_run_and_summarise():
+    from posenc.bench import smithy_rows
+    from posenc.bench.attention import AttentionBenchConfig, Candidate, Row, candidates
+
+    config = AttentionBenchConfig(seq_len=8, batch=1, heads=2, head_dim=8, smithy=True)
+    names = [c.name for c in candidates(config, [])]
+    for enc in smithy_rows.SMITHY_ENCODINGS:
+        assert {enc, f"attention-smithy {enc}", f"attention-smithy+posenc {enc}"} <= set(names)
+    assert not any("linear" in n for n in names)
+    x = torch.randn(1, 8, 16)
+    for cand in smithy_rows.candidates(16, 2, 8, Candidate):
+        assert cand.factory()(x).shape == x.shape
+    rows = [Row("t5", "posenc", ms=2.0), Row("attention-smithy t5", "attention-smithy", ms=8.0),
+            Row("attention-smithy+posenc t5", "attention-smithy+posenc", ms=2.2)]
+    (line,) = smithy_rows.summary(rows)
+    assert "= 1.10" in line and "= 3.64" in line
