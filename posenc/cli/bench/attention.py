@@ -34,6 +34,10 @@ one row per selected sequence and time-series encoding (impl ``posenc``)
 peer rows (impl ``x-transformers`` / ``attention-smithy``)
     the same unit from those libraries with RoPE and with ALiBi, when they are installed
     (``pip install 'posenc[bench]'``); ``--no-peers`` leaves them out.
+``--smithy`` rows (impl ``attention-smithy`` / ``attention-smithy+posenc``)
+    instead of the peer rows: AttentionSmithy's attention with its own method and with posenc's
+    ``PosencAttentionMethod``, for none, rope, alibi, t5 and fire, beside posenc's own rows
+    (:mod:`.smithy_rows`); the notes give the ratios between them.
 
 Rows are timed round robin (see :mod:`.timing`); each row reports its median, the ratio to the
 baseline's median, the peak memory of one step above what was allocated before it (see
@@ -76,6 +80,7 @@ from ...common.linear_attention import FEATURE_MAPS, make_feature_map
 from ...common.masks import AttentionMask
 from ...common.registry import ModelDims, available, build
 from ...common.report import Progress, format_table
+from . import smithy_rows
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
@@ -130,6 +135,7 @@ class AttentionBenchConfig:
     # None: LINEAR_ENCODINGS with the default rows, none when ``encodings`` names the rows; () for none
     linear_encodings: tuple[str, ...] | None = None
     feature_map: str = "elu"
+    smithy: bool = False  # the AttentionSmithy row set (see :mod:`.smithy_rows`)
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in DEVICES:
@@ -163,14 +169,16 @@ class AttentionBenchConfig:
     @property
     def rows(self) -> tuple[str, ...]:
         """The posenc rows after the baseline: "none" and the selected encodings."""
-        return DEFAULT_ENCODINGS if self.encodings is None else self.encodings
+        if self.encodings is None:
+            return smithy_rows.SMITHY_ENCODINGS if self.smithy else DEFAULT_ENCODINGS
+        return self.encodings
 
     @property
     def linear_rows(self) -> tuple[str, ...]:
         """The encodings run on linear attention (rows "NAME (linear MAP)"): :data:`LINEAR_ENCODINGS`
         beside the default rows; only those asked for when ``encodings`` names the rows."""
         if self.linear_encodings is None:
-            return LINEAR_ENCODINGS if self.encodings is None else ()
+            return LINEAR_ENCODINGS if self.encodings is None and not self.smithy else ()
         return self.linear_encodings
 
 
@@ -389,6 +397,11 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
             Candidate(n + FROZEN_SUFFIX, "posenc", functools.partial(_posenc_unit, config, n, frozen=True))
             for n in config.rows if _has_parameters(config, n)
         ]
+    if config.smithy:  # replaces the generic peer rows
+        if not smithy_rows.available():
+            notes.append("attention-smithy is not installed (pip install 'posenc[smithy]'); the --smithy rows are skipped")
+            return rows
+        return rows + smithy_rows.candidates(c, h, config.seq_len, Candidate)
     if not config.peers:
         return rows
     units = {"x-transformers": XTransformersAttention, "attention-smithy": AttentionSmithyAttention}
@@ -543,6 +556,8 @@ def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
             f"only that one); run on the {chunk_pool.workers()} workers, up to one chunk's working set per worker "
             "is alive at once"
         )
+    if config.smithy:
+        notes += smithy_rows.summary(rows)
     if not base:
         notes.append(f"the baseline row failed ({by_name[BASELINE].error}); no ratios")
     return BenchResult(_config_json(config, device), rows, notes)
@@ -886,6 +901,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the result as JSON (and, with --seq-lens, the plot next to it as .png)")
     parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
                         help="write attention.txt, attention.json and, with --seq-lens, attention.png into DIR")
+    parser.add_argument(
+        "--smithy", action="store_true",
+        help="the AttentionSmithy row set: its MultiheadAttention with its own method and with PosencAttentionMethod, "
+             f"beside posenc's own, for {','.join(smithy_rows.SMITHY_ENCODINGS)} (or --encodings)",
+    )
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out x-transformers and AttentionSmithy rows")
     parser.add_argument(
         "--frozen", action="store_true",
@@ -910,6 +930,7 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
         peers=args.peers, seed=args.seed, frozen=args.frozen,
         background_processes=getattr(args, "background_processes", 0),
         linear_encodings=getattr(args, "linear_encodings", None), feature_map=getattr(args, "feature_map", "elu"),
+        smithy=getattr(args, "smithy", False),
     )
 
 

@@ -1,0 +1,111 @@
+"""``posenc bench attention --smithy``: AttentionSmithy's attention with its own method against the
+same module running posenc's core (issue 22).
+
+For each of :data:`SMITHY_ENCODINGS` (none, rope and alibi, which AttentionSmithy has, and t5 and
+fire, which it lacks) three rows time the same unit as every attention-bench row (causal
+self-attention with its projections, forward + backward):
+
+``NAME`` (impl ``posenc``)
+    posenc's own :class:`posenc.MultiheadAttention` (the bench's usual row).
+``attention-smithy NAME`` (impl ``attention-smithy``)
+    AttentionSmithy's ``MultiheadAttention`` with its ``StandardAttentionMethod(is_causal_masking=True)``;
+    positions from its own strategies (``RotaryPositionEmbedding``, ``ALiBiPositionEmbedding``) or,
+    for the encodings it lacks, from posenc's (:func:`posenc.integrations.attention_smithy.strategies`).
+``attention-smithy+posenc NAME`` (impl ``attention-smithy+posenc``)
+    the same AttentionSmithy module with :class:`~posenc.integrations.attention_smithy.PosencAttentionMethod`
+    holding the posenc encoding (rope with AttentionSmithy's interleaved pairs).
+
+The notes give the two ratios the issue sets targets for: ``attention-smithy+posenc`` over
+posenc's own module (target <= 1.2) and AttentionSmithy's method over ``attention-smithy+posenc``
+(target >= 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Callable
+
+from torch import Tensor, nn
+
+from ...common.registry import ModelDims, build
+
+SMITHY_ENCODINGS = ("none", "rope", "alibi", "t5", "fire")
+SMITHY = "attention-smithy"
+BRIDGED = "attention-smithy+posenc"
+
+
+def _encoding(name: str, dim: int, heads: int, seq_len: int):
+    if name == "none":
+        return None
+    options = {"pairing": "interleaved"} if name == "rope" else {}
+    return build(name, dims=ModelDims(dim=dim, num_heads=heads, max_len=seq_len), **options)
+
+
+class SmithyUnit(nn.Module):
+    """AttentionSmithy's ``MultiheadAttention`` (causal) with its own method or posenc's.
+
+    Shapes: ``x [B, T, C]`` -> ``[B, T, C]``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, seq_len: int, encoding: str, bridged: bool) -> None:
+        super().__init__()
+        from attention_smithy.attention import StandardAttentionMethod
+        from attention_smithy.components import MultiheadAttention
+        from attention_smithy.numeric_embeddings import (
+            ALiBiPositionEmbedding,
+            NumericEmbeddingManager,
+            RotaryPositionEmbedding,
+        )
+
+        from ...integrations.attention_smithy import PosencAttentionMethod, strategies
+
+        if encoding not in SMITHY_ENCODINGS:
+            raise ValueError(f"--smithy rows are {', '.join(SMITHY_ENCODINGS)}; got {encoding!r}")
+        if bridged:
+            method = PosencAttentionMethod(_encoding(encoding, dim, num_heads, seq_len), is_causal_masking=True)
+            self.manager = NumericEmbeddingManager([])
+            self.kernel_path, self.path_reason = "posenc", "PosencAttentionMethod: posenc.attend's plan for the encoding"
+        else:
+            method = StandardAttentionMethod(is_causal_masking=True)
+            own = {"rope": lambda: [RotaryPositionEmbedding(dim // num_heads)],
+                   "alibi": lambda: [ALiBiPositionEmbedding(num_heads)], "none": lambda: []}
+            made = own[encoding]() if encoding in own else strategies(_encoding(encoding, dim, num_heads, seq_len))
+            self.manager = NumericEmbeddingManager(made)
+            self.kernel_path = "math"
+            self.path_reason = "StandardAttentionMethod: scores, bias, mask and softmax as separate torch ops"
+        self.attn = MultiheadAttention(dim, num_heads, method)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.attn(x, x, x, numeric_embedding_manager=self.manager, padding_and_loss_attention_mask=None)
+        return out
+
+
+def available() -> bool:
+    return importlib.util.find_spec("attention_smithy") is not None
+
+
+def candidates(dim: int, heads: int, seq_len: int, make: Callable) -> list:
+    """The AttentionSmithy rows (``make(name, impl, factory)`` builds the bench's Candidate)."""
+    rows = []
+    for impl, bridged in ((SMITHY, False), (BRIDGED, True)):
+        rows += [make(f"{impl} {enc}", impl, functools.partial(SmithyUnit, dim, heads, seq_len, enc, bridged))
+                 for enc in SMITHY_ENCODINGS]
+    return rows
+
+
+def summary(rows) -> list[str]:
+    """Per encoding: bridged / posenc's own module and AttentionSmithy's method / bridged."""
+    ms = {r.name: r.ms for r in rows if r.ms is not None}
+    lines = []
+    for enc in SMITHY_ENCODINGS:
+        own, smithy, bridged = ms.get(enc), ms.get(f"{SMITHY} {enc}"), ms.get(f"{BRIDGED} {enc}")
+        if bridged is None:
+            continue
+        parts = [f"{enc}:"]
+        if own:
+            parts.append(f"PosencAttentionMethod / posenc MultiheadAttention = {bridged / own:.2f} (target <= 1.2)")
+        if smithy:
+            parts.append(f"StandardAttentionMethod / PosencAttentionMethod = {smithy / bridged:.2f} (target >= 2)")
+        lines.append(" ".join(parts))
+    return lines
