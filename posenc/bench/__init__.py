@@ -19,6 +19,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory; "
         "growth with --seq-lens)",
     ),
+    "generate": (
+        "posenc.bench.generate",
+        "prefill time and cached decoding tokens/s of a causal LM per encoding at growing contexts, against HF Llama "
+        "and x-transformers (table, plot, JSON)",
+    ),
     "extrapolation": (
         "posenc.bench.extrapolation",
         "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
