@@ -37,6 +37,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "posenc.bench.resolution",
         "train a ViT per vision encoding at one canvas size, evaluate at larger ones (table, plot, JSON)",
     ),
+    "models": (
+        "posenc.bench.models",
+        "training steps/s and peak memory of posenc's reference models against x-transformers, timm and PyG, "
+        "with torch.compile graph breaks and speed-up (table, JSON)",
+    ),
     "graph-pe": (
         "posenc.bench.graph_pe",
         "time Laplacian and random-walk encodings against PyG's transforms (table, JSON)",
