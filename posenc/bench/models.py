@@ -396,7 +396,9 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
                     compiled_steps[cand.name] = cstep
                 except Exception as exc:
                     row.compile_error = error_text(exc)
-            ctimes = time_interleaved(compiled_steps, repeats=cfg.repeats, warmup=cfg.warmup, device=device, progress=False)
+            # at least one untimed round: the first calls after compiling may still recompile
+            ctimes = time_interleaved(compiled_steps, repeats=cfg.repeats, warmup=max(1, cfg.warmup), device=device,
+                                      progress=False)
             for cand, row in members:
                 if cand.name in compiled_steps:
                     t = ctimes[cand.name]
