@@ -189,7 +189,8 @@ def _chunk_backward_with_bias_grad(
     delta = (grad_out * out).sum(dim=-1, keepdim=True)
     if grad_lse is not None:  # d lse_i / d S_ij = P_ij
         delta = delta - grad_lse.to(work).unsqueeze(-1)
-    d_scores = probs * (torch.matmul(grad_out, v.transpose(-1, -2)) - delta)
+    # dS in place in the dO V^T buffer: the same values, two [B, H, rows, keys] buffers fewer alive.
+    d_scores = torch.matmul(grad_out, v.transpose(-1, -2)).sub_(delta).mul_(probs)
     gq = torch.matmul(d_scores, k) * scale
     gk = torch.matmul(d_scores.transpose(-1, -2), q) * scale
     gv = torch.matmul(probs.transpose(-1, -2), grad_out)

@@ -125,7 +125,8 @@ class DeBERTa(PositionEncoding):
         """``Kr / sqrt(d)`` ``[H, 2k, d]`` (c2p is ``q_t . Kr / sqrt(d)`` with ``q_t = q/sqrt(3)``) and
         the p2c table bucket-major, ``Qr k^T / sqrt(3d)`` ``[B, H, 2k, Tk]``."""
         d = self.head_dim
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        if q.shape[1] != k.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
         qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))  # scaled here: [H, 2k, d], not [B, H, 2k, Tk]
         return kr, torch.matmul(qr, k.transpose(-1, -2))

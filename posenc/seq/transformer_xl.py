@@ -10,7 +10,10 @@ Two hooks:
 * score bias: terms (b) + (d) ``= (q + v).W_R R_(i-j)``, content-dependent. ``W_R R`` is
   projected once for the ``R`` distinct distances (``[R, H, d]``); for each block of query rows
   the kernel asks for, one matmul gives ``(q + v).W_R R`` over the distances those rows need,
-  gathered by ``i - j``, so no ``[B, H, T, R]`` table (about ``T x 2T``) ever exists. The bias
+  gathered by ``i - j``, so no ``[B, H, T, R]`` table (about ``T x 2T``) ever exists. For few
+  queries against many distances (a cached decoding step) the queries go through ``W_R`` instead,
+  ``((q + v) W_R^h) . R``: ``[B, H, Tq, dim]`` dotted with the raw sinusoids, ``d`` times less
+  work than projecting every distance again. The bias
   receives the already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads
   ``q``, not ``q + u``. ``q + v`` and ``W_R R`` are listed as ``learned`` so the chunked dense
   path's backward carries the gradient to ``q``, ``v`` and ``W_R``.
@@ -90,9 +93,20 @@ class TransformerXLRelative(PositionEncoding):
         hi = int(q_pos.max()) - int(kv_pos.min())
         dist = torch.arange(lo, hi + 1, device=q.device)
         r = sinusoid_table(dist, self.dim, dtype=self.r_proj.weight.dtype)  # [R, dim]
-        wr = self.r_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # [R, H, d]: W_R R per distance
         # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
+        b, h, tq, d = qv.shape
+        dists = hi - lo + 1
+        if b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
+            # Few queries against many distances (a cached decoding step): the same term as
+            # ((q + v) W_R^h) . R, the queries taken back to the sinusoid's width instead of
+            # projecting every distance's R again, d times less work there.
+            w = self.r_proj.weight.view(h, d, self.dim).to(qv.dtype)  # [H, d, dim]
+            qv = torch.matmul(qv, w)  # [B, H, Tq, dim]
+            wr = r.to(q.dtype).unsqueeze(1)  # [R, 1, dim]: one table for every head
+        else:
+            wr = self.r_proj(r).view(-1, h, d).to(q.dtype)  # [R, H, d]: W_R R per distance
+        heads_r = wr.shape[1] > 1
         qv_rows = SharedGradTable(qv)  # read a chunk of rows at a time, one gradient buffer
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -101,9 +115,10 @@ class TransformerXLRelative(PositionEncoding):
                 # A block of query rows: one matmul against the distances these rows need, then a
                 # gather by distance. Only [B, H, rows, R'] lives, never [B, H, Tq, R].
                 first, last = int(rel.min()), int(rel.max())
-                rows = qv_rows.rows(q_idx)  # [B, H, rows, d]
+                rows = qv_rows.rows(q_idx)  # [B, H, rows, d or dim]
                 table = rows_times_table(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
-            return (qv[b, h, q_idx] * wr[rel, h]).sum(-1)  # scalar indices (FlexAttention's score_mod)
+            return (qv[b, h, q_idx] * wr[rel, h if heads_r else h * 0]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
-        return PairwiseBias(bias, per_batch=True, learned=(*qv_rows.learned, wr), name="TransformerXLRelative")
+        learned = (*qv_rows.learned, wr) if heads_r else qv_rows.learned
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")

@@ -14,7 +14,9 @@ optional T5-style relative term is not included. ``untie_cls=True`` resets the [
 Hooks: q/k transform (``q / sqrt(2)``: with the core's ``1/sqrt(d)`` the content term gets
 ``1/sqrt(2d)``) and a score bias (the position term with its own ``1/sqrt(2d)``). Kernel path:
 per call the positions are projected once, ``p Uq / sqrt(2d)`` ``[B or 1, H, Tq, d]`` and ``p Uk``
-``[B or 1, H, Tk, d]`` (listed in ``learned``). On the dense path (SDPA's fused kernel, chunk by
+``[B or 1, H, Tk, d]`` (listed in ``learned``); for few queries against many keys (a cached
+decoding step) the queries are instead taken back through ``Uk`` (``[B or 1, H, Tq, C]``) and
+dotted with the raw table rows, which costs ``d`` times less than projecting every key again. On the dense path (SDPA's fused kernel, chunk by
 chunk of query rows) the bias function computes each chunk's term by one matmul, so no
 ``[H, T, T]`` tensor is kept and the chunked backward returns gradients of the small projected
 tables only; FlexAttention's ``score_mod`` evaluates the same function per element as a
@@ -93,7 +95,7 @@ class TUPE(PositionEncoding):
             raise ValueError(f"position {bad} is outside TUPE's table (max_len={self.max_len}, positions 0..{self.max_len - 1})")
         if positions.is_floating_point():
             return lerp_rows(self.table, positions.to(torch.float64))
-        return self.table[positions]
+        return self.table.index_select(0, positions.reshape(-1)).view(*positions.shape, self.dim)  # (faster than table[positions])
 
     def _project(self, rows: Tensor, proj: nn.Linear) -> Tensor:
         return proj(rows).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, d]
@@ -117,8 +119,26 @@ class TUPE(PositionEncoding):
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
         return q * (1 / math.sqrt(2)), k
 
+    def _key_side(self, batch: int, q_len: int, kv_len: int) -> bool:
+        """Whether projecting every key's position (``p_j Uk``, ``Tk C H d`` multiply-adds) is cheaper
+        than taking each query back through ``Uk`` (``(p_i Uq / sqrt(2d)) Uk^T``, ``[B, H, Tq, C]``)
+        and dotting it with the raw table rows (``B H Tq (d + Tk) C``). Few queries against many
+        keys -- one cached decoding step -- take the query side: ``d`` times less work there."""
+        c, h, d = self.dim, self.num_heads, self.head_dim
+        keys = kv_len * c * h * d + batch * h * q_len * kv_len * d
+        queries = batch * h * q_len * (d + kv_len) * c
+        return keys <= queries
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        pq, pk = self.projected_positions(q_pos, kv_pos)
+        if not self._key_side(q_pos.shape[0], q_pos.shape[1], kv_pos.shape[1]):
+            # The same term, (p_i Uq / sqrt(2d)) . (p_j Uk) = ((p_i Uq / sqrt(2d)) Uk^T) . p_j.
+            pq = self._project(self._positions(q_pos), self.pos_q) * (1 / math.sqrt(2 * self.head_dim))
+            uk = self.pos_k.weight.view(self.num_heads, self.head_dim, self.dim)  # [H, d, C]
+            pq = torch.matmul(pq, uk.to(pq.dtype))  # [B or 1, H, Tq, C]
+            pk = self._positions(kv_pos).unsqueeze(1)  # [B or 1, 1, Tk, C]: one row for every head
+        else:
+            pq, pk = self.projected_positions(q_pos, kv_pos)
+        heads_k = pk.shape[1] > 1
         per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
         untie = self.untie_cls
         if untie:
@@ -130,10 +150,14 @@ class TUPE(PositionEncoding):
             if is_dense_block(b, h, q_idx, kv_idx):
                 # A dense block of rows x keys: one matmul instead of a d-long product per element.
                 rows = pq[bq[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
-                cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
+                if heads_k:
+                    cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
+                else:  # raw table rows, one set for every head: [B, 1, keys, C]
+                    table = pk[:, 0] if pk.shape[0] == 1 else pk[bk.reshape(-1), 0]  # [B or 1, Tk, C]
+                    cols = table.index_select(1, kv_idx.reshape(-1)).unsqueeze(1)
                 term = torch.matmul(rows, cols.transpose(-1, -2))
             else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
-                term = (pq[bq, h, q_idx] * pk[bk, h, kv_idx]).sum(-1)
+                term = (pq[bq, h, q_idx] * pk[bk, h if heads_k else h * 0, kv_idx]).sum(-1)
             if untie:
                 is_cls_q = take(q_pos, b, q_idx) == 0
                 is_cls_k = take(kv_pos, b, kv_idx) == 0

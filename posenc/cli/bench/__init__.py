@@ -19,6 +19,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "forward+backward causal self-attention per encoding, against bare SDPA (time, ratio, peak memory; "
         "growth with --seq-lens)",
     ),
+    "generate": (
+        "posenc.cli.bench.generate",
+        "prefill time and cached decoding tokens/s of a causal LM per encoding at growing contexts, against HF Llama "
+        "and x-transformers (table, plot, JSON)",
+    ),
     "extrapolation": (
         "posenc.cli.bench.extrapolation",
         "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
@@ -31,6 +36,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "resolution": (
         "posenc.cli.bench.resolution",
         "train a ViT per vision encoding at one canvas size, evaluate at larger ones (table, plot, JSON)",
+    ),
+    "models": (
+        "posenc.cli.bench.models",
+        "training steps/s and peak memory of posenc's reference models against x-transformers, timm and PyG, "
+        "with torch.compile graph breaks and speed-up (table, JSON)",
     ),
     "graph-pe": (
         "posenc.cli.bench.graph_pe",

@@ -1,0 +1,519 @@
+"""``posenc bench models``: training steps/s and peak memory of posenc's reference models against
+their peers, and what ``torch.compile`` makes of them.
+
+::
+
+    posenc bench models                       # every pair, eager and compiled (inductor on CPU)
+    posenc bench models --no-compile          # eager only (compiling takes most of the run)
+    posenc bench models --models lm,vit --out results/
+
+Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, backward, step):
+
+``lm``
+    :class:`posenc.seq.CausalLM` against x-transformers' ``TransformerWrapper`` over a ``Decoder``
+    (tied embeddings, flash attention), with ``rope``, ``alibi`` and ``none`` (x-transformers:
+    ``rotary_pos_emb``, ``alibi_pos_bias``, no position signal); next-token cross-entropy on
+    random tokens ``[B, T]``.
+``vit``
+    :class:`posenc.vision.ViT` against timm: ``learned2d`` against ``VisionTransformer`` (learned
+    absolute table, class token), ``rope2d_axial`` / ``rope2d_mixed`` against timm's
+    ``vit_small_patch16_rope_224`` / ``..._rope_mixed_224`` architectures (EVA blocks with axial
+    or mixed RoPE) rebuilt at the same width, depth, heads, patch and image size (no
+    pretrained weights); cross-entropy on random images.
+``gps``
+    :class:`posenc.graph.GPS` (RWSE input encoding, GINE local layer, mean pool) against a model
+    written here from PyG's ``GPSConv`` (``GINEConv`` local, multi-head attention global) with the
+    same RWSE features through a linear layer; random graphs batched as PyG does.
+
+The ConvTran-style classifier (:mod:`posenc.timeseries.convtran`) has no peer here: no installed
+package ships the authors' modules, and a re-implementation written for a benchmark would measure
+itself, not a peer; it is listed in the notes.
+
+Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (rows of a
+pair interleaved round robin, see :mod:`.timing`), steps/s, peak memory of one step (see
+:mod:`.memory`), the posenc row's time over its peer's. With compiling on (the default) each row
+is also compiled with ``torch.compile`` (default inductor backend): ``graph breaks`` counts
+``torch._dynamo.explain`` over the forward pass, and ``compiled x`` is eager ms over compiled ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..argtypes import nonnegative_int, positive_int, seed_value
+from ...common.report import Progress, format_table, write_atomic, write_json
+from .load import background_load, describe, format_load_average, load_average
+from .memory import MB, peak_memory_bytes
+from .timing import error_text, time_interleaved
+
+MODELS = ("lm", "vit", "gps")
+LM_ENCODINGS = ("rope", "alibi", "none")
+VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
+TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
+PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometric": "torch_geometric"}
+
+
+@dataclass(frozen=True)
+class ModelsBenchConfig:
+    """Sizes of each pair and the run's settings."""
+
+    models: tuple[str, ...] = MODELS
+    batch: int = 8
+    seq_len: int = 256
+    lm_dim: int = 256
+    lm_depth: int = 4
+    lm_heads: int = 4
+    vocab: int = 256
+    img_size: int = 32
+    patch: int = 4
+    vit_dim: int = 192
+    vit_depth: int = 6
+    vit_heads: int = 3
+    graphs: int = 16
+    nodes: int = 24
+    gps_dim: int = 64
+    gps_depth: int = 4
+    gps_heads: int = 4
+    rwse_steps: int = 8
+    repeats: int = 5
+    warmup: int = 1
+    compile: bool = True
+    seed: int = 0
+    background_processes: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.models if m not in MODELS]
+        if not self.models or bad:
+            raise ValueError(f"models must be some of {', '.join(MODELS)}; got {', '.join(self.models) or 'none'}")
+        for name, value in asdict(self).items():
+            if isinstance(value, int) and not isinstance(value, bool) and name not in ("warmup", "seed", "background_processes"):
+                if value < 1:
+                    raise ValueError(f"{name} must be a positive integer; got {value}")
+        if self.warmup < 0 or self.background_processes < 0:
+            raise ValueError(f"warmup and background_processes must be >= 0; got {self.warmup}, {self.background_processes}")
+        for dim, heads, what in ((self.lm_dim, self.lm_heads, "lm"), (self.vit_dim, self.vit_heads, "vit"),
+                                 (self.gps_dim, self.gps_heads, "gps")):
+            if dim % heads:
+                raise ValueError(f"{what}: dim ({dim}) must be divisible by heads ({heads})")
+        if self.img_size % self.patch:
+            raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
+
+
+# --- the rows ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Unit:
+    """A model and the one batch it trains on: ``apply(module)`` runs a module (the model, or the
+    model compiled) on that batch, ``loss_of(output)`` is the training loss."""
+
+    model: nn.Module
+    apply: Callable[[nn.Module], Tensor]
+    loss_of: Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Candidate:
+    pair: str  # "lm/rope": the model and encoding both rows share
+    name: str
+    impl: str
+    factory: Callable[[], Unit]
+
+
+def _lm_batch(cfg: ModelsBenchConfig) -> Tensor:
+    g = torch.Generator().manual_seed(cfg.seed)
+    return torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g)
+
+
+def _lm_loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def posenc_lm(cfg: ModelsBenchConfig, encoding: str) -> Unit:
+    from ...seq.models import CausalLM
+
+    model = CausalLM(cfg.vocab, cfg.lm_dim, cfg.lm_depth, cfg.lm_heads, encoding=None if encoding == "none" else encoding,
+                     max_len=cfg.seq_len)
+    tokens = _lm_batch(cfg)
+    inputs = tokens[:, :-1]
+    return Unit(model, lambda m: m(inputs), lambda out: _lm_loss(out, tokens))
+
+
+def x_transformers_lm(cfg: ModelsBenchConfig, encoding: str) -> Unit:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from x_transformers import Decoder, TransformerWrapper
+    kind = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}[encoding]
+    model = TransformerWrapper(
+        num_tokens=cfg.vocab, max_seq_len=cfg.seq_len, use_abs_pos_emb=False, tie_embedding=True,
+        attn_layers=Decoder(dim=cfg.lm_dim, depth=cfg.lm_depth, heads=cfg.lm_heads,
+                            attn_dim_head=cfg.lm_dim // cfg.lm_heads, attn_flash=True, **kind),
+    )
+    tokens = _lm_batch(cfg)
+    inputs = tokens[:, :-1]
+    return Unit(model, lambda m: m(inputs), lambda out: _lm_loss(out, tokens))
+
+
+def _images(cfg: ModelsBenchConfig) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(cfg.seed)
+    return torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=g), torch.randint(0, 10, (cfg.batch,), generator=g)
+
+
+def posenc_vit(cfg: ModelsBenchConfig, encoding: str) -> Unit:
+    from ...vision.vit import ViT
+
+    model = ViT(cfg.img_size, cfg.patch, num_classes=10, dim=cfg.vit_dim, depth=cfg.vit_depth, num_heads=cfg.vit_heads,
+                encoding=encoding)
+    x, y = _images(cfg)
+    return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
+
+
+def timm_vit(cfg: ModelsBenchConfig, encoding: str) -> Unit:
+    import timm
+
+    sizes = dict(img_size=cfg.img_size, patch_size=cfg.patch, embed_dim=cfg.vit_dim, depth=cfg.vit_depth,
+                 num_heads=cfg.vit_heads, num_classes=10)
+    if encoding == "learned2d":
+        from timm.models.vision_transformer import VisionTransformer
+
+        model = VisionTransformer(**sizes)
+    else:
+        model = timm.create_model(TIMM_VIT[encoding], pretrained=False, **sizes)
+    x, y = _images(cfg)
+    return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
+
+
+def _graphs(cfg: ModelsBenchConfig):
+    """Random graphs (a ring plus random chords, ``nodes`` each), batched, with RWSE features."""
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.transforms import AddRandomWalkPE
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    walk = AddRandomWalkPE(cfg.rwse_steps, attr_name="random_walk_pe")
+    items = []
+    n = cfg.nodes
+    for _ in range(cfg.graphs):
+        ring = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
+        chords = torch.randint(0, n, (2, n // 2), generator=g)
+        e = torch.cat([ring, chords], dim=1)
+        e = torch.cat([e, e.flip(0)], dim=1)
+        data = Data(x=torch.randn(n, 16, generator=g), edge_index=e, edge_attr=torch.randn(e.shape[1], 8, generator=g),
+                    num_nodes=n)
+        items.append(walk(data))
+    batch = Batch.from_data_list(items)
+    return batch, torch.randn(cfg.graphs, 1, generator=g)
+
+
+def posenc_gps(cfg: ModelsBenchConfig) -> Unit:
+    from ...graph.gps import GPS
+
+    batch, y = _graphs(cfg)
+    model = GPS(16, 1, dim=cfg.gps_dim, depth=cfg.gps_depth, num_heads=cfg.gps_heads, edge_dim=8, encoding="rwse",
+                encoding_options={"walk_length": cfg.rwse_steps})
+    return Unit(model, lambda m: m(batch.x, batch.edge_index, batch=batch.batch, edge_attr=batch.edge_attr,
+                                      positions=batch.random_walk_pe), lambda out: F.mse_loss(out, y))
+
+
+class PyGGPS(nn.Module):
+    """GPS from PyG's ``GPSConv`` (GINE local layer, multi-head attention global): node and RWSE
+    features embedded by linear layers and added, ``depth`` ``GPSConv`` layers, mean pool, linear head."""
+
+    def __init__(self, in_dim: int, edge_dim: int, rwse: int, dim: int, depth: int, heads: int) -> None:
+        super().__init__()
+        from torch_geometric.nn import GINEConv, GPSConv
+
+        self.embed = nn.Linear(in_dim, dim)
+        self.pe = nn.Linear(rwse, dim)
+        self.edge = nn.Linear(edge_dim, dim)
+        self.layers = nn.ModuleList(
+            GPSConv(dim, GINEConv(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))), heads=heads,
+                    attn_type="multihead", norm="layer_norm")
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, data) -> Tensor:
+        from torch_geometric.nn import global_mean_pool
+
+        x = self.embed(data.x) + self.pe(data.random_walk_pe)
+        e = self.edge(data.edge_attr)
+        for layer in self.layers:
+            x = layer(x, data.edge_index, data.batch, edge_attr=e)
+        return self.head(global_mean_pool(x, data.batch))
+
+
+def pyg_gps(cfg: ModelsBenchConfig) -> Unit:
+    batch, y = _graphs(cfg)
+    model = PyGGPS(16, 8, cfg.rwse_steps, cfg.gps_dim, cfg.gps_depth, cfg.gps_heads)
+    return Unit(model, lambda m: m(batch), lambda out: F.mse_loss(out, y))
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
+    out: list[Candidate] = []
+    if "lm" in cfg.models:
+        peer = _installed("x-transformers")
+        for e in LM_ENCODINGS:
+            out.append(Candidate(f"lm/{e}", "CausalLM", "posenc", lambda e=e: posenc_lm(cfg, e)))
+            if peer:
+                out.append(Candidate(f"lm/{e}", "TransformerWrapper", "x-transformers", lambda e=e: x_transformers_lm(cfg, e)))
+        if not peer:
+            notes.append("x-transformers is not installed: no LM peers (pip install 'posenc[bench]')")
+    if "vit" in cfg.models:
+        peer = _installed("timm")
+        for e in VIT_ENCODINGS:
+            out.append(Candidate(f"vit/{e}", "ViT", "posenc", lambda e=e: posenc_vit(cfg, e)))
+            if peer:
+                label = "VisionTransformer" if e == "learned2d" else TIMM_VIT[e]
+                out.append(Candidate(f"vit/{e}", label, "timm", lambda e=e: timm_vit(cfg, e)))
+        if not peer:
+            notes.append("timm is not installed: no ViT peers")
+    if "gps" in cfg.models:
+        out.append(Candidate("gps/rwse", "GPS", "posenc", lambda: posenc_gps(cfg)))
+        out.append(Candidate("gps/rwse", "GPSConv stack", "torch_geometric", lambda: pyg_gps(cfg)))
+    notes.append("ConvTran-style classifier: no peer (no installed package ships the authors' modules)")
+    return out
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    pair: str
+    name: str
+    impl: str
+    ms: float | None = None
+    steps_per_s: float | None = None
+    peak_mb: float | None = None
+    vs_peer: float | None = None  # this row's ms over the peer's (posenc rows)
+    graph_breaks: int | None = None
+    graphs: int | None = None
+    compiled_ms: float | None = None
+    compile_speedup: float | None = None
+    break_reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    compile_error: str | None = None
+
+
+@dataclass
+class ModelsResult:
+    config: dict
+    rows: list[Row]
+    notes: list[str]
+
+    def to_json(self) -> dict:
+        return {"config": self.config, "rows": [asdict(r) for r in self.rows], "notes": self.notes}
+
+
+def _train_step(unit: Unit, module: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        unit.loss_of(unit.apply(module)).backward()
+        opt.step()
+
+    return step
+
+
+def _explain(unit: Unit) -> tuple[int, int, list[str]]:
+    """``(graph breaks, graphs, reasons)`` of the forward pass under ``torch._dynamo.explain``."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    info = torch._dynamo.explain(lambda: unit.apply(unit.model))()
+    reasons = []
+    for b in info.break_reasons:
+        where = b.user_stack[-1] if getattr(b, "user_stack", None) else None
+        place = f" ({os.path.basename(where.filename)}:{where.lineno})" if where is not None else ""
+        reasons.append(" ".join(str(b.reason).split())[:160] + place)
+    return info.graph_break_count, info.graph_count, list(dict.fromkeys(reasons))
+
+
+def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
+    notes: list[str] = []
+    todo = candidates(cfg, notes)
+    rows = [Row(c.pair, c.name, c.impl) for c in todo]
+    pairs = list(dict.fromkeys(c.pair for c in todo))
+    bar = Progress(len(pairs), "pairs", enabled=progress)
+    device = torch.device("cpu")
+    for pair in pairs:
+        members = [(c, r) for c, r in zip(todo, rows) if c.pair == pair]
+        steps, units = {}, {}
+        for cand, row in members:
+            try:
+                torch.manual_seed(cfg.seed)
+                unit = cand.factory()
+                unit.model.train()
+                opt = torch.optim.AdamW(unit.model.parameters(), lr=1e-4)
+                step = _train_step(unit, unit.model, opt)
+                step()  # one checked step before timing
+                steps[cand.name], units[cand.name] = step, (unit, opt)
+            except Exception as exc:
+                row.error = error_text(exc)
+        timings = time_interleaved(steps, repeats=cfg.repeats, warmup=cfg.warmup, device=device, progress=False)
+        for cand, row in members:
+            if cand.name not in steps:
+                continue
+            t = timings[cand.name]
+            row.error = t.error
+            row.ms = t.median_ms
+            row.steps_per_s = 1e3 / row.ms if row.ms else None
+            try:
+                row.peak_mb = peak_memory_bytes(steps[cand.name], device) / MB
+            except Exception as exc:
+                row.error = row.error or f"memory: {error_text(exc)}"
+        if cfg.compile:
+            compiled_steps = {}
+            for cand, row in members:
+                if cand.name not in units or row.error:
+                    continue
+                unit, _ = units[cand.name]
+                try:
+                    row.graph_breaks, row.graphs, row.break_reasons = _explain(unit)
+                    torch._dynamo.reset()
+                    compiled = torch.compile(unit.model)  # the same parameters, compiled
+                    cstep = _train_step(unit, compiled, torch.optim.AdamW(unit.model.parameters(), lr=1e-4))
+                    cstep()  # compiles
+                    compiled_steps[cand.name] = cstep
+                except Exception as exc:
+                    row.compile_error = error_text(exc)
+            # at least one untimed round: the first calls after compiling may still recompile
+            ctimes = time_interleaved(compiled_steps, repeats=cfg.repeats, warmup=max(1, cfg.warmup), device=device,
+                                      progress=False)
+            for cand, row in members:
+                if cand.name in compiled_steps:
+                    t = ctimes[cand.name]
+                    row.compile_error = row.compile_error or t.error
+                    row.compiled_ms = t.median_ms
+                    if row.compiled_ms and row.ms:
+                        row.compile_speedup = row.ms / row.compiled_ms
+        ours = next((r for _, r in members if r.impl == "posenc"), None)
+        peer = next((r for _, r in members if r.impl != "posenc"), None)
+        if ours is not None and peer is not None and ours.ms and peer.ms:
+            ours.vs_peer = ours.ms / peer.ms
+        bar.update(note=pair)
+    bar.close()
+    config = asdict(cfg)
+    config.update(
+        torch=torch.__version__, threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+        machine=platform.processor() or platform.machine(), background_load=describe(cfg.background_processes),
+        load_average=load_average(), peer_versions={k: importlib.metadata.version(v) for k, v in PEER_DISTS.items()
+                                                    if _installed(v)},
+        timing="training step (AdamW) median of repeats after warmup; the rows of a pair round robin",
+    )
+    return ModelsResult(config, rows, notes)
+
+
+def run_benchmark(cfg: ModelsBenchConfig, *, progress: bool = True) -> ModelsResult:
+    n = cfg.background_processes
+    with background_load(n > 0, max(n, 1)):
+        return _measure(cfg, progress=progress)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render(result: ModelsResult) -> str:
+    c = result.config
+    lines = [
+        f"training steps (AdamW), CPU {c['threads']} threads: lm B={c['batch']} T={c['seq_len']} dim={c['lm_dim']} "
+        f"depth={c['lm_depth']} heads={c['lm_heads']}; vit {c['img_size']}px/{c['patch']} dim={c['vit_dim']} "
+        f"depth={c['vit_depth']} heads={c['vit_heads']} B={c['batch']}; gps {c['graphs']} graphs x {c['nodes']} nodes "
+        f"dim={c['gps_dim']} depth={c['gps_depth']}",
+        f"background load: {c['background_load']}; load average at the end: {format_load_average(c['load_average'])}",
+        "vs peer: posenc ms / peer ms (target <= 1.10); breaks: torch._dynamo.explain graph breaks of the forward; "
+        "compiled x: eager ms / compiled ms",
+        "",
+    ]
+    headers = ["pair", "model", "impl", "ms/step", "steps/s", "peak MB", "vs peer", "breaks", "compiled ms", "compiled x"]
+    body = [[r.pair, r.name, r.impl, _num(r.ms, ".1f"), _num(r.steps_per_s, ".2f"), _num(r.peak_mb, ".1f"),
+             _num(r.vs_peer, ".2f"), "-" if r.graph_breaks is None else str(r.graph_breaks),
+             _num(r.compiled_ms, ".1f"), _num(r.compile_speedup, ".2f")] for r in result.rows]
+    lines.append(format_table(headers, body, align="lll" + "r" * 7))
+    reasons = [(r, why) for r in result.rows for why in r.break_reasons]
+    if reasons:
+        lines += ["", "graph breaks:"] + [f"  {r.pair} {r.impl}: {why}" for r, why in reasons]
+    errors = [(r, r.error or r.compile_error) for r in result.rows if r.error or r.compile_error]
+    if errors:
+        lines += ["", "errors:"] + [f"  {r.pair} {r.impl}: {e}" for r, e in errors]
+    if result.notes:
+        lines += ["", "notes:"] + [f"  {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def _models(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in MODELS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(MODELS)}, got {text!r}")
+    return names
+
+
+def _out_dir(text: str) -> str:
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ModelsBenchConfig()
+    parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
+                        help=f"pairs to run (default: {','.join(MODELS)})")
+    parser.add_argument("--batch", type=positive_int, default=d.batch, help="LM sequences / images per step (default: %(default)s)")
+    parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="LM tokens (default: %(default)s)")
+    parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="graphs per GPS batch (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=d.repeats, help="timed rounds (default: %(default)s)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=d.warmup, help="untimed rounds (default: %(default)s)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="skip torch.compile (graph breaks and compiled speed-up): the slow part of the run")
+    parser.add_argument("--background-load", dest="background_processes", action="store_const", const=1, default=0,
+                        help="run one busy process for the whole run; noted in the header and JSON")
+    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR", help="write models.txt and models.json into DIR")
+    parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = ModelsBenchConfig(models=tuple(args.models), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
+                                repeats=args.repeats, warmup=args.warmup, compile=args.compile, seed=args.seed,
+                                background_processes=args.background_processes)
+    except ValueError as exc:
+        print(f"posenc bench models: error: {exc}", file=sys.stderr)
+        return 2
+    result = run_benchmark(cfg, progress=args.progress)
+    text = render(result)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [write_json(out / "models.json", result.to_json()),
+                 write_atomic(out / "models.txt", lambda f: f.write((text + "\n").encode()))]
+        print(f"\nwrote {', '.join(map(str, paths))}")
+    return 0
+
+
+__all__ = ["ModelsBenchConfig", "ModelsResult", "add_arguments", "render", "run", "run_benchmark"]

@@ -1,0 +1,66 @@
+"""The generate and models benchmarks at tiny sizes (no timing assertions): every row runs and
+reports, the outputs are written, bad arguments exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc import cli
+from posenc.cli.bench.generate import GenerateBenchConfig, causal_encodings, estimate_bytes
+
+
+def test_causal_encodings_split_by_cache_support():
+    ok, refused = causal_encodings()
+    assert {"rope", "alibi", "t5", "deberta", "transformer_xl", "tupe"} <= set(ok)
+    assert {"rope_dynamic_ntk", "rope_longrope"} <= set(refused)
+    assert not set(ok) & set(refused)
+
+
+def test_bench_generate_tiny_writes_every_row(tmp_path, capsys):
+    argv = ["bench", "generate", "--contexts", "8,16", "--batches", "1,2", "--dim", "16", "--depth", "1", "--heads", "2",
+            "--vocab", "32", "--decode-tokens", "2", "--repeats", "1", "--warmup", "0", "--encodings", "rope,alibi,tupe",
+            "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "generate.json").read_text())
+    names = [(r["impl"], r["name"]) for r in data["rows"]]
+    assert names[:3] == [("posenc", "rope"), ("posenc", "alibi"), ("posenc", "tupe")]
+    for row in data["rows"]:
+        assert row["error"] is None
+        assert [(c["context"], c["batch"]) for c in row["cells"]] == [(8, 1), (8, 2), (16, 1), (16, 2)]
+        for cell in row["cells"]:
+            assert cell["error"] is None, cell["error"]
+            assert cell["prefill_ms"] > 0 and cell["tokens_per_s"] > 0
+    assert data["ratios"]["posenc:rope"]["8/1"] == 1.0
+    assert (tmp_path / "generate.txt").read_text().startswith("cached decoding")
+    assert "batch 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--encodings", "rope_longrope"], ["--contexts", "16,8"], ["--batches", "0"]])
+def test_bench_generate_rejects_bad_arguments(argv, capsys):
+    assert cli.main(["bench", "generate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and argv[0] in err
+
+
+def test_generate_memory_estimate_grows_linearly_with_the_context():
+    cfg = GenerateBenchConfig()
+    a, b = estimate_bytes(cfg, 1024, 8), estimate_bytes(cfg, 2048, 8)
+    assert 1.9 < b / a < 2.1
+    with pytest.raises(ValueError, match="dim"):
+        GenerateBenchConfig(dim=30, heads=4)
+
+
+def test_bench_models_tiny_eager(tmp_path):
+    argv = ["bench", "models", "--models", "lm,gps", "--batch", "1", "--seq-len", "8", "--graphs", "2", "--repeats", "1",
+            "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "models.json").read_text())
+    pairs = [(r["pair"], r["impl"]) for r in data["rows"]]
+    assert ("lm/rope", "posenc") in pairs and ("lm/rope", "x-transformers") in pairs
+    assert ("gps/rwse", "posenc") in pairs and ("gps/rwse", "torch_geometric") in pairs
+    for row in data["rows"]:
+        assert row["error"] is None, row["error"]
+        assert row["ms"] > 0 and row["peak_mb"] >= 0 and row["graph_breaks"] is None
+    assert all(r["vs_peer"] > 0 for r in data["rows"] if r["impl"] == "posenc")
