@@ -12,49 +12,117 @@ class LayerKVCache:
     Keys are stored after the encoding's q/k transform, so each is transformed once, at its own
     position; positions are kept for score biases over the whole history.
 
+    The history lives in buffers with room to grow (the capacity doubles when full), so a decoding
+    step writes its one new key in place instead of copying the whole cache; ``k``, ``v`` and
+    ``pos`` are views of the filled part. When a gradient flows through the keys (a cache used in
+    training), appending concatenates instead, as autograd needs. :meth:`crop` drops the newest
+    entries (to rewind a cache, as HF's ``DynamicCache.crop``).
+
     ``conditional``: what the conditional module after this layer (the ``conditional`` slot of
     :class:`~posenc.common.block.TransformerEncoder`) keeps of the past, or None before its first
     call; for a causal 1D PEG its last ``kernel_size - 1`` inputs ``[B, k - 1, C]``.
     """
 
     def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-        self.pos: Tensor | None = None
+        self._k: Tensor | None = None  # [B, Hkv, capacity, D]
+        self._v: Tensor | None = None  # [B, Hkv, capacity, Dv]
+        self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
+        self._length = 0
         self.conditional: Tensor | None = None
 
     @property
     def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return self._length
+
+    @property
+    def k(self) -> Tensor | None:
+        """The cached keys ``[B, Hkv, length, D]`` (a view), or None when empty."""
+        return None if self._k is None else self._k[:, :, : self._length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self._length]
+
+    @property
+    def pos(self) -> Tensor | None:
+        """The cached key positions ``[B or 1, length(, C)]`` (a view), or None when empty."""
+        return None if self._pos is None else self._pos[:, : self._length]
 
     def next_positions(self, length: int, device=None) -> Tensor:
         """Default positions of ``length`` new tokens: they continue after the last cached position
         (``0 .. length-1`` for an empty cache). ``[B or 1, length]``."""
-        if self.pos is None:
+        pos = self.pos
+        if pos is None:
             return torch.arange(length, device=device).unsqueeze(0)
-        if self.pos.dim() != 2:
+        if pos.dim() != 2:
             raise ValueError(
-                f"the cache holds coordinate positions {tuple(self.pos.shape)}; pass the new positions explicitly"
+                f"the cache holds coordinate positions {tuple(pos.shape)}; pass the new positions explicitly"
             )
-        return self.pos[:, -1:] + 1 + torch.arange(length, device=self.pos.device, dtype=self.pos.dtype)
+        return pos[:, -1:] + 1 + torch.arange(length, device=pos.device, dtype=pos.dtype)
 
-    def peek(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The history with ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]`` appended, leaving
-        the cache as it is."""
-        if self.k is None:
-            return k, v, pos
-        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+    def _check_new(self, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The cached positions and ``pos`` with one batch size."""
+        if k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]:
             raise ValueError(f"cached keys are {tuple(self.k.shape)}; new keys {tuple(k.shape)} do not match")
         old = self.pos
         if pos.shape[0] != old.shape[0]:
             b = max(pos.shape[0], old.shape[0])
             pos, old = pos.expand(b, *pos.shape[1:]), old.expand(b, *old.shape[1:])
+        return old, pos
+
+    def peek(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The history with ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]`` appended, leaving
+        the cache as it is."""
+        if self._k is None:
+            return k, v, pos
+        old, pos = self._check_new(k, pos)
         return torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2), torch.cat((old, pos), dim=1)
 
     def append(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Append ``k, v [B, Hkv, T, D]`` at ``pos [B or 1, T(, C)]``; return the whole history."""
-        self.k, self.v, self.pos = self.peek(k, v, pos)
+        grad = torch.is_grad_enabled() and (k.requires_grad or v.requires_grad
+                                            or (self._k is not None and self._k.requires_grad))
+        if self._k is None or grad:
+            # the first entries (copied: later steps write into the buffer) or a history autograd follows
+            k_all, v_all, pos_all = self.peek(k, v, pos)
+            if grad:
+                self._k, self._v, self._pos = k_all, v_all, pos_all
+            else:
+                self._k, self._v, self._pos = k_all.clone(), v_all.clone(), pos_all.clone()
+            self._length = k_all.shape[2]
+            return self.k, self.v, self.pos
+        old, pos = self._check_new(k, pos)
+        n, t = self._length, k.shape[2]
+        if n + t > self._k.shape[2] or old.shape[0] != self._pos.shape[0]:
+            self._grow(max(2 * self._k.shape[2], n + t), old)
+        self._k[:, :, n: n + t] = k
+        self._v[:, :, n: n + t] = v
+        self._pos[:, n: n + t] = pos
+        self._length = n + t
         return self.k, self.v, self.pos
+
+    def _grow(self, capacity: int, old_pos: Tensor) -> None:
+        """New buffers of ``capacity`` entries holding the history (positions at ``old_pos``'s batch)."""
+        n = self._length
+
+        def grown(buf: Tensor, filled: Tensor, axis: int) -> Tensor:
+            shape = list(filled.shape)
+            shape[axis] = capacity
+            out = buf.new_empty(shape)
+            out.narrow(axis, 0, n).copy_(filled)
+            return out
+
+        self._k = grown(self._k, self.k, 2)
+        self._v = grown(self._v, self.v, 2)
+        self._pos = grown(self._pos, old_pos, 1)
+
+    def crop(self, length: int) -> None:
+        """Keep the oldest ``length`` entries (``0 <= length <= self.length``)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
+            raise ValueError(f"length must be an int in [0, {self._length}] (the cached entries); got {length!r}")
+        self._length = length
+        if length == 0:
+            self._k = self._v = self._pos = None
 
 
 class KVCache:
@@ -72,6 +140,11 @@ class KVCache:
     def next_positions(self, length: int, device=None) -> Tensor:
         """See :meth:`LayerKVCache.next_positions` (every layer holds the same positions)."""
         return self.layers[0].next_positions(length, device)
+
+    def crop(self, length: int) -> None:
+        """See :meth:`LayerKVCache.crop`: every layer keeps its oldest ``length`` entries."""
+        for layer in self.layers:
+            layer.crop(length)
 
     def __getitem__(self, i: int) -> LayerKVCache:
         return self.layers[i]

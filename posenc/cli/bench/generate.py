@@ -165,21 +165,22 @@ class Decoder:
 
 
 class PosencDecoder(Decoder):
-    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache`. Rewinding restores the
-    layers' tensors as the prefill left them: appending builds new tensors, never writes in place."""
+    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache`. Rewinding crops the cache to
+    the prefill's length and restores what the conditional modules (peg1d) kept."""
 
     def prefill(self, tokens: Tensor):
         cache = self.model.new_cache()
         logits = self.model(tokens, cache=cache)[:, -1]
-        self._saved = [(layer.k, layer.v, layer.pos, layer.conditional) for layer in cache.layers]
+        self._saved = [layer.conditional for layer in cache.layers]
         return cache, logits
 
     def step(self, token: Tensor, cache):
         return cache, self.model(token, cache=cache)[:, -1]
 
     def rewind(self, cache, length: int):
-        for layer, (k, v, pos, cond) in zip(cache.layers, self._saved):
-            layer.k, layer.v, layer.pos, layer.conditional = k, v, pos, cond
+        cache.crop(length)
+        for layer, cond in zip(cache.layers, self._saved):
+            layer.conditional = cond
         return cache
 
 
