@@ -163,13 +163,13 @@ def hf_mask_to_posenc(
     stays finite, as in Hugging Face's eager path), over a causal mask when it allows nothing
     above the diagonal.
     """
-    device = None if attention_mask is None else attention_mask.device
     if attention_mask is None:
         return (AttentionMask(causal=causal, window=window) if causal or window is not None else None), None
     if not isinstance(attention_mask, Tensor):
         raise TypeError(f"posenc attention takes the attention mask as a tensor (sdpa-style); got "
                         f"{type(attention_mask).__name__} (a FlexAttention BlockMask is built for attn_implementation="
                         "'flex_attention')")
+    device = attention_mask.device
     shape = tuple(attention_mask.shape)
     if (attention_mask.dim() != 4 or shape[0] not in (1, batch) or shape[2] not in (1, q_len)
             or shape[3] != kv_len):
@@ -404,6 +404,10 @@ def _sizes(config) -> tuple[int, int, int, int]:
 # --- building the encodings --------------------------------------------------------------------------
 
 
+# Sizes the model fixes: an encoding built for others would fail at the first call, or be wrong.
+MODEL_SIZES = ("dim", "num_heads", "head_dim")
+
+
 def _check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     if options is None:
         return {}
@@ -412,6 +416,10 @@ def _check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     bad = [k for k in options if not isinstance(k, str)]
     if bad:
         raise TypeError(f"options keys must be argument names (str); got {bad[0]!r}")
+    fixed = [k for k in MODEL_SIZES if k in options]
+    if fixed:
+        raise ValueError(f"options: {fixed[0]} comes from the model's config and cannot be set; got {fixed[0]}="
+                         f"{options[fixed[0]]!r}")
     try:
         json.dumps(dict(options), allow_nan=False)
     except (TypeError, ValueError) as exc:
