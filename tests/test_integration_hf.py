@@ -408,3 +408,15 @@ def test_a_missing_transformers_is_one_line_naming_the_extra():
             "except ImportError as e:\n    print(type(e).__name__, e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "MissingExtra" in done.stdout and "posenc[hf]" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_recipe_in_the_docs_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "integrations_transformers.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1
+    namespace: dict = {}
+    exec(compile(blocks[0], "integrations_transformers.md", "exec"), namespace)
+    assert namespace["out"].shape == (2, 12)
