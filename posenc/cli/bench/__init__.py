@@ -51,6 +51,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "Spline-based Transformer vs ALiBi and sinusoidal autoencoders on synthetic 2D curves: reconstruction MSE "
         "at the training length and at longer / finer sampling (table, plot, JSON)",
     ),
+    "hf": (
+        "posenc.cli.bench.hf",
+        "a Hugging Face Llama with its own RoPE (sdpa), RoPE through posenc, ALiBi, FIRE, KERPLE, T5: training and "
+        "cached-generation tokens/s against sdpa, bits per byte at 1x/2x/4x the training length (table, plot, JSON)",
+    ),
     "timeseries": (
         "posenc.cli.bench.timeseries",
         "encoding ablation of the ConvTran-style classifier on the bundled UEA datasets (table, plot, JSON)",

@@ -1,0 +1,296 @@
+"""``posenc bench hf``: a Hugging Face Llama with posenc encodings, against its own SDPA model.
+
+::
+
+    posenc bench hf --out runs/hf
+    posenc bench hf --variants hf,identity,alibi --steps 300 --train-len 256 --device cuda
+
+One ``transformers.LlamaForCausalLM`` per variant (same seed, same data order; 4 layers, 256 wide,
+4 heads by default), trained on byte windows of CPython's pydoc text at ``--train-len``:
+
+* ``hf``: the model as Hugging Face ships it, its own RoPE, ``attn_implementation="sdpa"`` (the
+  reference for speed);
+* ``identity``: the same RoPE expressed in posenc
+  (:func:`posenc.integrations.transformers.swap_position_encoding`), attention by posenc's core;
+* any registered sequence encoding (default ``alibi``, ``fire``, ``kerple``, ``t5``), swapped in.
+
+Reported per variant: training tokens/s and its ratio to ``hf`` (the slowdown: targets 1.1x for
+``identity``, 1.6x for the score biases), cached greedy generation tokens/s (``generate`` with
+Hugging Face's ``DynamicCache``), and bits per byte on the held-out tail (last 10%) at 1x, 2x and
+4x the training length (``--eval-factors``). The variants run one after another in one process;
+re-run on a quiet machine for timings you quote.
+
+Outputs (with ``--out``): ``hf.txt`` (the table), ``hf.json`` and ``hf.png`` (bits per byte per
+length, and training tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
+from ...common.report import Progress, format_table, optional, write_atomic, write_json
+
+PROG = "posenc bench hf"
+REFERENCE = "hf"
+DEFAULT_VARIANTS = (REFERENCE, "identity", "alibi", "fire", "kerple", "t5")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated variant names")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variants", type=_names, default=list(DEFAULT_VARIANTS),
+                        help=f"comma-separated: '{REFERENCE}' (Hugging Face's own RoPE, sdpa), 'identity' (that RoPE "
+                             f"through posenc) or registered sequence encodings (default {','.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--steps", type=positive_int, default=300, help="training steps per model (default 300)")
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--train-len", type=positive_int, default=256, help="bytes per training window (default 256)")
+    parser.add_argument("--eval-factors", type=int_list(minimum=1), default=[1, 2, 4],
+                        help="evaluation lengths as multiples of --train-len (default 1,2,4)")
+    parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
+    parser.add_argument("--gen-batch", type=positive_int, default=4, help="prompts generated at once (default 4)")
+    parser.add_argument("--gen-tokens", type=positive_int, default=128, help="new tokens per prompt (default 128)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3)
+    parser.add_argument("--dim", type=positive_int, default=256)
+    parser.add_argument("--depth", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="training dtype: float32, or bfloat16 autocast on CUDA")
+    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    parser.add_argument("--out", default=None, help="directory for hf.{txt,json,png}")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _resolve(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, or None (nothing is built before this passes)."""
+    from ...common.registry import available, get
+
+    seq = {i.name for i in available("seq")}
+    for name in args.variants:
+        if name in (REFERENCE, "identity"):
+            continue
+        try:
+            info = get(name)
+        except KeyError:
+            info = None
+        if info is None or info.modality != "seq":
+            return (f"--variants: {name!r} is not '{REFERENCE}', 'identity' or a registered sequence encoding "
+                    f"({', '.join(sorted(seq))})")
+    if len(set(args.variants)) != len(args.variants):
+        return f"--variants: a name is repeated in {','.join(args.variants)}"
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        return f"--dim ({args.dim}) must be divisible by --heads ({args.heads}) into an even head width (RoPE pairs)"
+    if len(set(args.eval_factors)) != len(args.eval_factors):
+        return f"--eval-factors: a factor is repeated in {args.eval_factors}"
+    if args.dtype == "bfloat16" and _device(args.device).type != "cuda":
+        return "--dtype bfloat16 runs on CUDA only (autocast); use float32 on the CPU"
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        return f"--out: {args.out!r} exists and is not a directory"
+    return None
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _model(args: argparse.Namespace, variant: str, max_len: int):
+    """A fresh Llama for ``variant`` (same seed for all)."""
+    transformers = optional("transformers", PROG)
+    from ...integrations.transformers import register, swap_position_encoding
+
+    register()
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=args.dim, intermediate_size=int(8 * args.dim / 3 + 63) // 64 * 64,
+        num_hidden_layers=args.depth, num_attention_heads=args.heads, num_key_value_heads=args.heads,
+        max_position_embeddings=max_len, pad_token_id=0, bos_token_id=0, eos_token_id=None, tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(args.seed)
+    model = transformers.LlamaForCausalLM(config)
+    if variant != REFERENCE:
+        swap_position_encoding(model, variant)
+    return model
+
+
+def _train(model, args, train_text: str, device: torch.device, progress: Progress) -> tuple[float, float]:
+    """``(tokens per second, final loss)`` of ``--steps`` AdamW steps on random windows."""
+    from ...seq.data import ByteWindows
+
+    windows = ByteWindows(train_text, args.train_len)
+    generator = torch.Generator().manual_seed(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    warmup = max(1, args.steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    model.train()
+    autocast = args.dtype == "bfloat16"
+    timed_tokens, timed_s, loss_value = 0, 0.0, float("nan")
+    for step in range(args.steps):
+        idx = torch.randint(len(windows), (args.batch_size,), generator=generator).tolist()
+        x = torch.stack([windows[i][0] for i in idx]).to(device)
+        y = torch.stack([windows[i][1] for i in idx]).to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=x, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        _sync(device)
+        if step >= min(3, args.steps - 1):  # the first steps warm the allocator and kernels up
+            timed_s += time.perf_counter() - t0
+            timed_tokens += x.numel()
+        loss_value = loss.item()
+        progress.update(note=f"loss {loss_value:.3f}")
+    return timed_tokens / max(timed_s, 1e-9), loss_value
+
+
+@torch.no_grad()
+def _bits_per_byte(model, text: str, length: int, tokens: int, device: torch.device, batch: int) -> float:
+    from ...seq.data import eval_windows
+
+    x, y = eval_windows(text, length, tokens)
+    total, count = 0.0, 0
+    for i in range(0, x.shape[0], batch):
+        logits = model(input_ids=x[i:i + batch].to(device), use_cache=False).logits.float()
+        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y[i:i + batch].to(device).flatten(),
+                                                   reduction="sum").item()
+        count += y[i:i + batch].numel()
+    return total / count / math.log(2)
+
+
+@torch.no_grad()
+def _generation_speed(model, args, text: str, device: torch.device) -> float:
+    """New tokens per second of cached greedy generation from ``--gen-batch`` prompts."""
+    from ...seq.data import eval_windows
+
+    prompts, _ = eval_windows(text, min(32, args.train_len), args.gen_batch * min(32, args.train_len))
+    prompts = prompts[: args.gen_batch].to(device)
+    config = dict(max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens, do_sample=False, use_cache=True,
+                  pad_token_id=0)
+    model.generate(prompts, **{**config, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    out = model.generate(prompts, **config)
+    _sync(device)
+    return (out.shape[1] - prompts.shape[1]) * prompts.shape[0] / (time.perf_counter() - t0)
+
+
+def _one(args: argparse.Namespace, variant: str, train_text: str, valid_text: str, device: torch.device) -> dict:
+    lengths = [f * args.train_len for f in args.eval_factors]
+    model = _model(args, variant, max(lengths)).to(device)
+    progress = Progress(args.steps, f"{variant}", enabled=not args.no_progress)
+    train_tps, loss = _train(model, args, train_text, device, progress)
+    progress.close()
+    model.eval()
+    bpb = {str(n): round(_bits_per_byte(model, valid_text, n, args.eval_tokens, device, args.batch_size), 4)
+           for n in lengths}
+    gen_tps = _generation_speed(model, args, valid_text, device)
+    return {"variant": variant, "attn_implementation": model.config._attn_implementation,
+            "train_tokens_per_s": round(train_tps, 1), "generate_tokens_per_s": round(gen_tps, 1),
+            "train_loss": round(loss, 4), "bits_per_byte": bpb}
+
+
+def _table(rows: list[dict], lengths: list[int]) -> str:
+    reference = next((r for r in rows if r["variant"] == REFERENCE), None)
+
+    def ratio(r: dict, key: str) -> str:
+        if reference is None or not r[key]:
+            return "-"
+        return f"{reference[key] / r[key]:.2f}x"
+
+    headers = ["variant", "train tok/s", "vs hf", "generate tok/s", "vs hf", *[f"bpb@{n}" for n in lengths]]
+    body = [[r["variant"], f"{r['train_tokens_per_s']:.0f}", ratio(r, "train_tokens_per_s"),
+             f"{r['generate_tokens_per_s']:.0f}", ratio(r, "generate_tokens_per_s"),
+             *[f"{r['bits_per_byte'][str(n)]:.3f}" for n in lengths]] for r in rows]
+    return format_table(headers, body, align="l" + "r" * (4 + len(lengths)))
+
+
+def _plot(rows: list[dict], lengths: list[int], args: argparse.Namespace) -> bytes | None:
+    from ...common.report import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for r in rows:
+        left.plot(lengths, [r["bits_per_byte"][str(n)] for n in lengths], marker="o", label=r["variant"])
+    left.set_xscale("log", base=2)
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.axvline(args.train_len, color="grey", linestyle=":", linewidth=1)
+    left.set_xlabel(f"evaluation length (trained at {args.train_len})")
+    left.set_ylabel("bits per byte")
+    left.set_title("held-out pydoc text")
+    left.legend(fontsize=8)
+    left.grid(True, alpha=0.3)
+    right.bar([r["variant"] for r in rows], [r["train_tokens_per_s"] for r in rows], color="tab:blue")
+    right.set_ylabel("training tokens / s")
+    right.set_title(f"Llama {args.depth}x{args.dim}, {args.heads} heads")
+    right.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _resolve(args)
+    if error is not None:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    optional("transformers", PROG)
+    from ...seq.data import pydoc_corpus, split_text
+
+    device = _device(args.device)
+    train_text, valid_text = split_text(pydoc_corpus())
+    lengths = [f * args.train_len for f in args.eval_factors]
+    start = time.perf_counter()
+    rows = [_one(args, variant, train_text, valid_text, device) for variant in args.variants]
+    table = _table(rows, lengths)
+    what = (f"Hugging Face Llama ({args.depth} layers, {args.dim} wide, {args.heads} heads) on pydoc bytes, "
+            f"{args.steps} steps at {args.train_len}, {device.type}, {args.dtype}; 'vs hf' is the slowdown against "
+            "Hugging Face's own sdpa model (lower is better)")
+    print(f"\n{what}\n{table}")
+    total = time.perf_counter() - start
+    print(f"total {total:.0f} s")
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "hf.txt", lambda f: f.write(f"{what}\n{table}\n".encode()))
+        config = {k: getattr(args, k) for k in ("variants", "steps", "batch_size", "train_len", "eval_factors",
+                                                "eval_tokens", "gen_batch", "gen_tokens", "lr", "dim", "depth",
+                                                "heads", "dtype", "seed")}
+        write_json(out / "hf.json", {"config": {**config, "device": device.type}, "results": rows,
+                                     "total_s": round(total, 1)})
+        png = _plot(rows, lengths, args)
+        if png is not None:
+            write_atomic(out / "hf.png", lambda f: f.write(png))
+        print(f"written to {out}/hf.{{txt,json,png}}")
+    return 0
+
+
+__all__ = ["DEFAULT_VARIANTS", "add_arguments", "run"]
