@@ -410,13 +410,14 @@ def test_a_missing_transformers_is_one_line_naming_the_extra():
     assert "MissingExtra" in done.stdout and "posenc[hf]" in done.stdout, done.stdout + done.stderr
 
 
-def test_the_recipe_in_the_docs_runs():
+def test_the_readme_recipe_runs():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "integrations_transformers.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Use posenc inside a Hugging Face model", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 1
     namespace: dict = {}
-    exec(compile(blocks[0], "integrations_transformers.md", "exec"), namespace)
+    exec(compile(blocks[0], "README.md (Hugging Face)", "exec"), namespace)
     assert namespace["out"].shape == (2, 12)

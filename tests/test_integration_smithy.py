@@ -484,12 +484,13 @@ def test_import_posenc_does_not_import_the_bridge():
 # --- the recipe and the example ------------------------------------------------------------------
 
 
-def test_the_docs_recipe_runs():
-    text = (ROOT / "docs" / "integrations_attention_smithy.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+def test_the_readme_recipe_runs():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use posenc inside AttentionSmithy", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert blocks
     for block in blocks:
-        exec(compile(block, "integrations_attention_smithy.md", "exec"), {})
+        exec(compile(block, "README.md (AttentionSmithy)", "exec"), {})
 
 
 def test_the_copy_task_example_trains_at_a_tiny_size(capsys):
