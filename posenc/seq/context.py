@@ -24,7 +24,6 @@ Hugging Face derives:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,8 +37,8 @@ from .rope_scaling import (
     rope_scaling_from_dict,
 )
 
-# Everything below is read from the scaling registry (:mod:`.rope_scaling`): a scaling registered
-# there is a method here, with its options, at once.
+# Everything below is read from the table of scalings (:data:`.rope_scaling.ROPE_SCALING_ENTRIES`):
+# a scaling in it is a method here, with its options.
 METHODS = ("none", *(entry.name for entry in rope_scaling_entries()))
 # Other names users know the methods by.
 METHOD_ALIASES = {"default": "none", **{alias: e.name for e in rope_scaling_entries() for alias in e.aliases}}
@@ -89,14 +88,13 @@ def make_scaling(
     if entry.needs_original_length and original_max_len is None:
         raise ValueError(f"{method} needs original_max_len: the length the model was trained at")
     params: dict[str, Any] = dict(options)
-    taken = {p.name for p in entry.parameters}
+    taken = entry.parameter_names
     if "factor" in taken:
         params["factor"] = factor
     if "original_max_len" in taken:
         params["original_max_len"] = original_max_len
-    for p in entry.parameters:  # a parameter the function requires and the caller left out: a width default
-        if p.name not in params and p.default is inspect.Parameter.empty:
-            params[p.name] = None
+    for name in entry.required:  # a parameter the function requires and the caller left out: a width default
+        params.setdefault(name, None)
     return entry.config(**entry.with_defaults(rotary_dim, params))
 
 
@@ -158,7 +156,7 @@ def plan_extension(
 # --- Hugging Face configs ------------------------------------------------------------------------
 
 def _hf_types() -> dict[str, str]:
-    """Hugging Face ``rope_type`` -> method, from the registry (``default`` is plain RoPE)."""
+    """Hugging Face ``rope_type`` -> method, from the table of scalings (``default`` is plain RoPE)."""
     return {"default": "none", **{t: e.name for e in rope_scaling_entries() for t in e.hf_types}}
 
 
