@@ -15,7 +15,9 @@ uses at a given length.
 Hugging Face derives:
 
 * the original length ``L0``: ``original_max_position_embeddings`` from the scaling dict, else
-  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``;
+  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``; for
+  ``dynamic`` always ``max_position_embeddings``, as transformers reads it (``dynamic_length_from``
+  selects the stated length instead);
 * ``factor``, when the scaling dict has none (YaRN, LongRoPE), is ``max_position_embeddings /
   L0``; LongRoPE always takes that ratio when the config states ``L0`` (Phi-3), as Hugging Face
   does for its attention factor;
@@ -28,6 +30,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
+
+from ..common.checks import check_choice
 
 from .rope import RotaryEncoding
 from .rope_scaling import (
@@ -166,11 +170,32 @@ def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
+#: Where :func:`rope_from_hf_config` reads a ``dynamic`` config's original length ``L0`` from.
+DYNAMIC_LENGTH_SOURCES = ("max_position_embeddings", "original_max_position_embeddings")
+
+
 def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None = None,
-                        pairing: str = "half_split") -> RotaryEncoding:
+                        pairing: str = "half_split",
+                        dynamic_length_from: str = "max_position_embeddings") -> RotaryEncoding:
     """The :class:`~.rope.RotaryEncoding` a Hugging Face model config describes (a dict, or a
     config object with the same attributes). ``head_dim`` overrides the config's; ``pairing`` is
-    Hugging Face's half-split by default. See the module docstring for what is derived."""
+    Hugging Face's half-split by default. See the module docstring for what is derived.
+
+    ``dynamic_length_from``: the length ``L0`` a ``rope_type: dynamic`` config grows its base
+    from, one of :data:`DYNAMIC_LENGTH_SOURCES`:
+
+    * ``"max_position_embeddings"`` (default): what transformers computes. Its dynamic NTK reads
+      ``max_position_embeddings`` and ignores ``original_max_position_embeddings`` (it warns
+      "Unrecognized keys"), so a model run inside transformers gets the same frequencies.
+    * ``"original_max_position_embeddings"``: the stated original length when the config gives
+      one (in the scaling dict or at the top level), else ``max_position_embeddings``. This is
+      the length the model was trained at, which the dynamic NTK formula means by ``L0``; choose
+      it for a config written with that intent, served outside transformers. (posenc read
+      dynamic configs this way before.)
+
+    Without a stated original length the two readings agree.
+    """
+    check_choice("dynamic_length_from", dynamic_length_from, DYNAMIC_LENGTH_SOURCES)
     params = _get(config, "rope_parameters")
     scaling_dict = params if isinstance(params, Mapping) else _get(config, "rope_scaling")
     scaling_dict = dict(scaling_dict or {})
@@ -199,6 +224,8 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
     # the method's own options, under the names Hugging Face uses too
     options: dict[str, Any] = {key: scaling_dict[key] for key in METHOD_OPTIONS[method]
                                if scaling_dict.get(key) is not None}
+    if method == "dynamic_ntk" and dynamic_length_from == "max_position_embeddings":
+        original = max_pos  # as transformers (ROPE_INIT_FUNCTIONS["dynamic"]): the stated length is ignored
     if method in NEEDS_ORIGINAL_LENGTH:
         if original is None:
             original = max_pos
