@@ -1,10 +1,12 @@
-"""One registry entry per RoPE scaling: the config class, the registered encoding and the
-context-extension method are all made from the entry (its function and its checks)."""
+"""The table of RoPE scalings (``ROPE_SCALING_ENTRIES``): each row's written function, config and
+encoding agree with each other, the context-extension methods read the table, and configs
+round-trip through plain values."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import ClassVar
 
 import pytest
 import torch
@@ -14,24 +16,28 @@ from posenc.common import registry as encoding_registry
 from posenc.common.registry import ModelDims
 from posenc.seq import rope as rope_module
 from posenc.seq import rope_scaling as rs
+from posenc.seq.rope_scaled import SCALED_ROPE_CLASSES
 from posenc.seq.context import extend_context, make_scaling, rotary_layers
 from posenc.seq.models import CausalLM
 
 
-def test_every_scaling_makes_its_config_and_encoding_from_one_entry():
+def test_every_row_of_the_table_agrees_with_its_function_config_and_encoding():
     names = [e.name for e in rs.rope_scaling_entries()]
-    assert names == ["linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"]
+    assert names == ["linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"] == list(rs.ROPE_SCALING_ENTRIES)
     for entry in rs.rope_scaling_entries():
-        # the config's fields are the function's keyword parameters, in order, with its defaults
+        # the written config's fields are the function's keyword parameters, in order, with its defaults
+        function_params = [p for p in inspect.signature(entry.compute).parameters.values()
+                           if p.kind is p.KEYWORD_ONLY and p.name != "seq_len"]
         fields = dataclasses.fields(entry.config)
-        assert [f.name for f in fields] == [p.name for p in entry.parameters]
+        assert [f.name for f in fields] == [p.name for p in function_params] == list(entry.parameter_names)
         assert [f.default for f in fields] == [
-            dataclasses.MISSING if p.default is inspect.Parameter.empty else p.default for p in entry.parameters]
-        assert "seq_len" not in {f.name for f in fields}
+            dataclasses.MISSING if p.default is inspect.Parameter.empty else p.default for p in function_params]
+        assert entry.config.name == entry.name
         assert rs.ROPE_SCALINGS[entry.name] is entry.compute
-        # the registered encoding builds that config, and its options are the entry's
-        enc = posenc.build(entry.encoding_name, dims=ModelDims(64, 4, 1024))
-        assert type(enc) is rope_module.SCALED_ROPE_CLASSES[entry.name]
+        # the registered encoding is the written class, builds that config, and takes its options
+        enc = posenc.build(entry.encoding, dims=ModelDims(64, 4, 1024))
+        assert type(enc) is SCALED_ROPE_CLASSES[entry.name] and type(enc).scaling_name == entry.name
+        assert encoding_registry.get(entry.encoding).paper == entry.paper
         assert type(enc.scaling) is entry.config
         signature = inspect.signature(type(enc).__init__).parameters
         assert set(entry.options) <= set(signature)
@@ -43,10 +49,10 @@ def test_every_scaling_makes_its_config_and_encoding_from_one_entry():
             assert got_factor == factor
 
 
-def test_public_names_are_the_registry_classes():
+def test_public_names_are_the_table_classes():
     assert rs.LinearScaling is rs.rope_scaling_entry("linear").config
     assert rs.YaRNScaling is rs.rope_scaling_entry("yarn").config
-    assert posenc.seq.YaRNRoPE is rope_module.SCALED_ROPE_CLASSES["yarn"]
+    assert posenc.seq.YaRNRoPE is SCALED_ROPE_CLASSES["yarn"]
     assert posenc.seq.LongRoPE.scaling_name == "longrope"
     # positional construction follows the function's parameter order (required ones first)
     assert rs.DynamicNTKScaling(64, 2.0).original_max_len == 64
@@ -79,36 +85,62 @@ def test_bad_scalings_are_clear_errors(call, match):
         call()
 
 
+@dataclasses.dataclass(frozen=True)
+class HalvingScaling(rs.RopeScaling):
+    """A scaling written by a test: theta / (2 * factor)."""
+
+    name: ClassVar[str] = "halving"
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.factor >= 1:
+            raise ValueError(f"factor must be >= 1, got {self.factor!r}")
+
+    def compute(self, rotary_dim, base, seq_len=None):
+        return halving_scaling(rotary_dim, base, factor=self.factor)
+
+
+def halving_scaling(rotary_dim: int, base: float, *, factor: float = 2.0) -> rs.Frequencies:
+    return rs.default_inv_freq(rotary_dim, base) / (2 * factor), 1.0
+
+
 @pytest.fixture
-def halving_scaling():
-    """A scaling registered by a test (theta / (2 * factor)), removed afterwards."""
-
-    def _validate(*, factor: float) -> None:
-        if not factor >= 1:
-            raise ValueError(f"factor must be >= 1, got {factor!r}")
-
-    def halving_scaling(rotary_dim: int, base: float, *, factor: float = 2.0) -> rs.Frequencies:
-        _validate(factor=factor)
-        return rs.default_inv_freq(rotary_dim, base) / (2 * factor), 1.0
-
-    rs.register_rope_scaling(
-        "halving", validate=_validate, config_name="HalvingScaling", encoding_name="rope_halving",
-        encoding_class_name="HalvingRoPE", aliases=("half",), paper="a test", summary="theta / (2 factor)",
-    )(halving_scaling)
-    yield rs.rope_scaling_entry("halving")
-    rs._ENTRIES.pop("halving")
-    rope_module.SCALED_ROPE_CLASSES.pop("halving")
-    encoding_registry._REGISTRY.pop("rope_halving")
+def halving_entry(monkeypatch):
+    """A row added to the table by a test (removed afterwards)."""
+    entry = rs.RopeScalingEntry("halving", halving_scaling, HalvingScaling, encoding="rope_halving",
+                                summary="theta / (2 factor)", paper="a test", aliases=("half",))
+    monkeypatch.setitem(rs.ROPE_SCALING_ENTRIES, "halving", entry)
+    return entry
 
 
-def test_registering_one_function_adds_config_encoding_and_extension_method(halving_scaling):
-    config = halving_scaling.config(3.0)
+def test_a_row_added_to_the_table_is_a_method_of_extend_context_and_of_the_configs(halving_entry):
+    # replaces the test of the removed decorator (register_rope_scaling): a scaling is written, then listed
+    config = HalvingScaling(3.0)
     assert config.factor == 3.0 and config.name == "halving" and not config.dynamic
+    assert config.entry is halving_entry and rs.ROPE_SCALINGS["halving"] is halving_scaling
     with pytest.raises(ValueError, match="factor must be >= 1, got 0.5"):
-        halving_scaling.config(0.5)
-    enc = posenc.build("rope_halving", dims=ModelDims(32, 2, 64), factor=4.0)
-    torch.testing.assert_close(enc.frequencies()[0], rs.default_inv_freq(16) / 8)
+        HalvingScaling(0.5)
+    assert rs.rope_scaling_config("half", factor=4.0) == HalvingScaling(4.0)
+    assert rs.rope_scaling_from_dict(HalvingScaling(4.0).to_dict()) == HalvingScaling(4.0)
     model = CausalLM(32, dim=32, depth=1, num_heads=2, encoding="rope", max_len=64)
     extend_context(model, "half", factor=2.0)  # by its alias
-    assert rotary_layers(model)[0].scaling == halving_scaling.config(2.0)
-    assert make_scaling("halving", rotary_dim=8, factor=5.0) == halving_scaling.config(5.0)
+    layer = rotary_layers(model)[0]
+    assert layer.scaling == HalvingScaling(2.0)
+    torch.testing.assert_close(layer.frequencies()[0], rs.default_inv_freq(16) / 4)
+    assert make_scaling("halving", rotary_dim=8, factor=5.0) == HalvingScaling(5.0)
+
+
+def test_the_removed_generators_warn():
+    with pytest.warns(DeprecationWarning, match="register_rope_scaling is deprecated"):
+        with pytest.raises(NotImplementedError, match=r"register_rope_scaling\('halving'\): RoPE scalings are no"):
+            rs.register_rope_scaling("halving", summary="theta / (2 factor)")
+    seen = []
+    with pytest.warns(DeprecationWarning, match="on_rope_scaling_registered is deprecated"):
+        rs.on_rope_scaling_registered(seen.append)
+    assert [e.name for e in seen] == list(rs.ROPE_SCALING_ENTRIES)
+    with pytest.warns(DeprecationWarning, match="scaled_rope_class is deprecated"):
+        assert rope_module.scaled_rope_class(rs.rope_scaling_entry("yarn")) is posenc.seq.YaRNRoPE
+    with pytest.warns(DeprecationWarning, match="posenc.seq.rope.YaRNRoPE moved to posenc.seq.rope_scaled"):
+        assert rope_module.YaRNRoPE is posenc.seq.YaRNRoPE
+    with pytest.warns(DeprecationWarning, match="SCALED_ROPE_CLASSES moved"):
+        assert rope_module.SCALED_ROPE_CLASSES is SCALED_ROPE_CLASSES

@@ -17,6 +17,7 @@ turns the message into argparse's one line and exit status 2.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from typing import Any, Collection, Sequence
 
@@ -26,6 +27,7 @@ from torch import Tensor
 __all__ = [
     "is_int",
     "is_number",
+    "is_real",
     "check_int",
     "check_number",
     "check_bool",
@@ -44,6 +46,12 @@ def is_int(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """An ``int`` or ``float`` that is not a ``bool``."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real number of any kind (NumPy's and ``fractions`` included, as read from a checkpoint or an
+    array) that is not a ``bool``; :func:`is_number` is the narrower ``int``/``float`` test."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _bound(minimum: float | None, maximum: float | None, strict: bool) -> str:

@@ -29,19 +29,22 @@ from .peg1d import PEG1d, peg1d, peg1d_term
 
 # rotary and its context extensions
 from .rope import (
-    DynamicNTKRoPE,
-    LinearRoPE,
-    Llama3RoPE,
-    LongRoPE,
-    NTKRoPE,
     RotaryEncoding,
-    YaRNRoPE,
     apply_rope,
     rope_cos_sin,
     rope_frequencies,
     rope_inv_freq,
 )
+from .rope_scaled import (
+    DynamicNTKRoPE,
+    LinearRoPE,
+    Llama3RoPE,
+    LongRoPE,
+    NTKRoPE,
+    YaRNRoPE,
+)
 from .rope_scaling import (
+    ROPE_SCALING_ENTRIES,
     ROPE_SCALINGS,
     DynamicNTKScaling,
     LinearScaling,
@@ -70,7 +73,8 @@ from .xpos import XPos, xpos_zeta
 __all__ = [
     "ALiBi", "alibi_slopes", "alibi_bias", "alibi_penalty", "LearnedEncoding", "NoPE", "SinusoidalEncoding",
     "RotaryEncoding", "rope_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope", "LinearRoPE", "NTKRoPE",
-    "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "ROPE_SCALINGS", "RopeScaling", "LinearScaling",
+    "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "ROPE_SCALING_ENTRIES", "ROPE_SCALINGS", "RopeScaling",
+    "LinearScaling",
     "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "Llama3Scaling", "LongRoPEScaling", "register_rope_scaling",
     "rope_scaling_config", "rope_scaling_entries", "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",

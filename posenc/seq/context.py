@@ -15,7 +15,9 @@ uses at a given length.
 Hugging Face derives:
 
 * the original length ``L0``: ``original_max_position_embeddings`` from the scaling dict, else
-  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``;
+  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``; for
+  ``dynamic`` always ``max_position_embeddings``, as transformers reads it (``dynamic_length_from``
+  selects the stated length instead);
 * ``factor``, when the scaling dict has none (YaRN, LongRoPE), is ``max_position_embeddings /
   L0``; LongRoPE always takes that ratio when the config states ``L0`` (Phi-3), as Hugging Face
   does for its attention factor;
@@ -24,11 +26,12 @@ Hugging Face derives:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
+
+from ..common.checks import check_choice
 
 from .rope import RotaryEncoding
 from .rope_scaling import (
@@ -38,8 +41,8 @@ from .rope_scaling import (
     rope_scaling_from_dict,
 )
 
-# Everything below is read from the scaling registry (:mod:`.rope_scaling`): a scaling registered
-# there is a method here, with its options, at once.
+# Everything below is read from the table of scalings (:data:`.rope_scaling.ROPE_SCALING_ENTRIES`):
+# a scaling in it is a method here, with its options.
 METHODS = ("none", *(entry.name for entry in rope_scaling_entries()))
 # Other names users know the methods by.
 METHOD_ALIASES = {"default": "none", **{alias: e.name for e in rope_scaling_entries() for alias in e.aliases}}
@@ -89,14 +92,13 @@ def make_scaling(
     if entry.needs_original_length and original_max_len is None:
         raise ValueError(f"{method} needs original_max_len: the length the model was trained at")
     params: dict[str, Any] = dict(options)
-    taken = {p.name for p in entry.parameters}
+    taken = entry.parameter_names
     if "factor" in taken:
         params["factor"] = factor
     if "original_max_len" in taken:
         params["original_max_len"] = original_max_len
-    for p in entry.parameters:  # a parameter the function requires and the caller left out: a width default
-        if p.name not in params and p.default is inspect.Parameter.empty:
-            params[p.name] = None
+    for name in entry.required:  # a parameter the function requires and the caller left out: a width default
+        params.setdefault(name, None)
     return entry.config(**entry.with_defaults(rotary_dim, params))
 
 
@@ -158,7 +160,7 @@ def plan_extension(
 # --- Hugging Face configs ------------------------------------------------------------------------
 
 def _hf_types() -> dict[str, str]:
-    """Hugging Face ``rope_type`` -> method, from the registry (``default`` is plain RoPE)."""
+    """Hugging Face ``rope_type`` -> method, from the table of scalings (``default`` is plain RoPE)."""
     return {"default": "none", **{t: e.name for e in rope_scaling_entries() for t in e.hf_types}}
 
 
@@ -168,11 +170,32 @@ def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
+#: Where :func:`rope_from_hf_config` reads a ``dynamic`` config's original length ``L0`` from.
+DYNAMIC_LENGTH_SOURCES = ("max_position_embeddings", "original_max_position_embeddings")
+
+
 def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None = None,
-                        pairing: str = "half_split") -> RotaryEncoding:
+                        pairing: str = "half_split",
+                        dynamic_length_from: str = "max_position_embeddings") -> RotaryEncoding:
     """The :class:`~.rope.RotaryEncoding` a Hugging Face model config describes (a dict, or a
     config object with the same attributes). ``head_dim`` overrides the config's; ``pairing`` is
-    Hugging Face's half-split by default. See the module docstring for what is derived."""
+    Hugging Face's half-split by default. See the module docstring for what is derived.
+
+    ``dynamic_length_from``: the length ``L0`` a ``rope_type: dynamic`` config grows its base
+    from, one of :data:`DYNAMIC_LENGTH_SOURCES`:
+
+    * ``"max_position_embeddings"`` (default): what transformers computes. Its dynamic NTK reads
+      ``max_position_embeddings`` and ignores ``original_max_position_embeddings`` (it warns
+      "Unrecognized keys"), so a model run inside transformers gets the same frequencies.
+    * ``"original_max_position_embeddings"``: the stated original length when the config gives
+      one (in the scaling dict or at the top level), else ``max_position_embeddings``. This is
+      the length the model was trained at, which the dynamic NTK formula means by ``L0``; choose
+      it for a config written with that intent, served outside transformers. (posenc read
+      dynamic configs this way before.)
+
+    Without a stated original length the two readings agree.
+    """
+    check_choice("dynamic_length_from", dynamic_length_from, DYNAMIC_LENGTH_SOURCES)
     params = _get(config, "rope_parameters")
     scaling_dict = params if isinstance(params, Mapping) else _get(config, "rope_scaling")
     scaling_dict = dict(scaling_dict or {})
@@ -201,6 +224,8 @@ def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None
     # the method's own options, under the names Hugging Face uses too
     options: dict[str, Any] = {key: scaling_dict[key] for key in METHOD_OPTIONS[method]
                                if scaling_dict.get(key) is not None}
+    if method == "dynamic_ntk" and dynamic_length_from == "max_position_embeddings":
+        original = max_pos  # as transformers (ROPE_INIT_FUNCTIONS["dynamic"]): the stated length is ignored
     if method in NEEDS_ORIGINAL_LENGTH:
         if original is None:
             original = max_pos

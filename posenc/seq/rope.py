@@ -14,9 +14,9 @@ rotates only the first ``r`` features (partial rotary).
 
 The functional form: :func:`rope_frequencies`, :func:`rope_cos_sin` and :func:`apply_rope`
 (re-exported by :mod:`posenc.functional`); :class:`RotaryEncoding` is a thin module over them.
-Each registered scaling of :mod:`.rope_scaling` also gets its own registered encoding
-(``rope_linear``, ``rope_yarn``, ...: :class:`LinearRoPE`, :class:`YaRNRoPE`, ...), made from
-the scaling's registry entry.
+Each scaling of :mod:`.rope_scaling` also has its own registered encoding, written in
+:mod:`.rope_scaled` (``rope_linear``, ``rope_yarn``, ...: :class:`~.rope_scaled.LinearRoPE`,
+:class:`~.rope_scaled.YaRNRoPE`, ...).
 
 Static scalings compute their frequencies once, at construction (a float64 buffer). Length-
 dependent ones (dynamic NTK; LongRoPE switching short/long) take the current length of each batch
@@ -31,12 +31,10 @@ and the sequence must be run whole.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
-from ..common.checks import check_int, check_number
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import (
@@ -46,13 +44,7 @@ from ..common.rotary import (
     check_pairing,
     rotary_cos_sin,
 )
-from .rope_scaling import (
-    RopeScaling,
-    RopeScalingEntry,
-    _check_factor,
-    default_inv_freq,
-    on_rope_scaling_registered,
-)
+from .rope_scaling import RopeScaling, default_inv_freq
 
 
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
@@ -278,112 +270,38 @@ class RotaryEncoding(PositionEncoding):
                                attention_factor=self.attention_factor)
 
 
-# --- one registered encoding per registered scaling ------------------------------------------------
+# --- moved to .rope_scaled (these names keep working here for one release) ------------------------
+
+_MOVED_TO_ROPE_SCALED = ("LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE",
+                         "SCALED_ROPE_CLASSES")
 
 
-def _original_max_len(max_len: int | None, original_max_len: int | None, factor: float, name: str) -> int:
-    """``original_max_len``, or ``max_len // factor`` when it is not given."""
-    check_number("factor", factor, minimum=1.0)  # before it divides anything
-    if max_len is not None:
-        check_int("max_len", max_len, minimum=1)
-    if original_max_len is not None:
-        return check_int("original_max_len", original_max_len, minimum=1)
-    if max_len is None:
-        raise ValueError(f"{name}: give original_max_len, or max_len (then original_max_len = max_len // factor)")
-    out = int(max_len // factor)
-    if out < 1:
-        raise ValueError(f"{name}: max_len // factor = {max_len} // {factor} is 0; give original_max_len")
-    return out
+def scaled_rope_class(entry) -> type[RotaryEncoding]:
+    """Deprecated: the written encoding class of a scaling's table entry,
+    ``posenc.seq.rope_scaled.SCALED_ROPE_CLASSES[entry.name]`` (classes are no longer made)."""
+    import warnings
+
+    from .rope_scaled import SCALED_ROPE_CLASSES
+
+    warnings.warn("scaled_rope_class is deprecated: use posenc.seq.rope_scaled.SCALED_ROPE_CLASSES[name]",
+                  DeprecationWarning, stacklevel=2)
+    return SCALED_ROPE_CLASSES[entry.name]
 
 
-_P = inspect.Parameter
+def __getattr__(name: str):
+    if name in _MOVED_TO_ROPE_SCALED:
+        import warnings
 
+        from . import rope_scaled
 
-def _encoding_signature(entry: RopeScalingEntry) -> inspect.Signature:
-    """``(self, head_dim, [max_len,] factor, [original_max_len,] <options>, base, rotary_dim, pairing)``.
+        also = "" if name == "SCALED_ROPE_CLASSES" else f" (also posenc.seq.{name})"
+        warnings.warn(f"posenc.seq.rope.{name} moved to posenc.seq.rope_scaled{also}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(rope_scaled, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Options without a default in the scaling's function default to None here: the encoding fills
-    them from the rotary width (``entry.fill_defaults``)."""
-    params = [_P("self", _P.POSITIONAL_OR_KEYWORD), _P("head_dim", _P.POSITIONAL_OR_KEYWORD, annotation="int")]
-    by_name = {p.name: p for p in entry.parameters}
-    if entry.needs_original_length:
-        params.append(_P("max_len", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"))
-    if "factor" in by_name:
-        params.append(by_name["factor"].replace(kind=_P.POSITIONAL_OR_KEYWORD))
-    if entry.needs_original_length:
-        params.append(_P("original_max_len", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"))
-    for name in entry.options:
-        p = by_name[name]
-        if p.default is _P.empty:
-            p = p.replace(default=None, annotation=f"{p.annotation} | None" if isinstance(p.annotation, str) else p.annotation)
-        params.append(p.replace(kind=_P.POSITIONAL_OR_KEYWORD))
-    params += [
-        _P("base", _P.POSITIONAL_OR_KEYWORD, default=10000.0, annotation="float"),
-        _P("rotary_dim", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="int | None"),
-        _P("pairing", _P.POSITIONAL_OR_KEYWORD, default="half_split", annotation="Pairing"),
-    ]
-    return inspect.Signature(params)
-
-
-def scaled_rope_class(entry: RopeScalingEntry) -> type[RotaryEncoding]:
-    """The :class:`RotaryEncoding` subclass of a registered scaling, registered as
-    ``entry.encoding_name`` (made once per scaling, when it is registered)."""
-    signature = _encoding_signature(entry)
-    needs_l0 = entry.needs_original_length
-
-    def __init__(self, *args, **kwargs) -> None:
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{entry.encoding_name}: {exc}") from None
-        bound.apply_defaults()
-        params = dict(bound.arguments)
-        params.pop("self")
-        head_dim, base = params.pop("head_dim"), params.pop("base")
-        rotary_dim, pairing = params.pop("rotary_dim"), params.pop("pairing")
-        max_len = params.pop("max_len", None)
-        if "factor" in params:
-            _check_factor(params["factor"])  # before max_len // factor
-        if needs_l0:
-            params["original_max_len"] = _original_max_len(
-                max_len, params["original_max_len"], params.get("factor", 1.0), entry.encoding_name)
-        r = check_rotary_dims(head_dim, rotary_dim)  # before the width-dependent defaults read it
-        scaling = entry.config(**entry.with_defaults(r, params))
-        RotaryEncoding.__init__(self, head_dim, base, rotary_dim, pairing, scaling=scaling)
-
-    __init__.__signature__ = signature  # type: ignore[attr-defined]  # what posenc.build checks options against
-    args = ", ".join(p for p in list(signature.parameters)[1:])
-    lengths = ("``max_len`` and ``original_max_len`` (``L0``): ``L0`` defaults to ``max_len // factor``, so that a "
-               "model built for ``max_len`` is the extended one. " if needs_l0 else "")
-    doc = (f"{entry.summary} (the {entry.name!r} scaling: :func:`posenc.seq.rope_scaling.{entry.compute.__name__}`).\n\n"
-           f"    Args: ``{args}``, the scaling's parameters as its function takes them. {lengths}Parameters the "
-           "function requires besides these default to None here and are filled from the rotary width. ``base``, "
-           "``rotary_dim``, ``pairing`` as for :class:`RotaryEncoding`. Kernel: SDPA.\n")
-    cls = type(entry.encoding_class_name, (RotaryEncoding,), {
-        "__init__": __init__, "__doc__": doc, "__module__": __name__, "scaling_name": entry.name,
-    })
-    cls.__qualname__ = entry.encoding_class_name
-    return register(entry.encoding_name, modality="seq", paper=entry.paper, summary=entry.summary)(cls)
-
-
-SCALED_ROPE_CLASSES: dict[str, type[RotaryEncoding]] = {}
-
-
-def _on_scaling(entry: RopeScalingEntry) -> None:
-    SCALED_ROPE_CLASSES[entry.name] = scaled_rope_class(entry)
-
-
-on_rope_scaling_registered(_on_scaling)
-
-LinearRoPE = SCALED_ROPE_CLASSES["linear"]
-NTKRoPE = SCALED_ROPE_CLASSES["ntk"]
-DynamicNTKRoPE = SCALED_ROPE_CLASSES["dynamic_ntk"]
-YaRNRoPE = SCALED_ROPE_CLASSES["yarn"]
-Llama3RoPE = SCALED_ROPE_CLASSES["llama3"]
-LongRoPE = SCALED_ROPE_CLASSES["longrope"]
 
 __all__ = [
-    "PAIRINGS", "Pairing", "rope_inv_freq", "current_length", "rope_frequencies", "rope_cos_sin", "apply_rope",
-    "RotaryEncoding", "scaled_rope_class", "SCALED_ROPE_CLASSES", "LinearRoPE", "NTKRoPE", "DynamicNTKRoPE",
-    "YaRNRoPE", "Llama3RoPE", "LongRoPE",
+    "PAIRINGS", "Pairing", "rope_inv_freq", "check_rotary_dims", "current_length", "rope_frequencies", "rope_cos_sin",
+    "apply_rope", "RotaryEncoding",
 ]

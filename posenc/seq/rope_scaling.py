@@ -1,4 +1,4 @@
-"""Context extensions of RoPE: one registry entry per scaling -- a pure function and its checks.
+"""Context extensions of RoPE: a pure function and a typed config per scaling, in one table.
 
 Each scaling maps ``(rotary_dim r, base, its parameters[, current length T])`` to
 ``(inv_freq, attention_factor)``: ``inv_freq`` is float64 ``[r/2]`` (``[B, r/2]`` when ``T`` is a
@@ -30,27 +30,27 @@ are each scaled by it and the scores by its square, as in Hugging Face transform
                   while ``T <= L0``, the long list beyond; attention factor
                   ``sqrt(1 + ln s / ln L0)`` (1 when ``s <= 1``) in both regimes, as in HF.
 
-One entry per scaling. :func:`register_rope_scaling` decorates the function that computes the
-frequencies and names its dimension-free checks (the style of Hugging Face's rope utilities: a
-``compute`` and a ``validate`` per rope type). Everything else is made from that entry:
+Each scaling is written out twice, small: the pure function (:func:`linear_scaling`, ...,
+:func:`longrope_scaling`), which checks its arguments and computes, and a frozen dataclass of its
+parameters (:class:`LinearScaling`, ..., :class:`LongRoPEScaling`), checked on construction,
+which is what an encoding holds and what a model saves. :data:`ROPE_SCALING_ENTRIES` is the one
+table from a scaling's name to both (a :class:`RopeScalingEntry`, with the aliases and Hugging
+Face ``rope_type`` values it answers to); :func:`posenc.seq.extend_context`, the ``posenc
+extend`` command line and :func:`posenc.seq.rope_from_hf_config` read it. :data:`ROPE_SCALINGS`
+is the plain ``{name: function}`` view of it, like Hugging Face's ``ROPE_INIT_FUNCTIONS``. The
+registered encodings (``rope_linear``, ... :class:`~.rope_scaled.LinearRoPE`, ...) are written in
+:mod:`.rope_scaled`. Every parameter is checked; a bad one is an error naming it, its value and
+the valid range.
 
-* the typed config (:class:`LinearScaling`, ..., :class:`LongRoPEScaling`): a frozen dataclass
-  whose fields are the function's keyword parameters, checked on construction;
-* the registered encoding (``rope_linear``, ...; :mod:`.rope` builds those classes);
-* the names, aliases and options that :func:`posenc.seq.extend_context`, the ``posenc extend``
-  command line and :func:`posenc.seq.rope_from_hf_config` accept.
-
-A new scaling is one decorated function (and its checks); :data:`ROPE_SCALINGS` maps each name to
-its function, :func:`rope_scaling_entry` to the whole entry. Every parameter is checked; a bad
-one is a ``ValueError`` naming it, its value and the valid range.
+A new scaling is a function, its dataclass (with ``name`` and ``compute``) and a row in the
+table; an encoding for ``posenc.build`` is a class in :mod:`.rope_scaled`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-import numbers
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
@@ -58,7 +58,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 import torch
 from torch import Tensor
 
-from ..common.checks import check_bool, check_int, check_number
+from ..common.checks import check_bool, check_int, check_number, is_number, is_real
 
 SeqLen = float | Tensor | None
 Frequencies = tuple[Tensor, float]
@@ -77,21 +77,12 @@ def check_base(base: float) -> None:
     check_number("base", base, minimum=1.0, strict=True)
 
 
-def _check_number(name: str, value, *, minimum: float | None = None, strict: bool = False) -> None:
-    check_number(name, value, minimum=minimum, strict=strict)
-
-
 def _check_factor(factor: float) -> None:
-    _check_number("factor", factor, minimum=1.0)
+    check_number("factor", factor, minimum=1.0)
 
 
 def _check_original_max_len(original_max_len: int) -> None:
     check_int("original_max_len", original_max_len, minimum=1)
-
-
-def _is_real(value: Any) -> bool:
-    """A real number, NumPy's included (a list read from a checkpoint or an array), never a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _factor_list(name: str, values: Sequence[float]) -> Tensor:
@@ -99,7 +90,7 @@ def _factor_list(name: str, values: Sequence[float]) -> Tensor:
     finite positive numbers. Anything else (a bare number, ``True``, a string, bool items) is a
     TypeError naming ``name``; an empty list or a value that is not finite and positive a ValueError."""
     items = values.tolist() if not isinstance(values, (list, tuple)) and hasattr(values, "tolist") else values
-    if not isinstance(items, (list, tuple)) or not all(_is_real(v) for v in items):
+    if not isinstance(items, (list, tuple)) or not all(is_real(v) for v in items):
         raise TypeError(f"{name} must be a sequence of numbers; got {values!r} ({type(values).__name__})")
     t = torch.tensor([float(v) for v in items], dtype=torch.float64)
     if t.numel() == 0:
@@ -123,268 +114,7 @@ def _check_seq_len(seq_len: SeqLen) -> None:
         if seq_len.dim() > 1:
             raise ValueError(f"seq_len must be a number or a [B] tensor, got shape {tuple(seq_len.shape)}")
         return
-    _check_number("seq_len", seq_len, minimum=0.0, strict=True)
-
-
-# --- the registry ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """A scaling and its parameters: the base of every typed config (:class:`LinearScaling`, ...).
-
-    The subclasses are made by :func:`register_rope_scaling` from the scaling's function: one
-    field per keyword parameter, checked by the entry's ``validate`` on construction (sequences
-    are stored as tuples). ``dynamic``: the frequencies depend on the current length.
-    """
-
-    name: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (list, tuple)):
-                object.__setattr__(self, f.name, tuple(float(v) if _is_number(v) else v for v in value))
-        self.entry.validate(**self.params())
-
-    @property
-    def entry(self) -> RopeScalingEntry:
-        return rope_scaling_entry(self.name)
-
-    @property
-    def dynamic(self) -> bool:
-        return self.entry.is_dynamic(self.params())
-
-    def params(self) -> dict[str, Any]:
-        """The parameters, as the scaling's function takes them."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
-        """``(inv_freq, attention_factor)`` for this width and base (``seq_len``: the current length,
-        read only by the length-dependent scalings)."""
-        return self.entry(rotary_dim, base, seq_len=seq_len, **self.params())
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (JSON-ready): ``{"method": name, **params}``; :func:`rope_scaling_from_dict`
-        inverts it."""
-        return {"method": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params().items()}}
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-@dataclass(frozen=True)
-class RopeScalingEntry:
-    """One registered scaling: its function, its checks and what is made from them.
-
-    ``compute(rotary_dim, base, *, <parameters>[, seq_len])`` -> ``(inv_freq, attention_factor)``;
-    ``validate(**parameters)``: the checks that need no rotary width (the config runs them on
-    construction; ``compute`` runs them too). ``parameters``: ``compute``'s keyword parameters
-    (``seq_len`` aside), which are the config's fields. ``dynamic``: whether the frequencies
-    depend on the current length (a bool, or a function of the parameters). ``fill_defaults(r,
-    params)``: defaults that depend on the rotary width (LongRoPE's factor lists).
-    """
-
-    name: str
-    compute: Callable[..., Frequencies]
-    validate: Callable[..., None]
-    parameters: tuple[inspect.Parameter, ...]
-    config_name: str
-    encoding_name: str
-    encoding_class_name: str
-    paper: str
-    summary: str
-    aliases: tuple[str, ...] = ()
-    hf_types: tuple[str, ...] = ()
-    dynamic: bool | Callable[[Mapping[str, Any]], bool] = False
-    fill_defaults: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None
-    config: type[RopeScaling] = dataclasses.field(default=RopeScaling, compare=False)
-
-    @property
-    def takes_length(self) -> bool:
-        return "seq_len" in inspect.signature(self.compute).parameters
-
-    @property
-    def needs_original_length(self) -> bool:
-        """The formula needs the length the model was trained at."""
-        return any(p.name == "original_max_len" for p in self.parameters)
-
-    @property
-    def options(self) -> tuple[str, ...]:
-        """The parameters besides ``factor`` and ``original_max_len``."""
-        return tuple(p.name for p in self.parameters if p.name not in ("factor", "original_max_len"))
-
-    def is_dynamic(self, params: Mapping[str, Any]) -> bool:
-        return self.dynamic(params) if callable(self.dynamic) else bool(self.dynamic)
-
-    def with_defaults(self, rotary_dim: int, params: Mapping[str, Any]) -> dict[str, Any]:
-        """``params`` with the width-dependent defaults filled in (parameters left None)."""
-        params = dict(params)
-        return self.fill_defaults(rotary_dim, params) if self.fill_defaults is not None else params
-
-    def __call__(self, rotary_dim: int, base: float, *, seq_len: SeqLen = None, **params: Any) -> Frequencies:
-        if self.takes_length:
-            return self.compute(rotary_dim, base, seq_len=seq_len, **params)
-        return self.compute(rotary_dim, base, **params)
-
-
-_ENTRIES: dict[str, RopeScalingEntry] = {}
-_LISTENERS: list[Callable[[RopeScalingEntry], None]] = []
-
-
-def register_rope_scaling(
-    name: str,
-    *,
-    validate: Callable[..., None],
-    config_name: str,
-    encoding_name: str,
-    encoding_class_name: str,
-    paper: str,
-    summary: str,
-    aliases: Sequence[str] = (),
-    hf_types: Sequence[str] = (),
-    dynamic: bool | Callable[[Mapping[str, Any]], bool] = False,
-    fill_defaults: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
-) -> Callable[[Callable[..., Frequencies]], Callable[..., Frequencies]]:
-    """Decorator registering ``compute(rotary_dim, base, *, <keyword parameters>[, seq_len])`` as the
-    scaling ``name``; the function is returned unchanged. Its config class (``config_name``) is
-    made from the keyword parameters (those without a default first) and the encoding
-    (``encoding_name``, class ``encoding_class_name``) by :mod:`.rope` (see the module docstring).
-    ``aliases``: other names users know it by; ``hf_types``: Hugging Face ``rope_type`` values."""
-
-    def deco(compute: Callable[..., Frequencies]) -> Callable[..., Frequencies]:
-        if name in _ENTRIES:
-            raise ValueError(f"RoPE scaling {name!r} is already registered")
-        sig = inspect.signature(compute)
-        positional = [p.name for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        if positional != ["rotary_dim", "base"]:
-            raise TypeError(f"{compute.__name__} must take (rotary_dim, base, *, parameters...); got {sig}")
-        params = tuple(p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.name != "seq_len")
-        entry = RopeScalingEntry(
-            name=name, compute=compute, validate=validate, parameters=params, config_name=config_name,
-            encoding_name=encoding_name, encoding_class_name=encoding_class_name, paper=paper, summary=summary,
-            aliases=tuple(aliases), hf_types=tuple(hf_types), dynamic=dynamic, fill_defaults=fill_defaults,
-        )
-        object.__setattr__(entry, "config", _make_config(entry))
-        _ENTRIES[name] = entry
-        for listener in list(_LISTENERS):
-            listener(entry)
-        return compute
-
-    return deco
-
-
-def _make_config(entry: RopeScalingEntry) -> type[RopeScaling]:
-    fields: list[Any] = []
-    for p in entry.parameters:
-        if p.default is inspect.Parameter.empty:
-            fields.append((p.name, p.annotation))
-        else:
-            fields.append((p.name, p.annotation, dataclasses.field(default=p.default)))
-    doc = (f"{entry.summary}. The typed config of the {entry.name!r} scaling: one field per keyword parameter "
-           f"of :func:`{entry.compute.__name__}`, checked on construction.")
-    cls = dataclasses.make_dataclass(
-        entry.config_name, fields, bases=(RopeScaling,), frozen=True,
-        namespace={"name": entry.name, "__doc__": doc, "__module__": __name__},
-    )
-    cls.__qualname__ = entry.config_name
-    return cls
-
-
-def on_rope_scaling_registered(listener: Callable[[RopeScalingEntry], None]) -> None:
-    """Call ``listener(entry)`` for every scaling registered so far and every one registered later
-    (:mod:`.rope` makes each scaling's encoding class this way)."""
-    _LISTENERS.append(listener)
-    for entry in list(_ENTRIES.values()):
-        listener(entry)
-
-
-def rope_scaling_entries() -> list[RopeScalingEntry]:
-    """Every registered scaling, in registration order."""
-    return list(_ENTRIES.values())
-
-
-def rope_scaling_entry(name: str) -> RopeScalingEntry:
-    """The entry registered as ``name`` or under an alias of it; else a ValueError listing the names."""
-    if isinstance(name, str):
-        if name in _ENTRIES:
-            return _ENTRIES[name]
-        for entry in _ENTRIES.values():
-            if name in entry.aliases:
-                return entry
-    known = ", ".join(_ENTRIES) + " (aliases: " + ", ".join(
-        f"{a}={e.name}" for e in _ENTRIES.values() for a in e.aliases) + ")"
-    raise ValueError(f"unknown RoPE scaling {name!r}; registered: {known}")
-
-
-def rope_scaling_config(method: str, **params: Any) -> RopeScaling:
-    """The typed config of scaling ``method`` (a name or alias) with ``params``, checked; an unknown
-    parameter is a ValueError naming the ones it takes."""
-    entry = rope_scaling_entry(method)
-    taken = [p.name for p in entry.parameters]
-    unknown = sorted(set(params) - set(taken))
-    if unknown:
-        raise ValueError(f"{entry.name}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(taken)}")
-    missing = [p.name for p in entry.parameters if p.default is inspect.Parameter.empty and p.name not in params]
-    if missing:
-        raise ValueError(f"{entry.name}: missing parameter(s) {', '.join(missing)}")
-    return entry.config(**params)
-
-
-def rope_scaling_from_dict(data: Mapping[str, Any]) -> RopeScaling:
-    """Inverse of :meth:`RopeScaling.to_dict`: ``{"method": name, **params}``."""
-    if not isinstance(data, Mapping) or "method" not in data:
-        raise ValueError(f"a RoPE scaling dict needs a 'method' key; got {data!r}")
-    params = dict(data)
-    return rope_scaling_config(params.pop("method"), **params)
-
-
-class _FunctionView(Mapping):
-    """Read-only ``{name: compute function}`` over the registry."""
-
-    def __getitem__(self, name: str) -> Callable[..., Frequencies]:
-        return _ENTRIES[name].compute
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_ENTRIES)
-
-    def __len__(self) -> int:
-        return len(_ENTRIES)
-
-    def __repr__(self) -> str:
-        return f"ROPE_SCALINGS({', '.join(_ENTRIES)})"
-
-
-#: Each registered scaling's function, by name (a live view of the registry).
-ROPE_SCALINGS: Mapping[str, Callable[..., Frequencies]] = _FunctionView()
-
-
-# --- the scalings ----------------------------------------------------------------------------
-
-
-def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
-    """``base^(-2k/r)`` for ``k = 0 .. r/2 - 1`` (float64)."""
-    check_rotary_dim(rotary_dim)
-    check_base(base)
-    k = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
-    return base ** (-k / rotary_dim)
-
-
-def _validate_factor_only(*, factor: float) -> None:
-    _check_factor(factor)
-
-
-@register_rope_scaling(
-    "linear", validate=_validate_factor_only, config_name="LinearScaling", encoding_name="rope_linear",
-    encoding_class_name="LinearRoPE", aliases=("pi",), hf_types=("linear",),
-    paper="Chen et al. 2023, Extending Context Window via Positional Interpolation, https://arxiv.org/abs/2306.15595",
-    summary="RoPE with positions interpolated: theta / factor",
-)
-def linear_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
-    """Position interpolation: ``theta_k / s``."""
-    _validate_factor_only(factor=factor)
-    return default_inv_freq(rotary_dim, base) / factor, 1.0
+    check_number("seq_len", seq_len, minimum=0.0, strict=True)
 
 
 def _ntk_exponent_dim(rotary_dim: int, name: str) -> None:
@@ -393,18 +123,11 @@ def _ntk_exponent_dim(rotary_dim: int, name: str) -> None:
         raise ValueError(f"{name} scaling needs rotary_dim >= 4 (the exponent r/(r-2)), got {rotary_dim}")
 
 
-@register_rope_scaling(
-    "ntk", validate=_validate_factor_only, config_name="NTKScaling", encoding_name="rope_ntk",
-    encoding_class_name="NTKRoPE",
-    paper="bloc97 2023, NTK-Aware Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
-    summary="RoPE with the NTK-aware base: base * factor^(r/(r-2))",
-)
-def ntk_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
-    """NTK-aware base: ``base * s^(r/(r-2))``."""
-    _validate_factor_only(factor=factor)
-    check_base(base)
-    _ntk_exponent_dim(rotary_dim, "ntk")
-    return default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
+# The checks that need no rotary width: run by each config on construction and by each function.
+
+
+def _validate_factor_only(*, factor: float) -> None:
+    _check_factor(factor)
 
 
 def _validate_dynamic_ntk(*, original_max_len: int, factor: float) -> None:
@@ -412,18 +135,91 @@ def _validate_dynamic_ntk(*, original_max_len: int, factor: float) -> None:
     _check_original_max_len(original_max_len)
 
 
-@register_rope_scaling(
-    "dynamic_ntk", validate=_validate_dynamic_ntk, config_name="DynamicNTKScaling", encoding_name="rope_dynamic_ntk",
-    encoding_class_name="DynamicNTKRoPE", aliases=("dynamic",), hf_types=("dynamic",), dynamic=True,
-    paper="emozilla 2023, Dynamically Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
-    summary="RoPE with an NTK-aware base grown from the current length beyond original_max_len",
-)
+def _validate_yarn(
+    *, original_max_len: int, factor: float, beta_fast: float, beta_slow: float, attention_factor: float | None,
+    mscale: float | None, mscale_all_dim: float | None, truncate: bool,
+) -> None:
+    _check_factor(factor)
+    _check_original_max_len(original_max_len)
+    check_bool("truncate", truncate)
+    check_number("beta_fast", beta_fast, minimum=0.0, strict=True)
+    check_number("beta_slow", beta_slow, minimum=0.0, strict=True)
+    if beta_fast <= beta_slow:
+        raise ValueError(f"beta_fast must be greater than beta_slow, got beta_fast={beta_fast}, beta_slow={beta_slow}")
+    if attention_factor is not None:
+        check_number("attention_factor", attention_factor, minimum=0.0, strict=True)
+    for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        if value is not None:
+            check_number(name, value, minimum=0.0)
+
+
+def _validate_llama3(*, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_len: int) -> None:
+    _check_factor(factor)
+    _check_original_max_len(original_max_len)
+    check_number("low_freq_factor", low_freq_factor, minimum=0.0, strict=True)
+    check_number("high_freq_factor", high_freq_factor, minimum=0.0, strict=True)
+    if low_freq_factor >= high_freq_factor:
+        raise ValueError(
+            f"low_freq_factor must be smaller than high_freq_factor, got {low_freq_factor} and {high_freq_factor}"
+        )
+
+
+LongRoPESelect = Literal["by_length", "short", "long"]
+LONGROPE_SELECT = ("by_length", "short", "long")
+
+
+def _validate_longrope(
+    *, short_factor: Sequence[float], long_factor: Sequence[float], original_max_len: int, factor: float,
+    attention_factor: float | None, select: str,
+) -> None:
+    if select not in LONGROPE_SELECT:
+        raise ValueError(f"select must be 'by_length', 'short' or 'long', got {select!r}")
+    _check_factor(factor)
+    _check_original_max_len(original_max_len)
+    _factor_list("short_factor", short_factor)  # their length, rotary_dim/2, is checked at use
+    _factor_list("long_factor", long_factor)
+    if attention_factor is not None:
+        check_number("attention_factor", attention_factor, minimum=0.0, strict=True)
+
+
+# --- the scalings: pure functions --------------------------------------------------------------
+
+
+def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
+    """``base^(-2k/r)`` for ``k = 0 .. r/2 - 1`` (float64 ``[r/2]``)."""
+    check_rotary_dim(rotary_dim)
+    check_base(base)
+    k = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+    return base ** (-k / rotary_dim)
+
+
+def linear_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
+    """Position interpolation (Chen et al. 2023, https://arxiv.org/abs/2306.15595): ``theta_k / s``.
+
+    Returns float64 ``[r/2]`` inverse frequencies and attention factor 1."""
+    _validate_factor_only(factor=factor)
+    return default_inv_freq(rotary_dim, base) / factor, 1.0
+
+
+def ntk_scaling(rotary_dim: int, base: float, *, factor: float = 4.0) -> Frequencies:
+    """NTK-aware base (bloc97 2023): ``base * s^(r/(r-2))`` (``r >= 4``).
+
+    Returns float64 ``[r/2]`` inverse frequencies and attention factor 1."""
+    _validate_factor_only(factor=factor)
+    check_base(base)
+    _ntk_exponent_dim(rotary_dim, "ntk")
+    return default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
+
+
 def dynamic_ntk_scaling(
     rotary_dim: int, base: float, *, original_max_len: int, factor: float = 4.0, seq_len: SeqLen = None
 ) -> Frequencies:
-    """NTK-aware base from the current length ``seq_len`` (a number, or ``[B]`` for one per row).
+    """NTK-aware base from the current length ``seq_len`` (emozilla 2023): a number, or ``[B]``
+    for one per row.
 
     ``seq_len <= L0`` (or None) keeps ``base``; beyond it ``base * (s*T/L0 - (s-1))^(r/(r-2))``.
+    Returns inverse frequencies float64 ``[r/2]`` (``[B, r/2]`` for a ``[B]`` length) and
+    attention factor 1.
     """
     _validate_dynamic_ntk(original_max_len=original_max_len, factor=factor)
     _check_seq_len(seq_len)
@@ -449,32 +245,6 @@ def yarn_correction_dim(rotary_dim: int, base: float, original_max_len: int, rot
     return rotary_dim * math.log(original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def _validate_yarn(
-    *, original_max_len: int, factor: float, beta_fast: float, beta_slow: float, attention_factor: float | None,
-    mscale: float | None, mscale_all_dim: float | None, truncate: bool,
-) -> None:
-    _check_factor(factor)
-    _check_original_max_len(original_max_len)
-    check_bool("truncate", truncate)
-    _check_number("beta_fast", beta_fast, minimum=0.0, strict=True)
-    _check_number("beta_slow", beta_slow, minimum=0.0, strict=True)
-    if beta_fast <= beta_slow:
-        raise ValueError(f"beta_fast must be greater than beta_slow, got beta_fast={beta_fast}, beta_slow={beta_slow}")
-    if attention_factor is not None:
-        _check_number("attention_factor", attention_factor, minimum=0.0, strict=True)
-    for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
-        if value is not None:
-            _check_number(name, value, minimum=0.0)
-    if not isinstance(truncate, bool):
-        raise ValueError(f"truncate must be True or False, got {truncate!r}")
-
-
-@register_rope_scaling(
-    "yarn", validate=_validate_yarn, config_name="YaRNScaling", encoding_name="rope_yarn",
-    encoding_class_name="YaRNRoPE", hf_types=("yarn",),
-    paper="Peng et al. 2023, YaRN, https://arxiv.org/abs/2309.00071",
-    summary="RoPE with YaRN's ramp between interpolated and original frequencies, and 0.1 ln(s) + 1 attention factor",
-)
 def yarn_scaling(
     rotary_dim: int,
     base: float,
@@ -488,8 +258,10 @@ def yarn_scaling(
     mscale_all_dim: float | None = None,
     truncate: bool = True,
 ) -> Frequencies:
-    """YaRN: a ramp between interpolated (``theta/s``) and original frequencies, plus an
-    attention factor (see the module docstring)."""
+    """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071): a ramp between interpolated
+    (``theta/s``) and original frequencies, plus an attention factor (see the module docstring).
+
+    Returns float64 ``[r/2]`` inverse frequencies and the attention factor."""
     _validate_yarn(original_max_len=original_max_len, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow,
                    attention_factor=attention_factor, mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
     theta = default_inv_freq(rotary_dim, base)
@@ -510,23 +282,6 @@ def yarn_scaling(
     return theta / factor * ramp + theta * (1 - ramp), float(attention_factor)
 
 
-def _validate_llama3(*, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_len: int) -> None:
-    _check_factor(factor)
-    _check_original_max_len(original_max_len)
-    _check_number("low_freq_factor", low_freq_factor, minimum=0.0, strict=True)
-    _check_number("high_freq_factor", high_freq_factor, minimum=0.0, strict=True)
-    if low_freq_factor >= high_freq_factor:
-        raise ValueError(
-            f"low_freq_factor must be smaller than high_freq_factor, got {low_freq_factor} and {high_freq_factor}"
-        )
-
-
-@register_rope_scaling(
-    "llama3", validate=_validate_llama3, config_name="Llama3Scaling", encoding_name="rope_llama3",
-    encoding_class_name="Llama3RoPE", hf_types=("llama3",),
-    paper="Llama Team 2024, The Llama 3 Herd of Models, https://arxiv.org/abs/2407.21783",
-    summary="RoPE with Llama 3.1's wavelength-banded frequency scaling",
-)
 def llama3_scaling(
     rotary_dim: int,
     base: float,
@@ -536,7 +291,8 @@ def llama3_scaling(
     high_freq_factor: float = 4.0,
     original_max_len: int = 8192,
 ) -> Frequencies:
-    """Llama 3.1: keep short wavelengths, divide long ones by ``s``, blend in between."""
+    """Llama 3.1 (https://arxiv.org/abs/2407.21783): keep short wavelengths, divide long ones by
+    ``s``, blend in between. Returns float64 ``[r/2]`` inverse frequencies and attention factor 1."""
     _validate_llama3(factor=factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
                      original_max_len=original_max_len)
     theta = default_inv_freq(rotary_dim, base)
@@ -555,24 +311,6 @@ def longrope_attention_factor(factor: float, original_max_len: int) -> float:
     return math.sqrt(1 + math.log(factor) / math.log(original_max_len))
 
 
-LongRoPESelect = Literal["by_length", "short", "long"]
-LONGROPE_SELECT = ("by_length", "short", "long")
-
-
-def _validate_longrope(
-    *, short_factor: Sequence[float], long_factor: Sequence[float], original_max_len: int, factor: float,
-    attention_factor: float | None, select: str,
-) -> None:
-    if select not in LONGROPE_SELECT:
-        raise ValueError(f"select must be 'by_length', 'short' or 'long', got {select!r}")
-    _check_factor(factor)
-    _check_original_max_len(original_max_len)
-    _factor_list("short_factor", short_factor)  # their length, rotary_dim/2, is checked at use
-    _factor_list("long_factor", long_factor)
-    if attention_factor is not None:
-        _check_number("attention_factor", attention_factor, minimum=0.0, strict=True)
-
-
 def ntk_long_factors(rotary_dim: int, factor: float) -> tuple[float, ...]:
     """``s^(2k/(r-2))``: the per-pair factors that reproduce the NTK-aware base; the default long
     list of :class:`LongRoPEScaling` when no searched list is given (1 for the fastest pair, ``s``
@@ -585,22 +323,18 @@ def ntk_long_factors(rotary_dim: int, factor: float) -> tuple[float, ...]:
     return tuple(float(factor) ** (2 * k / (rotary_dim - 2)) for k in range(half))
 
 
-def _longrope_defaults(rotary_dim: int, params: dict[str, Any]) -> dict[str, Any]:
-    """Without searched lists: all ones inside ``L0`` (plain RoPE) and the NTK-aware factors beyond."""
-    if params.get("short_factor") is None:
-        params["short_factor"] = (1.0,) * max(rotary_dim // 2, 0)
-    if params.get("long_factor") is None:
-        params["long_factor"] = ntk_long_factors(rotary_dim, params.get("factor", 4.0))
-    return params
+def longrope_default_factors(
+    rotary_dim: int, factor: float, short_factor: Sequence[float] | None, long_factor: Sequence[float] | None
+) -> tuple[Sequence[float], Sequence[float]]:
+    """``(short_factor, long_factor)`` with a missing (None) list filled: all ones inside ``L0``
+    (plain RoPE) and the NTK-aware factors (:func:`ntk_long_factors`) beyond."""
+    if short_factor is None:
+        short_factor = (1.0,) * max(rotary_dim // 2, 0)
+    if long_factor is None:
+        long_factor = ntk_long_factors(rotary_dim, factor)
+    return short_factor, long_factor
 
 
-@register_rope_scaling(
-    "longrope", validate=_validate_longrope, config_name="LongRoPEScaling", encoding_name="rope_longrope",
-    encoding_class_name="LongRoPE", hf_types=("longrope", "su"), dynamic=lambda p: p["select"] == "by_length",
-    fill_defaults=_longrope_defaults,
-    paper="Ding et al. 2024, LongRoPE, https://arxiv.org/abs/2402.13753",
-    summary="RoPE with per-pair short/long rescale factors, switched beyond original_max_len",
-)
 def longrope_scaling(
     rotary_dim: int,
     base: float,
@@ -613,10 +347,13 @@ def longrope_scaling(
     select: LongRoPESelect = "by_length",
     seq_len: SeqLen = None,
 ) -> Frequencies:
-    """LongRoPE: per-pair factors, short up to ``L0`` and long beyond it. ``select="by_length"``
-    picks by ``seq_len`` (None: long, the extended-context regime; a ``[B]`` tensor: one choice
-    per row), as Phi-3 in Hugging Face; ``"short"`` or ``"long"`` fixes one list (the
-    frequencies are then independent of the length)."""
+    """LongRoPE (Ding et al. 2024, https://arxiv.org/abs/2402.13753): per-pair factors, short up
+    to ``L0`` and long beyond it. ``select="by_length"`` picks by ``seq_len`` (None: long, the
+    extended-context regime; a ``[B]`` tensor: one choice per row), as Phi-3 in Hugging Face;
+    ``"short"`` or ``"long"`` fixes one list (the frequencies are then independent of the length).
+
+    Returns inverse frequencies float64 ``[r/2]`` (``[B, r/2]`` for a ``[B]`` length) and the
+    attention factor."""
     _validate_longrope(short_factor=short_factor, long_factor=long_factor, original_max_len=original_max_len,
                        factor=factor, attention_factor=attention_factor, select=select)
     _check_seq_len(seq_len)
@@ -635,11 +372,385 @@ def longrope_scaling(
     return torch.where(use_long, long_freq.to(t.device), short_freq.to(t.device)), float(attention_factor)
 
 
-# --- the typed configs, by name (made by the registry) ---------------------------------------
+# --- the scalings: typed configs ---------------------------------------------------------------
 
-LinearScaling = rope_scaling_entry("linear").config
-NTKScaling = rope_scaling_entry("ntk").config
-DynamicNTKScaling = rope_scaling_entry("dynamic_ntk").config
-YaRNScaling = rope_scaling_entry("yarn").config
-Llama3Scaling = rope_scaling_entry("llama3").config
-LongRoPEScaling = rope_scaling_entry("longrope").config
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scaling and its parameters: the base of the typed configs (:class:`LinearScaling`, ...).
+
+    A subclass is a frozen dataclass with one field per keyword parameter of its function, names
+    the scaling (``name``), checks its fields in ``__post_init__`` and computes in
+    :meth:`compute`. ``dynamic``: the frequencies depend on the current length.
+    """
+
+    name: ClassVar[str] = ""
+
+    @property
+    def entry(self) -> RopeScalingEntry:
+        """This scaling's row of :data:`ROPE_SCALING_ENTRIES`."""
+        return ROPE_SCALING_ENTRIES[self.name]
+
+    @property
+    def dynamic(self) -> bool:
+        return False
+
+    def params(self) -> dict[str, Any]:
+        """The parameters, as the scaling's function takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        """``(inv_freq, attention_factor)`` for this width and base (``seq_len``: the current length,
+        read only by the length-dependent scalings)."""
+        raise NotImplementedError(f"{type(self).__name__} must define compute")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready): ``{"method": name, **params}``; :func:`rope_scaling_from_dict`
+        inverts it."""
+        return {"method": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params().items()}}
+
+
+@dataclass(frozen=True)
+class LinearScaling(RopeScaling):
+    """Position interpolation, ``theta / factor`` (:func:`linear_scaling`).
+
+    Args:
+        factor: the context scale ``s >= 1``.
+    """
+
+    name: ClassVar[str] = "linear"
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        _validate_factor_only(factor=self.factor)
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return linear_scaling(rotary_dim, base, factor=self.factor)
+
+
+@dataclass(frozen=True)
+class NTKScaling(RopeScaling):
+    """The NTK-aware base, ``base * factor^(r/(r-2))`` (:func:`ntk_scaling`).
+
+    Args:
+        factor: the context scale ``s >= 1``.
+    """
+
+    name: ClassVar[str] = "ntk"
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        _validate_factor_only(factor=self.factor)
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return ntk_scaling(rotary_dim, base, factor=self.factor)
+
+
+@dataclass(frozen=True)
+class DynamicNTKScaling(RopeScaling):
+    """The NTK-aware base grown from the current length beyond ``original_max_len``
+    (:func:`dynamic_ntk_scaling`); length-dependent.
+
+    Args:
+        original_max_len: ``L0``, the length the model was trained at.
+        factor: the context scale ``s >= 1``.
+    """
+
+    name: ClassVar[str] = "dynamic_ntk"
+    original_max_len: int
+    factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        _validate_dynamic_ntk(original_max_len=self.original_max_len, factor=self.factor)
+
+    @property
+    def dynamic(self) -> bool:
+        return True
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return dynamic_ntk_scaling(rotary_dim, base, original_max_len=self.original_max_len, factor=self.factor,
+                                   seq_len=seq_len)
+
+
+@dataclass(frozen=True)
+class YaRNScaling(RopeScaling):
+    """YaRN's ramp between interpolated and original frequencies, with its attention factor
+    (:func:`yarn_scaling`).
+
+    Args:
+        original_max_len: ``L0``, the length the model was trained at.
+        factor: the context scale ``s >= 1``.
+        beta_fast, beta_slow: rotations in ``L0`` that bound the ramp (``beta_fast > beta_slow > 0``).
+        attention_factor: an explicit factor on cos and sin (default ``0.1 ln s + 1``).
+        mscale, mscale_all_dim: DeepSeek's knobs, used when both are given.
+        truncate: round the ramp's ends to whole pairs (Hugging Face's ``truncate``).
+    """
+
+    name: ClassVar[str] = "yarn"
+    original_max_len: int
+    factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        _validate_yarn(**self.params())
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return yarn_scaling(
+            rotary_dim, base, original_max_len=self.original_max_len, factor=self.factor, beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow, attention_factor=self.attention_factor, mscale=self.mscale,
+            mscale_all_dim=self.mscale_all_dim, truncate=self.truncate,
+        )
+
+
+@dataclass(frozen=True)
+class Llama3Scaling(RopeScaling):
+    """Llama 3.1's wavelength-banded scaling (:func:`llama3_scaling`).
+
+    Args:
+        factor: the context scale ``s >= 1`` (8 for Llama 3.1).
+        low_freq_factor, high_freq_factor: the band edges, ``L0/low`` and ``L0/high`` in
+            wavelength (``low < high``).
+        original_max_len: ``L0`` (8192 for Llama 3.1).
+    """
+
+    name: ClassVar[str] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    def __post_init__(self) -> None:
+        _validate_llama3(**self.params())
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return llama3_scaling(rotary_dim, base, factor=self.factor, low_freq_factor=self.low_freq_factor,
+                              high_freq_factor=self.high_freq_factor, original_max_len=self.original_max_len)
+
+
+@dataclass(frozen=True)
+class LongRoPEScaling(RopeScaling):
+    """LongRoPE's per-pair short and long factors (:func:`longrope_scaling`); length-dependent when
+    ``select="by_length"``. Lists and tuples of numbers are stored as tuples of floats.
+
+    Args:
+        short_factor, long_factor: ``r/2`` finite positive factors each (the length is checked
+            against the rotary width when the frequencies are computed).
+        original_max_len: ``L0``; beyond it the long list applies.
+        factor: the context scale ``s >= 1`` (read by the default attention factor).
+        attention_factor: an explicit factor on cos and sin (default ``sqrt(1 + ln s / ln L0)``).
+        select: "by_length", "short" or "long".
+    """
+
+    name: ClassVar[str] = "longrope"
+    short_factor: Sequence[float]
+    long_factor: Sequence[float]
+    original_max_len: int
+    factor: float = 4.0
+    attention_factor: float | None = None
+    select: LongRoPESelect = "by_length"
+
+    def __post_init__(self) -> None:
+        for field in ("short_factor", "long_factor"):
+            value = getattr(self, field)
+            if isinstance(value, (list, tuple)):  # hashable, and equal after a JSON round trip
+                object.__setattr__(self, field, tuple(float(v) if is_number(v) else v for v in value))
+        _validate_longrope(**self.params())
+
+    @property
+    def dynamic(self) -> bool:
+        return self.select == "by_length"
+
+    def compute(self, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+        return longrope_scaling(
+            rotary_dim, base, short_factor=self.short_factor, long_factor=self.long_factor,
+            original_max_len=self.original_max_len, factor=self.factor, attention_factor=self.attention_factor,
+            select=self.select, seq_len=seq_len,
+        )
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeScalingEntry:
+    """One row of :data:`ROPE_SCALING_ENTRIES`: a scaling's function and config, and the names it
+    answers to.
+
+    ``compute``: the pure function (``(rotary_dim, base, *, <parameters>[, seq_len])`` ->
+    ``(inv_freq, attention_factor)``); ``config``: the frozen dataclass of its parameters;
+    ``encoding``: the name of its registered encoding (``posenc.build``); ``aliases``: other names
+    users know it by; ``hf_types``: Hugging Face ``rope_type`` values. ``width_defaults(r,
+    params)``: the parameters with those that depend on the rotary width filled in when None
+    (LongRoPE's factor lists), for the callers that know the width (:func:`posenc.seq.make_scaling`).
+    """
+
+    name: str
+    compute: Callable[..., Frequencies]
+    config: type[RopeScaling]
+    encoding: str
+    summary: str
+    paper: str
+    aliases: tuple[str, ...] = ()
+    hf_types: tuple[str, ...] = ()
+    width_defaults: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """The config's fields: the function's keyword parameters (``seq_len`` aside), in order."""
+        return tuple(f.name for f in dataclasses.fields(self.config))
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The parameters without a default."""
+        return tuple(f.name for f in dataclasses.fields(self.config) if f.default is dataclasses.MISSING)
+
+    @property
+    def needs_original_length(self) -> bool:
+        """The formula needs the length the model was trained at."""
+        return "original_max_len" in self.parameter_names
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The parameters besides ``factor`` and ``original_max_len``."""
+        return tuple(n for n in self.parameter_names if n not in ("factor", "original_max_len"))
+
+    def with_defaults(self, rotary_dim: int, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with the width-dependent defaults filled in (parameters left None)."""
+        params = dict(params)
+        return self.width_defaults(rotary_dim, params) if self.width_defaults is not None else params
+
+
+def _longrope_width_defaults(rotary_dim: int, params: dict[str, Any]) -> dict[str, Any]:
+    params["short_factor"], params["long_factor"] = longrope_default_factors(
+        rotary_dim, params.get("factor", 4.0), params.get("short_factor"), params.get("long_factor"))
+    return params
+
+
+#: Every RoPE scaling, by name, in a fixed order: the one table the rest of posenc reads.
+ROPE_SCALING_ENTRIES: dict[str, RopeScalingEntry] = {
+    "linear": RopeScalingEntry(
+        "linear", linear_scaling, LinearScaling, encoding="rope_linear", aliases=("pi",), hf_types=("linear",),
+        summary="RoPE with positions interpolated: theta / factor",
+        paper="Chen et al. 2023, Extending Context Window via Positional Interpolation, "
+              "https://arxiv.org/abs/2306.15595",
+    ),
+    "ntk": RopeScalingEntry(
+        "ntk", ntk_scaling, NTKScaling, encoding="rope_ntk",
+        summary="RoPE with the NTK-aware base: base * factor^(r/(r-2))",
+        paper="bloc97 2023, NTK-Aware Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
+    ),
+    "dynamic_ntk": RopeScalingEntry(
+        "dynamic_ntk", dynamic_ntk_scaling, DynamicNTKScaling, encoding="rope_dynamic_ntk", aliases=("dynamic",),
+        hf_types=("dynamic",),
+        summary="RoPE with an NTK-aware base grown from the current length beyond original_max_len",
+        paper="emozilla 2023, Dynamically Scaled RoPE, https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
+    ),
+    "yarn": RopeScalingEntry(
+        "yarn", yarn_scaling, YaRNScaling, encoding="rope_yarn", hf_types=("yarn",),
+        summary="RoPE with YaRN's ramp between interpolated and original frequencies, and 0.1 ln(s) + 1 attention "
+                "factor",
+        paper="Peng et al. 2023, YaRN, https://arxiv.org/abs/2309.00071",
+    ),
+    "llama3": RopeScalingEntry(
+        "llama3", llama3_scaling, Llama3Scaling, encoding="rope_llama3", hf_types=("llama3",),
+        summary="RoPE with Llama 3.1's wavelength-banded frequency scaling",
+        paper="Llama Team 2024, The Llama 3 Herd of Models, https://arxiv.org/abs/2407.21783",
+    ),
+    "longrope": RopeScalingEntry(
+        "longrope", longrope_scaling, LongRoPEScaling, encoding="rope_longrope", hf_types=("longrope", "su"),
+        width_defaults=_longrope_width_defaults,
+        summary="RoPE with per-pair short/long rescale factors, switched beyond original_max_len",
+        paper="Ding et al. 2024, LongRoPE, https://arxiv.org/abs/2402.13753",
+    ),
+}
+
+
+
+class _Functions(Mapping):
+    """``{name: entry.compute}``, read live from :data:`ROPE_SCALING_ENTRIES` (read-only)."""
+
+    def __getitem__(self, name: str) -> Callable[..., Frequencies]:
+        return ROPE_SCALING_ENTRIES[name].compute
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ROPE_SCALING_ENTRIES)
+
+    def __len__(self) -> int:
+        return len(ROPE_SCALING_ENTRIES)
+
+    def __repr__(self) -> str:
+        return f"ROPE_SCALINGS({', '.join(ROPE_SCALING_ENTRIES)})"
+
+
+#: Each scaling's function, by name (the shape of Hugging Face's ``ROPE_INIT_FUNCTIONS``): a
+#: read-only view of :data:`ROPE_SCALING_ENTRIES`, so a row added there is here too.
+ROPE_SCALINGS: Mapping[str, Callable[..., Frequencies]] = _Functions()
+
+
+def rope_scaling_entries() -> list[RopeScalingEntry]:
+    """Every scaling's entry, in the table's order."""
+    return list(ROPE_SCALING_ENTRIES.values())
+
+
+def rope_scaling_entry(name: str) -> RopeScalingEntry:
+    """The entry of ``name`` or of the scaling it is an alias of; else a ValueError listing the names."""
+    if isinstance(name, str):
+        if name in ROPE_SCALING_ENTRIES:
+            return ROPE_SCALING_ENTRIES[name]
+        for entry in ROPE_SCALING_ENTRIES.values():
+            if name in entry.aliases:
+                return entry
+    entries = ROPE_SCALING_ENTRIES.values()
+    known = ", ".join(ROPE_SCALING_ENTRIES) + " (aliases: " + ", ".join(
+        f"{a}={e.name}" for e in entries for a in e.aliases) + ")"
+    raise ValueError(f"unknown RoPE scaling {name!r}; registered: {known}")
+
+
+def rope_scaling_config(method: str, **params: Any) -> RopeScaling:
+    """The typed config of scaling ``method`` (a name or alias) with ``params``, checked; an unknown
+    parameter is a ValueError naming the ones it takes."""
+    entry = rope_scaling_entry(method)
+    taken = entry.parameter_names
+    unknown = sorted(set(params) - set(taken))
+    if unknown:
+        raise ValueError(f"{entry.name}: unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(taken)}")
+    missing = [name for name in entry.required if name not in params]
+    if missing:
+        raise ValueError(f"{entry.name}: missing parameter(s) {', '.join(missing)}")
+    return entry.config(**params)
+
+
+def rope_scaling_from_dict(data: Mapping[str, Any]) -> RopeScaling:
+    """Inverse of :meth:`RopeScaling.to_dict`: ``{"method": name, **params}``."""
+    if not isinstance(data, Mapping) or "method" not in data:
+        raise ValueError(f"a RoPE scaling dict needs a 'method' key; got {data!r}")
+    params = dict(data)
+    return rope_scaling_config(params.pop("method"), **params)
+
+
+# --- removed in the next release ----------------------------------------------------------------
+
+
+def register_rope_scaling(name: str, **_: Any) -> Callable[[Callable[..., Frequencies]], Callable[..., Frequencies]]:
+    """Deprecated and inert: scalings are written code now. A new one is its function, a frozen
+    :class:`RopeScaling` dataclass and a row of :data:`ROPE_SCALING_ENTRIES` (see the module
+    docstring); the classes this decorator used to generate are not made any more, so using the
+    decorator is an error that says so."""
+    how = "write the scaling's function, its RopeScaling dataclass and a ROPE_SCALING_ENTRIES row instead"
+    warnings.warn(f"register_rope_scaling is deprecated: {how}", DeprecationWarning, stacklevel=2)
+    raise NotImplementedError(f"register_rope_scaling({name!r}): RoPE scalings are no longer generated; {how} "
+                              "(posenc.seq.rope_scaling's docstring)")
+
+
+def on_rope_scaling_registered(listener: Callable[[RopeScalingEntry], None]) -> None:
+    """Deprecated: calls ``listener(entry)`` once for every row of :data:`ROPE_SCALING_ENTRIES`
+    (the table is fixed, so there is no later registration to hear of)."""
+    warnings.warn("on_rope_scaling_registered is deprecated: read ROPE_SCALING_ENTRIES", DeprecationWarning,
+                  stacklevel=2)
+    for entry in rope_scaling_entries():
+        listener(entry)
