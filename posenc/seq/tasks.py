@@ -89,18 +89,28 @@ class Task:
         return collate([self.sequence(n, generator) for n in sizes])
 
 
-def collate(items: list[tuple[Tensor, int]], pad_to: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-pad ``(sequence, sep_index)`` items to one ``(tokens, targets, loss_mask)`` batch."""
+def collate(items: list[tuple[Tensor, int | Tensor]], pad_to: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad ``(sequence [T], where)`` items to one ``(tokens, targets, loss_mask)`` batch.
+
+    ``where`` is the index of SEP (every target after it, the answer and EOS, is scored) or a
+    bool ``[T - 1]`` mask over the targets (``sequence[1:]``) for a task whose answers are spread
+    through the sequence (flip-flop's reads)."""
     longest = max(len(s) for s, _ in items) - 1
     width = longest if pad_to is None else pad_to - 1
     tokens = torch.full((len(items), width), PAD, dtype=torch.long)
     targets = torch.full((len(items), width), PAD, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.bool)
-    for i, (seq, sep) in enumerate(items):
+    for i, (seq, where) in enumerate(items):
         n = len(seq) - 1
         tokens[i, :n] = seq[:-1]
         targets[i, :n] = seq[1:]
-        mask[i, sep:n] = True  # targets after SEP: the answer and EOS
+        if isinstance(where, Tensor):
+            if where.dtype != torch.bool or tuple(where.shape) != (n,):
+                raise ValueError(f"an answer mask must be bool [{n}] (one per target); got {where.dtype} "
+                                 f"{tuple(where.shape)}")
+            mask[i, :n] = where
+        else:
+            mask[i, where:n] = True  # targets after SEP: the answer and EOS
     return tokens, targets, mask
 
 
@@ -265,3 +275,17 @@ def task_loss(model: torch.nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> t
     mean cross-entropy (``posenc train seq`` and ``posenc bench extrapolation`` share it)."""
     tokens, targets, mask = batch
     return masked_loss(model(tokens), targets, mask), {}
+
+
+def train_on_task(model: torch.nn.Module, task: Task, length: int, *, steps: int, batch_size: int, lr: float,
+                  seed: int, device: str, progress: bool, min_length: int = 1) -> float:
+    """``steps`` of answer-only training on ``task`` at sizes ``[min_length, length]`` (warm-up a
+    tenth, cosine decay) through the shared trainer; returns the final training loss. The task
+    counterpart of :func:`posenc.seq.byte_lm.train_on_bytes` (``posenc bench extrapolation`` and
+    ``posenc bench length-generalization`` share both)."""
+    from ..training.trainer import TrainConfig, Trainer
+
+    train = TaskDataset(task, max(batch_size, steps * batch_size), length, seed=seed, min_length=min_length)
+    config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10), seed=seed,
+                         device=device, progress=progress, log_every=0)
+    return float(Trainer(model, train, task_loss, config).fit()["train_loss"])

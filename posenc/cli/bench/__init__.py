@@ -28,6 +28,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "posenc.cli.bench.extrapolation",
         "train one small LM per sequence encoding at one length, evaluate at longer ones (table, plot, JSON)",
     ),
+    "length-generalization": (
+        "posenc.cli.bench.length_generalization",
+        "every causal sequence encoding on the NoPE and CoPE papers' length-generalisation tasks (flip-flop, "
+        "selective copy, counting, parity, summation, copy, ...) and byte LMs scored long; seeds, heat map, claims table",
+    ),
     "context-extension": (
         "posenc.cli.bench.context_extension",
         "extend a RoPE LM trained at 128 bytes with PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE: zero-shot and "

@@ -159,28 +159,31 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
-    from ...seq.byte_lm import bits_per_byte_at, next_byte_loss
+    from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.evaluation import task_eval_set, task_exact_match
     from ...seq.models import CausalLM
-    from ...seq.tasks import TaskDataset, make_task, task_loss
-    from ...training.trainer import TrainConfig, Trainer
+    from ...seq.tasks import make_task, train_on_task
 
+    budget = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, device=args.device,
+                  progress=not args.no_progress)
     if args.task is not None:
         task = make_task(args.task)
         for n in args.eval_lens:
             task.check_length(n)
         vocab, max_len = task.vocab_size, task.max_total_length(args.train_len)
-        train = TaskDataset(task, max(args.batch_size, args.steps * args.batch_size), args.train_len, seed=args.seed)
-        loss_fn = task_loss
+
+        def fit(model) -> float:
+            return train_on_task(model, task, args.train_len, **budget)
 
         def score(model, n: int) -> float:
             return task_exact_match(model, task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n))
     else:
         train_text, valid_text = split_text(pydoc_corpus())
         vocab, max_len = ByteWindows.vocab_size, args.train_len
-        train = ByteWindows(train_text, args.train_len)
-        loss_fn = next_byte_loss
+
+        def fit(model) -> float:
+            return train_on_bytes(model, train_text, args.train_len, **budget)
 
         def score(model, n: int) -> float:
             return bits_per_byte_at(model, valid_text, [n], args.eval_tokens)[n]
@@ -188,15 +191,10 @@ def _one(args: argparse.Namespace, name: str) -> dict:
     torch.manual_seed(args.seed)
     model = CausalLM(vocab, args.dim, args.depth, args.heads, encoding=None if name == "none" else name, max_len=max_len,
                      feature_map=getattr(args, "feature_map", None))
-    config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=max(1, args.steps // 10),
-        seed=args.seed, device=args.device, progress=not args.no_progress, log_every=0,
-    )
     if not args.no_progress:
         print(f"{name}:", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    trainer = Trainer(model, train, loss_fn, config)
-    metrics = trainer.fit()
+    train_loss = fit(model)
     train_s = time.perf_counter() - t0
     model.eval()
     values: dict[str, float | None] = {}
@@ -214,7 +212,7 @@ def _one(args: argparse.Namespace, name: str) -> dict:
     encodings = model.encodings
     hooks = hook_text({h for e in encodings for h in e.hooks}, any(e.between_blocks for e in encodings))
     return {
-        "encoding": name, "hooks": hooks, "train_loss": round(metrics["train_loss"], 4),
+        "encoding": name, "hooks": hooks, "train_loss": round(train_loss, 4),
         "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - t0, 1),
         "eval": values, **({"note": note} if note else {}),
     }
