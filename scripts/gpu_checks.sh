@@ -8,6 +8,11 @@
 #      bf16 tensor alone would be 4 GiB);
 #   4. linear attention and SPE (sine_spe, conv_spe, conv_spe2d) on CUDA against float64 on the
 #      CPU with the same noise, causal, padded and packed, and their growth from T=4096 to 16384.
+#   5. the round of 2026-12 (torch drop-in masks, NaN padding, video ViT, GPSLayer, peg1d);
+#   6. this round (2026-12, second): the Hugging Face bridge in bf16 on CUDA (a Llama with ALiBi
+#      through FlexAttention, forward+backward, cached generation equal to uncached; the identity swap
+#      against HF's sdpa), the AttentionSmithy method against its StandardAttentionMethod on CUDA,
+#      and `posenc bench generate` in bf16 on CUDA at small sizes (bench models runs on the CPU only);
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
@@ -127,3 +132,58 @@ for name, fn in [("TorchMultiheadAttention == nn.MultiheadAttention (float and b
                  ("CausalLM with peg1d: cached greedy generation", peg1d_cache)]:
     check(name, fn)
 PY
+# 6. This round's bridges and generation on CUDA (each line PASS or FAIL with the reason).
+python3 - <<'PY' 2>&1 | tee "$out/round_2026_12b_cuda.txt"
+import copy, traceback, torch, posenc
+dev = torch.device("cuda")
+def check(name, fn):
+    try:
+        fn(); print(f"PASS {name}")
+    except Exception as exc:
+        print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg)
+def hf_alibi_bf16():
+    from posenc.integrations.transformers import register, swap_position_encoding
+    register()
+    model = swap_position_encoding(tiny_llama(), "alibi").to(dev, torch.bfloat16)
+    ids = torch.randint(0, 256, (2, 64), device=dev)
+    model(input_ids=ids, labels=ids).loss.backward()
+    model.eval()
+    with torch.no_grad():
+        cached = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False, pad_token_id=0)
+        plain = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False, pad_token_id=0, use_cache=False)
+    assert torch.equal(cached, plain), (cached != plain).sum().item()
+def hf_identity():
+    from posenc.integrations.transformers import register, swap_position_encoding
+    register()
+    ref = tiny_llama().to(dev).eval()
+    ours = swap_position_encoding(copy.deepcopy(ref), "identity").eval()
+    ids = torch.randint(0, 256, (2, 48), device=dev)
+    with torch.no_grad():
+        err = (ours(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max().item()
+    assert err < 1e-4, err
+def smithy_method():
+    from attention_smithy.attention import StandardAttentionMethod
+    from attention_smithy.components import MultiheadAttention
+    from attention_smithy.numeric_embeddings import NumericEmbeddingManager
+    from posenc.integrations.attention_smithy import PosencAttentionMethod, strategies
+    torch.manual_seed(0)
+    manager = NumericEmbeddingManager(strategies("alibi", num_heads=8, options={"symmetric": True})).to(dev)
+    ref = MultiheadAttention(256, 8, StandardAttentionMethod(0.0, False)).to(dev)
+    ours = copy.deepcopy(ref); ours.attention_method = PosencAttentionMethod()
+    x = torch.randn(2, 128, 256, device=dev)
+    a, _ = ref(x, x, x, manager, padding_and_loss_attention_mask=None)
+    b, _ = ours(x, x, x, manager, padding_and_loss_attention_mask=None)
+    assert (a - b).abs().max().item() < 1e-4, (a - b).abs().max().item()
+for name, fn in [("HF Llama with ALiBi, bf16 on CUDA: forward+backward, cached generation == uncached", hf_alibi_bf16),
+                 ("HF Llama identity swap == HF sdpa on CUDA (float32)", hf_identity),
+                 ("AttentionSmithy: PosencAttentionMethod == StandardAttentionMethod with ALiBi on CUDA", smithy_method)]:
+    check(name, fn)
+PY
+python3 -m posenc.cli bench generate --device cuda --dtype bfloat16 --contexts 512,2048 --batches 1,8 --repeats 2 \
+  --no-progress --out "$out/generate_bf16" 2>&1 | tail -n 30 | tee "$out/generate_bf16.txt"

@@ -58,7 +58,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..argtypes import int_list, nonnegative_int, positive_int, seed_value
+from ..argtypes import device_name, int_list, nonnegative_int, positive_int, seed_value
 from ...common.registry import available, get
 from ...common.report import Progress, format_table, write_atomic, write_json
 from .load import background_load, describe, format_load_average, load_average
@@ -108,6 +108,7 @@ class GenerateBenchConfig:
     dtype: str = "float32"
     seed: int = 0
     background_processes: int = 0
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("dim", "depth", "heads", "vocab", "decode_tokens", "repeats", "long_repeats"):
@@ -122,6 +123,10 @@ class GenerateBenchConfig:
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers; got {values!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device must be cpu, cuda or cuda:N; got {self.device!r}") from None
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.encodings is not None:
@@ -301,8 +306,11 @@ def estimate_bytes(config: GenerateBenchConfig, context: int, batch: int) -> int
     return 4 * (cache + activations + tables)
 
 
-def available_bytes() -> int | None:
-    """Memory available now (``MemAvailable`` of ``/proc/meminfo``, else free pages), or None."""
+def available_bytes(device: torch.device | None = None) -> int | None:
+    """Memory available now on ``device``: the free memory of a CUDA device, else ``MemAvailable`` of
+    ``/proc/meminfo`` (else free pages), or None."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -356,26 +364,36 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # kernels run asynchronously: a clock read waits for them
+        torch.cuda.synchronize(device)
+
+
 def measure_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) -> Cell:
     """Prefill and decode ``tokens [B, T]``: see the module docstring."""
     b, t = tokens.shape
+    device = tokens.device
     cell = Cell(t, b)
     prefill_rounds = config.repeats if t <= LONG_CONTEXT else min(config.repeats, config.long_repeats)
     cache = logits = None
     for _ in range(prefill_rounds):
         cache = logits = None
         gc.collect()
+        _sync(device)
         start = time.perf_counter()
         cache, logits = decoder.prefill(tokens)
+        _sync(device)
         cell.prefill_times_ms.append((time.perf_counter() - start) * 1e3)
     first = logits.argmax(-1, keepdim=True)  # [B, 1]
     for r in range(config.warmup + config.repeats):
         cache = decoder.rewind(cache, t)
         token = first
+        _sync(device)
         start = time.perf_counter()
         for _ in range(config.decode_tokens):
             cache, step_logits = decoder.step(token, cache)
             token = step_logits.argmax(-1, keepdim=True)
+        _sync(device)
         elapsed = time.perf_counter() - start
         if r >= config.warmup:
             cell.step_times_ms.append(elapsed * 1e3 / config.decode_tokens)
@@ -397,14 +415,14 @@ def _peer_versions() -> dict[str, str]:
 
 
 def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
-    dtype = DTYPES[config.dtype]
+    dtype, device = DTYPES[config.dtype], torch.device(config.device)
     notes: list[str] = []
     _, refused = causal_encodings()
     if config.encodings is None and refused:
         notes.append(f"not timed: {', '.join(refused)} refuse a KV cache (their decoding recomputes the whole prefix)")
     todo = candidates(config, notes)
     shapes = [(t, b) for t in config.contexts for b in config.batches]
-    free = available_bytes()
+    free = available_bytes(device)
     fits = {}
     for t, b in shapes:
         need = estimate_bytes(config, t, b)
@@ -413,7 +431,8 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
             notes.append(f"skipped context {t} batch {b}: a row needs about {need / 2**30:.1f} GiB, "
                          f"{free / 2**30:.1f} GiB available (at most half is used)")
     gen = torch.Generator().manual_seed(config.seed)
-    prompts = {(t, b): torch.randint(0, config.vocab, (b, t), generator=gen) for t, b in shapes if fits[(t, b)]}
+    prompts = {(t, b): torch.randint(0, config.vocab, (b, t), generator=gen).to(device)
+               for t, b in shapes if fits[(t, b)]}
     rows: list[Row] = []
     bar = Progress(len(todo) * len(prompts), "decoding", enabled=progress)
     with torch.no_grad():
@@ -423,7 +442,7 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
             try:
                 torch.manual_seed(config.seed)
                 decoder = cand.factory()
-                decoder.model.to(dtype=dtype)
+                decoder.model.to(device=device, dtype=dtype)
             except Exception as exc:  # reported in the table
                 row.error = error_text(exc)
                 bar.update(len(prompts), note=cand.name)
@@ -486,7 +505,7 @@ def render(result: GenerateResult) -> str:
     contexts, batches = cfg["contexts"], cfg["batches"]
     lines = [
         f"cached decoding: dim={cfg['dim']} depth={cfg['depth']} heads={cfg['heads']} vocab={cfg['vocab']}, "
-        f"{cfg['dtype']} on CPU ({cfg['threads']} threads); {cfg['decode_tokens']} greedy tokens per round, "
+        f"{cfg['dtype']} on {cfg['device']} ({cfg['threads']} CPU threads); {cfg['decode_tokens']} greedy tokens per round, "
         f"{cfg['repeats']} rounds after {cfg['warmup']} warm-up",
         f"background load: {cfg['background_load']}; load average at the end: {format_load_average(cfg['load_average'])}",
         "prefill: ms for the prompt; tok/s: decoded tokens per second over the batch; x rope: tok/s over posenc rope's; "
@@ -609,6 +628,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="posenc rows (default: every sequence encoding that decodes with a KV cache)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers and x-transformers rows")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="default: %(default)s")
+    parser.add_argument("--device", type=device_name, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--background-load", dest="background_processes", action="store_const", const=1, default=0,
                         help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON")
     parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
@@ -622,7 +642,7 @@ def config_from_args(args: argparse.Namespace) -> GenerateBenchConfig:
         contexts=tuple(args.contexts), batches=tuple(args.batches), dim=args.dim, depth=args.depth, heads=args.heads,
         vocab=args.vocab, decode_tokens=args.decode_tokens, repeats=args.repeats, long_repeats=args.long_repeats,
         warmup=args.warmup, encodings=args.encodings, peers=args.peers, dtype=args.dtype, seed=args.seed,
-        background_processes=args.background_processes,
+        background_processes=args.background_processes, device=args.device,
     )
 
 
