@@ -62,7 +62,7 @@ def check_model_arguments(
         check_bool("share_encoding", share_encoding)
     if dim % num_heads:  # type: ignore[operator]
         raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-    check_build(f"{model}(dim={dim}, depth={depth})", parameters=tokens * dim + depth * 12 * dim * dim,  # type: ignore[operator]
+    check_build(f"{model}(dim={dim}, depth={depth}, {tokens} embedding rows)", parameters=tokens * dim + depth * 12 * dim * dim,  # type: ignore[operator]
                 blocks=depth)  # type: ignore[arg-type]
     return ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)  # type: ignore[arg-type]
 
