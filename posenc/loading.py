@@ -19,17 +19,19 @@ is imported).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from .common.checks import check_int, check_number
+from .common.json_input import read_json
 from .training.checkpoint import load_checkpoint
 from .training.pretrained import (
     CONFIG_FILE,
     build_from_config,
+    first_line,
     load_state_checked,
     read_pretrained_config,
 )
@@ -77,7 +79,7 @@ def load_run_checkpoint(path: Path) -> nn.Module:
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 -- an unreadable file is one line, whatever torch raised
-        raise ValueError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {first_line(exc)}") from None
     config = ckpt.get("model_config")
     if not isinstance(config, dict):
         raise ValueError(f"{path} has no model_config (written by a Trainer given none): the model cannot be rebuilt")
@@ -89,10 +91,7 @@ def load_run_checkpoint(path: Path) -> nn.Module:
 def _results(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not readable JSON: {exc}") from None
+    record = read_json(path)
     return record if isinstance(record, dict) else None
 
 
@@ -109,10 +108,24 @@ def _load_extension(directory: Path, record: dict[str, Any]) -> nn.Module:
         source = run_dir / CHECKPOINT_FILE
         if not source.is_file():
             raise FileNotFoundError(f"{directory}: the extended run's {source} is missing")
-    model = load_run_checkpoint(source)
+    where = directory / "results.json"
     options = record.get("options") or {}
-    extend_context(model, record["method"], factor=float(record["factor"]),
-                   original_max_len=record.get("original_max_len"), **options)
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: options must be a JSON object; got {options!r}")
+    if not isinstance(record["method"], str):
+        raise ValueError(f"{where}: method must be a name; got {record['method']!r}")
+    try:
+        factor = check_number("factor", record.get("factor"), minimum=1.0)
+        original = record.get("original_max_len")
+        if original is not None:
+            check_int("original_max_len", original, minimum=1)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    model = load_run_checkpoint(source)
+    try:
+        extend_context(model, record["method"], factor=factor, original_max_len=original, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {first_line(exc)}") from None
     return model.eval()
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .checks import check_positions
+from .checks import check_positions, check_tensor
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
@@ -140,6 +140,13 @@ class AttentionCall:
     ) -> AttentionCall:
         """Check every argument once (shapes, positions, mask, encoding, bias, backend) and fill the
         defaults: positions ``0 .. T-1`` on ``q``'s device, ``scale = D ** -0.5``."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t, floating=True)
+        if not q.dtype == k.dtype == v.dtype:
+            raise TypeError(f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype} (cast them first, "
+                            "e.g. k.to(q.dtype))")
+        if not q.device == k.device == v.device:
+            raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
         check_qkv(q, k, v)
         b, hq, tq, d = q.shape
         tk = k.shape[2]

@@ -33,7 +33,10 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_positions",
+    "check_dtype",
+    "check_tensor",
     "check_allocation",
+    "check_build",
     "format_bytes",
 ]
 
@@ -132,15 +135,7 @@ def check_positions(
     once where positions enter, not in every layer. While ``torch.compile`` traces, only the
     static rules (type, dtype, rank) are checked: a value check would break the graph.
     """
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
-    if integer and positions.is_floating_point():
-        raise TypeError(f"{name} must be an integer tensor; got dtype {positions.dtype}")
-    if ndim is not None and positions.dim() not in ndim:
-        ranks = " or ".join(str(n) for n in ndim)
-        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(positions.shape)}")
+    check_static_positions(name, positions, integer=integer, ndim=ndim)
     if positions.numel() == 0 or torch.compiler.is_compiling():
         return positions
     if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
@@ -154,6 +149,56 @@ def check_positions(
         if high > maximum:
             raise ValueError(f"{name} must be <= {maximum}; got {high}")
     return positions
+
+
+def check_static_positions(
+    name: str, positions: Any, *, integer: bool = False, ndim: Collection[int] | None = None
+) -> Tensor:
+    """The rules of :func:`check_positions` that read no value (type, dtype, rank): the check of
+    the pure functions (:mod:`posenc.functional`), which must trace whole under ``torch.compile``
+    and leave NaN to the caller."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
+    if integer and positions.is_floating_point():
+        raise TypeError(f"{name} must be an integer tensor; got dtype {positions.dtype}")
+    if ndim is not None and positions.dim() not in ndim:
+        ranks = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(positions.shape)}")
+    return positions
+
+
+def check_dtype(name: str, dtype: Any) -> torch.dtype:
+    """``dtype`` if it is a floating-point ``torch.dtype`` (a table or a cos/sin cache in ``long``
+    would hold truncated 0s and 1s)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype; got {dtype!r} ({type(dtype).__name__})")
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point dtype; got {dtype}")
+    return dtype
+
+
+def check_tensor(
+    name: str,
+    value: Any,
+    *,
+    floating: bool = False,
+    ndim: Collection[int] | None = None,
+    min_ndim: int | None = None,
+) -> Tensor:
+    """``value`` if it is a tensor (of a floating-point dtype when ``floating``) of one of the ranks
+    ``ndim`` (or at least ``min_ndim``). Reads no value: safe under ``torch.compile``."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a tensor; got {type(value).__name__}")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor; got dtype {value.dtype}")
+    if ndim is not None and value.dim() not in ndim:
+        ranks = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(value.shape)}")
+    if min_ndim is not None and value.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions; got shape {tuple(value.shape)}")
+    return value
 
 
 def format_bytes(size: float) -> str:
@@ -183,6 +228,8 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype, device
     in the memory of ``device`` (RAM for the CPU): a ``ValueError`` with the estimate, instead of an
     allocator error (or the machine swapping) half-way through. ``what`` names the tensor and the
     argument that sized it, e.g. ``"laplacian_pe(k=1000000000): the encodings [N, k]"``."""
+    if torch.compiler.is_compiling():  # sizes a trace sees are the caller's; nothing to read here
+        return
     numel = 1
     for n in shape:
         numel *= max(int(n), 0)  # Python ints: no overflow, whatever the sizes
@@ -193,4 +240,25 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype, device
         raise ValueError(
             f"{what} would need {format_bytes(size)} (shape {tuple(int(n) for n in shape)}, {dtype}), "
             f"more than the {format_bytes(total)} of {where}"
+        )
+
+
+# Building a model costs about this much Python time per block (the modules, their parameters'
+# initialisation), measured on a CPU; a build estimated above BUILD_SECONDS_LIMIT is refused.
+SECONDS_PER_BLOCK = 2.5e-3
+SECONDS_PER_PARAMETER = 1e-8
+BUILD_SECONDS_LIMIT = 600.0
+
+
+def check_build(what: str, *, parameters: int, blocks: int, device: Any = None) -> None:
+    """Refuse, before anything is built, a model whose ``parameters`` (float32) could not fit in
+    the memory of ``device``, or whose ``blocks`` and parameters would take more than
+    :data:`BUILD_SECONDS_LIMIT` to build: a ``ValueError`` with the estimate. ``what`` names the
+    model and the arguments that sized it, e.g. ``"CausalLM(depth=1000000, dim=16)"``."""
+    check_allocation(f"{what}: the parameters", (parameters,), torch.float32, device)
+    seconds = blocks * SECONDS_PER_BLOCK + parameters * SECONDS_PER_PARAMETER
+    if seconds > BUILD_SECONDS_LIMIT:
+        raise ValueError(
+            f"{what} would take about {seconds / 60:.0f} minutes to build ({blocks} blocks, {parameters:.2e} "
+            f"parameters; the limit is {BUILD_SECONDS_LIMIT / 60:.0f} minutes); lower the sizes"
         )

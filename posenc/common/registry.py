@@ -14,6 +14,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from .checks import check_int
 from .encoding import PositionEncoding
 
 MODALITIES = ("seq", "vision", "graph", "timeseries")
@@ -28,6 +29,10 @@ class ModelDims:
     dim: int
     num_heads: int
     max_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "num_heads", "max_len"):
+            check_int(f"ModelDims.{name}", getattr(self, name), minimum=1)
 
     @property
     def head_dim(self) -> int:
@@ -121,6 +126,8 @@ def build(name: str, *, dims: ModelDims | None = None, **options) -> PositionEnc
         options: constructor arguments, checked against its signature.
     """
     info = get(name)
+    if dims is not None and not isinstance(dims, ModelDims):
+        raise TypeError(f"{name}: dims must be a ModelDims or None; got {dims!r} ({type(dims).__name__})")
     params = inspect.signature(info.cls.__init__).parameters
     accepted = [p for p in params if p != "self"]
     unknown = sorted(set(options) - set(accepted))

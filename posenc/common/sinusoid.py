@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import check_dtype, check_int, check_static_positions
+
 
 def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
     """``omega_k = base^(-2k/dim)`` for ``k = 0 .. dim/2 - 1`` (float64)."""
@@ -32,6 +34,9 @@ def sinusoid_table(
     Returns:
         ``[..., dim]``.
     """
+    check_static_positions("positions", positions)
+    check_int("dim", dim, minimum=2)
+    check_dtype("dtype", dtype)
     omega = sinusoid_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64)[..., None] * (omega * scale)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)

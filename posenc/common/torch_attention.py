@@ -30,7 +30,16 @@ Differences from torch, by design:
   ``need_weights=False`` (as the Transformer layers do) for the fast paths;
 * attention dropout (``dropout > 0`` in training) also runs on that explicit path, the only one
   that implements it;
-* a query row whose keys are all removed by ``key_padding_mask`` (bool) gives zeros, not NaN;
+* masked keys never reach a real row, whatever mask removes them: a key removed for every query
+  (of a batch element, in every head) by ``attn_mask`` columns (bool True or float ``-inf``) is
+  treated as key padding, zeroed before the kernel like posenc's padding, so NaN or inf in it stays
+  out (torch lets it through). A key removed for some queries only is attended by the others, so
+  its values are the caller's (in the rows that remove it, ``0 * NaN`` is still NaN);
+* a query row whose keys are all removed, by any mask, gives zeros (attention output before
+  ``out_proj``, and weights), as posenc's core does and as torch's layer gives with
+  ``need_weights=False``; ``masked_rows="nan"`` gives NaN there, as torch's ``need_weights=True``
+  path does. Such a row is computed unmasked and then overwritten, so no softmax over ``-inf``
+  alone runs;
 * ``add_bias_kv`` and ``add_zero_attn`` are refused: the extra key would have no position.
 
 Positions default to ``0 .. L-1`` for the queries and ``0 .. S-1`` for the keys; pass ``q_pos``
@@ -44,10 +53,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attend, attend_with_weights
+from .checks import check_choice
 from .call import normalize_positions
 from .encoding import Hook, PositionEncoding
 from .masks import AttentionMask
 from .planning import Backend, check_backend
+
+
+# What a query whose keys are all removed gets (see the module docstring).
+MASKED_ROWS = ("zeros", "nan")
 
 
 def _is_square_causal(mask: Tensor) -> bool:
@@ -75,6 +89,8 @@ class TorchMultiheadAttention(nn.Module):
             layers and is refused here.
         backend: posenc kernel path for ``need_weights=False`` ("auto" picks the fastest the
             encoding allows; see :func:`posenc.attend`).
+        masked_rows: what a query whose keys are all removed gets: "zeros" (posenc's convention)
+            or "nan" (torch's with ``need_weights=True``; torch gives zeros without weights).
 
     Shapes: ``query [L, N, E]`` (``[N, L, E]`` with ``batch_first``, or ``[L, E]`` unbatched),
     ``key [S, N, kdim]``, ``value [S, N, vdim]`` -> ``attn_output`` like ``query`` and
@@ -99,8 +115,11 @@ class TorchMultiheadAttention(nn.Module):
         *,
         encoding: PositionEncoding | None = None,
         backend: Backend = "auto",
+        masked_rows: str = "zeros",
     ) -> None:
         super().__init__()
+        check_choice("masked_rows", masked_rows, MASKED_ROWS)
+        self.masked_rows = masked_rows
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -152,7 +171,8 @@ class TorchMultiheadAttention(nn.Module):
 
     @classmethod
     def from_torch(
-        cls, mha: nn.MultiheadAttention, *, encoding: PositionEncoding | None = None, backend: Backend = "auto"
+        cls, mha: nn.MultiheadAttention, *, encoding: PositionEncoding | None = None, backend: Backend = "auto",
+        masked_rows: str = "zeros",
     ) -> TorchMultiheadAttention:
         """A copy of torch's layer ``mha`` (sizes, dropout, batch_first, weights) with ``encoding``."""
         if not isinstance(mha, nn.MultiheadAttention):
@@ -162,6 +182,7 @@ class TorchMultiheadAttention(nn.Module):
             mha.embed_dim, mha.num_heads, mha.dropout, bias=mha.in_proj_bias is not None,
             add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim, vdim=mha.vdim,
             batch_first=mha.batch_first, device=ref.device, dtype=ref.dtype, encoding=encoding, backend=backend,
+            masked_rows=masked_rows,
         )
         own = layer.state_dict()
         state = {k: v for k, v in mha.state_dict().items()}
@@ -200,9 +221,15 @@ class TorchMultiheadAttention(nn.Module):
     def _masks(
         self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, n: int, l: int, s: int,
         dtype: torch.dtype,
-    ) -> tuple[AttentionMask | None, Tensor | None]:
-        """torch's masks as posenc's: a boolean :class:`AttentionMask` (causal, key padding) and an
-        additive float bias ``[N or 1, H or 1, L, S]`` for everything else."""
+    ) -> tuple[AttentionMask | None, Tensor | None, Tensor | None]:
+        """torch's masks as posenc's: a boolean :class:`AttentionMask` (causal, key padding), an
+        additive float bias ``[N or 1, H or 1, L, S]`` for everything else, and the query rows
+        ``[N or 1, H or 1, L]`` whose keys are all removed (None when there are none to find)."""
+        for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+            if m is not None and not isinstance(m, Tensor):
+                raise TypeError(f"{name} must be a bool or float tensor or None; got {type(m).__name__}")
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be True or False; got {is_causal!r} ({type(is_causal).__name__})")
         causal = bool(is_causal)
         if causal and l != s:
             raise ValueError(f"is_causal needs as many queries as keys (torch's square causal mask); got L={l}, S={s}")
@@ -234,8 +261,28 @@ class TorchMultiheadAttention(nn.Module):
                 padding = self._additive(key_padding_mask[:, None, None, :], dtype, "key_padding_mask")
                 padding = padding.expand(n, 1, l, s)
                 bias = padding if bias is None else bias + padding
+        dead_rows = None
+        if bias is not None:
+            removed = bias.isneginf()  # [N or 1, H or 1, L, S]
+            column = removed.all(dim=2).all(dim=1).expand(n, s)  # removed for every query and head
+            if key_valid is not None or bool(column.any()):
+                key_valid = ~column if key_valid is None else key_valid & ~column
+            if key_valid is not None:
+                removed = removed | ~key_valid[:, None, None, :]
+            if causal:  # causal rows keep their diagonal unless the other masks remove it
+                removed = removed | torch.ones(l, s, dtype=torch.bool, device=bias.device).triu(1)
+            dead_rows = removed.all(dim=-1)  # [N or 1, H or 1, L]
+            # an empty row is computed unmasked (then overwritten): no softmax over -inf alone
+            bias = bias.masked_fill(dead_rows[..., None], 0.0)
+        elif key_valid is not None:
+            dead = ~key_valid  # [N, S]
+            if causal:
+                dead = dead[:, None, :] | torch.ones(l, s, dtype=torch.bool, device=dead.device).triu(1)
+                dead_rows = dead.all(dim=-1)[:, None]  # [N, 1, L]
+            else:
+                dead_rows = dead.all(dim=-1)[:, None, None].expand(n, 1, l)
         mask = AttentionMask(causal=causal, key_valid=key_valid) if causal or key_valid is not None else None
-        return mask, bias
+        return mask, bias, dead_rows
 
     @staticmethod
     def _additive(mask: Tensor, dtype: torch.dtype, name: str) -> Tensor:
@@ -289,7 +336,7 @@ class TorchMultiheadAttention(nn.Module):
         q = self._heads(query.transpose(0, 1), self.q_proj_weight, b_q)  # [N, H, L, D]
         k = self._heads(key.transpose(0, 1), self.k_proj_weight, b_k)  # [N, H, S, D]
         v = self._heads(value.transpose(0, 1), self.v_proj_weight, b_v)
-        mask, bias = self._masks(attn_mask, key_padding_mask, is_causal, n, l, s, q.dtype)
+        mask, bias, dead_rows = self._masks(attn_mask, key_padding_mask, is_causal, n, l, s, q.dtype)
         q_pos = normalize_positions(q_pos, l, n, "q_pos", device=q.device)
         kv_pos = normalize_positions(kv_pos, s, n, "kv_pos", device=q.device)
         dropout_p = self.dropout if self.training else 0.0
@@ -300,6 +347,11 @@ class TorchMultiheadAttention(nn.Module):
         else:
             out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=self.encoding, mask=mask, attn_bias=bias,
                          backend=self.backend)
+        if dead_rows is not None:
+            fill = 0.0 if self.masked_rows == "zeros" else float("nan")
+            out = out.masked_fill(dead_rows[..., None], fill)
+            if weights is not None:
+                weights = weights.masked_fill(dead_rows[..., None], fill)
         out = self.out_proj(out.transpose(1, 2).flatten(2))  # [N, L, E]
         if not batched:
             out = out.squeeze(0)

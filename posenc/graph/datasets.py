@@ -430,6 +430,10 @@ def _load_file(path: str) -> Sequence[Data]:
             f"dataset file {path!r} cannot be loaded with weights_only=True ({lines[0]}); "
             "save a list of PyG Data objects with torch.save, or use InMemoryDataset.save"
         ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # truncated or not a torch.save file at all
+        text = str(exc).strip().splitlines()
+        raise ValueError(f"dataset file {path!r} is not a readable torch.save file ({type(exc).__name__}: "
+                         f"{text[0][:160] if text else 'no message'}); is it truncated?") from None
     if isinstance(obj, tuple) and len(obj) in (2, 3) and isinstance(obj[0], dict):  # InMemoryDataset.save
         from torch_geometric.data import InMemoryDataset
 

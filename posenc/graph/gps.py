@@ -36,6 +36,7 @@ from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time Fut
 from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
 from ..common.attention import Backend
+from ..common.checks import check_build, check_number
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build
@@ -119,7 +120,11 @@ class GPS(nn.Module, PretrainedMixin):
         for name, v in (("in_dim", in_dim), ("out_dim", out_dim), ("dim", dim), ("depth", depth), ("num_heads", num_heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int; got {v!r}")
-        if edge_dim is not None and (not isinstance(edge_dim, int) or edge_dim < 1):
+        check_number("dropout", dropout, minimum=0.0, maximum=1.0)
+        check_number("mlp_ratio", mlp_ratio, minimum=0.0, strict=True)
+        check_build(f"GPS(dim={dim}, depth={depth})", parameters=depth * int((6 + 2 * mlp_ratio) * dim * dim) + in_dim * dim,
+                    blocks=depth)
+        if edge_dim is not None and (not isinstance(edge_dim, int) or isinstance(edge_dim, bool) or edge_dim < 1):
             raise ValueError(f"edge_dim must be a positive int or None; got {edge_dim!r}")
         if task not in ("graph", "node"):
             raise ValueError(f"task must be 'graph' or 'node'; got {task!r}")

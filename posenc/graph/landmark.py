@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..common.checks import check_int
+from ..common.checks import check_allocation, check_int
 from .edges import check_batch, check_edge_index, check_same_graph, graph_sizes, local_index
 from .shortest_path import check_sources, shortest_path_distances_batch
 
@@ -125,6 +125,11 @@ def landmark_pe_batch(
     """
     _check_k(k)
     num_graphs = check_batch(batch, num_graphs)
+    largest = int(graph_sizes(batch, num_graphs).max()) if batch.numel() else 0
+    check_allocation(f"landmark_pe(k={k}): the anchor distances [graphs={num_graphs}, k, nmax={largest}]",
+                     (num_graphs, k, largest), torch.long, edge_index.device)
+    check_allocation(f"landmark_pe(k={k}): the encodings [N={batch.numel()}, k]", (batch.numel(), k), torch.float32,
+                     edge_index.device)
     check_edge_index(edge_index, batch.numel())
     check_same_graph(edge_index, batch)
     if isinstance(anchors, Tensor):

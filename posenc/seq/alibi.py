@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..common.checks import check_bool, check_int
+from ..common.checks import check_allocation, check_bool, check_dtype, check_int, check_tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -81,9 +81,14 @@ def alibi_bias(
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    if not isinstance(slopes, Tensor) or slopes.dim() != 1:
+    check_tensor("slopes", slopes, floating=True)
+    if slopes.dim() != 1:
         raise ValueError(f"slopes must be a [num_heads] tensor (alibi_slopes(H)); got {getattr(slopes, 'shape', slopes)!r}")
-    dtype = slopes.dtype if dtype is None else dtype
+    check_int("q_len", q_len, minimum=0)
+    check_int("k_len", k_len, minimum=0)
+    dtype = slopes.dtype if dtype is None else check_dtype("dtype", dtype)
+    check_allocation(f"alibi_bias(q_len={q_len}, k_len={k_len}): the bias [H, q_len, k_len]",
+                     (slopes.shape[0], q_len, k_len), dtype, slopes.device)
     distance = -relative_position_grid(q_len, k_len, offset=offset, device=slopes.device)  # [Tq, Tk], i - j
     bias = alibi_penalty(distance.to(dtype), slopes.to(dtype)[:, None, None], symmetric=not causal)
     if causal:

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_choice, check_int, check_number, check_positions
+from ..common.checks import check_allocation, check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 
@@ -68,6 +68,7 @@ class LearnedEncoding(PositionEncoding):
         self.dim, self.max_len, self.beyond = dim, max_len, beyond
         if beyond == "interpolate":
             self.supports_kv_cache = False
+        check_allocation(f"learned(max_len={max_len}, dim={dim}): the table [max_len, dim]", (max_len, dim), torch.float32)
         self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
     def embeddings(self, positions: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
+from ..common.checks import check_bool, check_build, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.kv_cache import KVCache
 from ..common.masks import AttentionMask
@@ -37,6 +38,47 @@ from .peg1d import PEG1d
 
 # Encodings whose learned parameters are shared by all layers in their paper.
 SHARED_IN_PAPER = frozenset({"t5", "tupe"})
+
+
+def check_model_arguments(
+    model: str,
+    *,
+    dim: object,
+    depth: object,
+    num_heads: object,
+    max_len: object,
+    dropout: object,
+    share_encoding: object,
+    tokens: int,
+) -> ModelDims:
+    """The shared argument rules of the sequence models, each naming its argument (a config.json
+    read by :func:`posenc.load` passes them as they are): ints not bools, a dropout probability,
+    ``dim`` divisible by ``num_heads``, and a model that fits the machine and builds in minutes
+    (``tokens``: rows of the input embedding, which grow the parameter count)."""
+    for name, value in (("dim", dim), ("depth", depth), ("num_heads", num_heads), ("max_len", max_len)):
+        check_int(name, value, minimum=1)
+    check_number("dropout", dropout, minimum=0.0, maximum=1.0)
+    if share_encoding is not None:
+        check_bool("share_encoding", share_encoding)
+    if dim % num_heads:  # type: ignore[operator]
+        raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+    check_build(f"{model}(dim={dim}, depth={depth}, {tokens} embedding rows)", parameters=tokens * dim + depth * 12 * dim * dim,  # type: ignore[operator]
+                blocks=depth)  # type: ignore[arg-type]
+    return ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)  # type: ignore[arg-type]
+
+
+def _build_named(encoding: str, dims: ModelDims, options: Mapping[str, object]) -> PositionEncoding:
+    """``build(encoding)`` with a size rule it refuses reported with the model's arguments it came
+    from (``head_dim must be even`` alone does not say that ``dim / num_heads`` is the head_dim)."""
+    try:
+        return build(encoding, dims=dims, **options)
+    except (TypeError, ValueError) as exc:
+        derived = f"head_dim = dim / num_heads = {dims.dim} / {dims.num_heads} = {dims.head_dim}"
+        message = str(exc)
+        if "head_dim" in message and "head_dim" not in options:
+            raise type(exc)(f"encoding {encoding!r} with dim={dims.dim}, num_heads={dims.num_heads}: {message} "
+                            f"({derived})") from None
+        raise
 
 
 def build_layer_encodings(
@@ -76,8 +118,11 @@ def build_layer_encodings(
         info = get(encoding)
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
+    if encoding_options is not None and not isinstance(encoding_options, Mapping):
+        raise TypeError(f"encoding_options must be a mapping of constructor arguments or None; got "
+                        f"{encoding_options!r} ({type(encoding_options).__name__})")
     options = dict(encoding_options or {})
-    first = build(encoding, dims=dims, **options)
+    first = _build_named(encoding, dims, options)
     has_input = Hook.INPUT in first.hooks
     if share_encoding is None:
         has_params = any(True for _ in first.parameters())
@@ -89,7 +134,7 @@ def build_layer_encodings(
             f"share_encoding=False: {encoding!r} has an input hook, which acts once before the first block; "
             "it cannot have one instance per layer"
         )
-    return [first] + [build(encoding, dims=dims, **options) for _ in range(depth - 1)]
+    return [first] + [_build_named(encoding, dims, options) for _ in range(depth - 1)]
 
 
 def build_peg_blocks(
@@ -224,13 +269,9 @@ class CausalLM(nn.Module, PretrainedMixin):
         peg_blocks: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        if vocab_size <= 0:
-            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-        if dim <= 0 or depth <= 0 or num_heads <= 0 or max_len <= 0:
-            raise ValueError(
-                f"dim, depth, num_heads and max_len must be positive; got {dim}, {depth}, {num_heads}, {max_len}"
-            )
-        dims = ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)
+        check_int("vocab_size", vocab_size, minimum=1)
+        dims = check_model_arguments("CausalLM", dim=dim, depth=depth, num_heads=num_heads, max_len=max_len,
+                                     dropout=dropout, share_encoding=share_encoding, tokens=vocab_size)
         conditional = build_peg_blocks(
             encoding, depth=depth, dims=dims, causal=True, peg_blocks=peg_blocks, share_encoding=share_encoding,
             encoding_options=encoding_options,
@@ -364,15 +405,16 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         if (vocab_size is None) == (input_dim is None):
             raise ValueError(f"give exactly one of vocab_size and input_dim; got vocab_size={vocab_size}, input_dim={input_dim}")
         for name, v in (("vocab_size", vocab_size), ("input_dim", input_dim)):
-            if v is not None and v <= 0:
-                raise ValueError(f"{name} must be positive, got {v}")
-        if num_outputs <= 0:
-            raise ValueError(f"num_outputs must be positive, got {num_outputs}")
+            if v is not None:
+                check_int(name, v, minimum=1)
+        check_int("num_outputs", num_outputs, minimum=1)
         if task not in ("classification", "regression"):
             raise ValueError(f"task must be 'classification' or 'regression'; got {task!r}")
         if pool not in ("mean", "cls"):
             raise ValueError(f"pool must be 'mean' or 'cls'; got {pool!r}")
-        dims = ModelDims(dim=dim, num_heads=num_heads, max_len=max_len)
+        dims = check_model_arguments("SequenceEncoder", dim=dim, depth=depth, num_heads=num_heads, max_len=max_len,
+                                     dropout=dropout, share_encoding=share_encoding,
+                                     tokens=(vocab_size or input_dim) + num_outputs)
         conditional = build_peg_blocks(
             encoding, depth=depth, dims=dims, causal=False, peg_blocks=peg_blocks, share_encoding=share_encoding,
             encoding_options=encoding_options, num_prefix_tokens=1 if pool == "cls" else 0,

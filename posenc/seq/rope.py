@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common.checks import check_int
+from ..common.checks import check_dtype, check_int, check_static_positions, check_tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import (
@@ -117,6 +117,12 @@ def rope_cos_sin(
         ``(cos, sin)``, each ``[..., T, dim/2]``; pair ``k`` of the half-split or interleaved
         layout (see :func:`apply_rope`) is rotated by column ``k``.
     """
+    check_static_positions("positions", positions)
+    check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (features are rotated in pairs); got {dim}")
+    if dtype is not None:
+        check_dtype("dtype", dtype)
     length = current_length(positions, positions) if scaling is not None and scaling.dynamic else None
     inv_freq, factor = rope_frequencies(dim, base, scaling, length)
     cos, sin = rotary_cos_sin(positions, inv_freq.to(positions.device), attention_factor=factor)
@@ -124,8 +130,7 @@ def rope_cos_sin(
 
 
 def _batch_positions(positions: Tensor, length: int, name: str) -> Tensor:
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{name} must be a tensor of positions, got {type(positions).__name__}")
+    check_static_positions(name, positions)
     batched = positions.unsqueeze(0) if positions.dim() == 1 else positions
     if batched.dim() != 2 or batched.shape[1] != length:
         raise ValueError(f"{name} must be [{length}] or [batch or 1, {length}]; got {tuple(positions.shape)}")
@@ -160,6 +165,8 @@ def apply_rope(
     Returns:
         ``(q, k)`` rotated, same shapes and dtypes (tables computed in float64).
     """
+    check_tensor("q", q, floating=True)
+    check_tensor("k", k, floating=True)
     if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must be [batch, heads, tokens, head_dim] with one head_dim; got {tuple(q.shape)} "
                          f"and {tuple(k.shape)}")

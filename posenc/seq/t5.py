@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int
+from ..common.checks import check_bool, check_int, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -56,8 +56,7 @@ def t5_relative_buckets(
     query, integers; see the module docstring for the buckets). The convention of the original T5
     code and Hugging Face ``T5Attention._relative_position_bucket``."""
     _check_buckets(num_buckets, max_distance, bidirectional)
-    if relative_position.dtype.is_floating_point:
-        raise TypeError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
+    check_static_positions("relative_position", relative_position, integer=True)
     r = relative_position.long()
     if bidirectional:
         half = num_buckets // 2

@@ -30,7 +30,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int, check_number, check_positions
+from ..common.checks import check_allocation, check_bool, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
@@ -80,6 +80,7 @@ class TUPE(PositionEncoding):
             head_dim = dim // num_heads
         self.dim, self.num_heads, self.head_dim, self.max_len = dim, num_heads, head_dim, max_len
         self.untie_cls = untie_cls
+        check_allocation(f"tupe(max_len={max_len}, dim={dim}): the table [max_len, dim]", (max_len, dim), torch.float32)
         self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
         self.pos_q = nn.Linear(dim, num_heads * head_dim, bias=False)
         self.pos_k = nn.Linear(dim, num_heads * head_dim, bias=False)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.attention import Backend, attend
+from ..common.checks import check_build, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
@@ -198,8 +199,11 @@ class ConvTranClassifier(nn.Module, PretrainedMixin):
                             ("dim", dim), ("num_heads", num_heads), ("ff_dim", ff_dim), ("kernel_size", kernel_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
-        if not 0.0 <= dropout < 1.0:
+        check_number("dropout", dropout, minimum=0.0)
+        if not dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        check_build(f"ConvTranClassifier(dim={dim}, ff_dim={ff_dim}, in_channels={in_channels})",
+                    parameters=4 * dim * (kernel_size + dim * in_channels) + 4 * dim * dim + 2 * dim * ff_dim, blocks=1)
         if attn_scale not in ("d_model", "head_dim"):
             raise ValueError(f"attn_scale must be 'd_model' or 'head_dim'; got {attn_scale!r}")
         if dim % num_heads:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_int
+from ..common.checks import check_allocation, check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -41,6 +41,8 @@ class ERPE(PositionEncoding):
         check_int("num_heads", num_heads, minimum=1)
         check_int("max_len", max_len, minimum=1)
         self.num_heads, self.max_len = num_heads, max_len
+        check_allocation(f"erpe(max_len={max_len}, num_heads={num_heads}): the table [H, 2 max_len - 1]",
+                         (num_heads, 2 * max_len - 1), torch.float32)
         self.weight = nn.Parameter(torch.zeros(num_heads, 2 * max_len - 1))
 
     def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int, check_number
+from ..common.checks import check_allocation, check_bool, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -62,6 +62,8 @@ class ERPEVector(PositionEncoding):
             check_number("scale", scale, minimum=0.0, strict=True)
         self.num_heads, self.head_dim, self.max_len, self.per_head = num_heads, head_dim, max_len, per_head
         self.scale = head_dim ** -0.5 if scale is None else float(scale)
+        check_allocation(f"erpe_vector(max_len={max_len}, head_dim={head_dim}): the table [H, 2 max_len - 1, head_dim]",
+                         (num_heads if per_head else 1, 2 * max_len - 1, head_dim), torch.float32)
         self.weight = nn.Parameter(torch.randn(num_heads if per_head else 1, 2 * max_len - 1, head_dim))
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:

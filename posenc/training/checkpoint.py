@@ -265,7 +265,30 @@ def state_dict_problems(own: Mapping[str, Any], theirs: Mapping[str, Any], where
     ]
     if shapes:
         problems.append("shape mismatches: " + _short(shapes))
+    kinds = [f"{k}: expected a {_kind(own[k])} tensor ({own[k].dtype}), found "
+             + (f"a {_kind(theirs[k])} tensor ({theirs[k].dtype})" if isinstance(theirs[k], torch.Tensor)
+                else type(theirs[k]).__name__)
+             for k in own if k in theirs and isinstance(own[k], torch.Tensor)
+             and (not isinstance(theirs[k], torch.Tensor) or _kind(own[k]) != _kind(theirs[k]))]
+    if kinds:
+        problems.append("wrong dtypes (loading would cast them silently): " + _short(kinds))
+    # NaN or inf where the model's own tensor is finite: such weights would make every output NaN
+    # (a buffer that holds inf by design, a mask, stays allowed)
+    broken = [k for k in own if k in theirs and isinstance(theirs[k], torch.Tensor) and isinstance(own[k], torch.Tensor)
+              and theirs[k].is_floating_point() and own[k].is_floating_point() and theirs[k].numel()
+              and not bool(torch.isfinite(theirs[k]).all()) and bool(torch.isfinite(own[k]).all())]
+    if broken:
+        problems.append("non-finite (NaN or inf) values in " + _short(broken))
     return problems
+
+
+def _kind(tensor: torch.Tensor) -> str:
+    """The dtype family a state dict entry must keep: a float weight read from ints is no weight."""
+    if tensor.dtype == torch.bool:
+        return "bool"
+    if tensor.is_complex():
+        return "complex"
+    return "floating-point" if tensor.is_floating_point() else "integer"
 
 
 class _Missing:

@@ -105,7 +105,17 @@ def init_process_group(env: DistEnv, device: torch.device) -> bool:
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
-    dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size, **kwargs)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None:
+        dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size, **kwargs)
+        return True
+    # Under torchrun the store outlives a restart (--max-restarts): the previous attempt's keys,
+    # its workers' addresses among them, are still there, and a worker that reads one before its
+    # peer rewrites it connects to a dead process ("Connection refused"). Each attempt gets keys
+    # of its own.
+    store, rank, world_size = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"posenc/attempt{restart}", store), rank=rank,
+                            world_size=world_size, **kwargs)
     return True
 
 

@@ -31,6 +31,7 @@ from typing import Any, Mapping, TypeVar
 import torch
 from torch import nn
 
+from ..common.json_input import read_json
 from ..common.report import write_atomic
 from .checkpoint import check_plain, save_atomic, state_dict_problems
 
@@ -64,10 +65,7 @@ def read_pretrained_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{os.fspath(directory)!r} is not a directory (save_pretrained writes one)")
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {os.fspath(directory)!r} was not written by save_pretrained")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not readable JSON: {exc}") from None
+    data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("model_class"), str) or not isinstance(data.get("config"), dict):
         raise ValueError(f"{path} must hold a JSON object with 'model_class' (a name) and 'config' (an object)")
     if data.get("format") != PRETRAINED_FORMAT:
@@ -91,7 +89,17 @@ def build_from_config(cls: type[M], config: Mapping[str, Any], where: str) -> M:
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in config]
     if missing:
         raise ValueError(f"{where}: missing key(s) {', '.join(map(repr, missing))} that {cls.__name__} requires")
-    return cls(**config)
+    try:
+        return cls(**config)
+    except (TypeError, ValueError) as exc:  # the constructor's checks name the key; say which file it is in
+        raise ValueError(f"{where}: {first_line(exc)}") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type when the message is empty (torch
+    raises some with none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike, where: str) -> None:
@@ -100,10 +108,12 @@ def load_weights(model: nn.Module, path: str | os.PathLike, where: str) -> None:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {where} has a config but no weights")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes): not a weights file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same one-line error
-        raise ValueError(f"{path} is not a readable weights file: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{path} is not a readable weights file: {type(exc).__name__}: {first_line(exc)}") from None
     load_state_checked(model, state, str(path))
 
 

@@ -40,6 +40,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -49,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..common.checks import check_bool, check_int, check_number, is_int
+from ..common.json_input import parse_json
 from ..common.report import Progress, write_atomic
 from . import distributed as distu
 from .checkpoint import (
@@ -259,6 +261,34 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 # Trainer
 
 
+def kept_metrics(path: str | os.PathLike, resumed_step: int) -> list[dict[str, Any]]:
+    """The records of the metrics log at ``path`` up to ``resumed_step`` (what a resumed run keeps).
+    The last line may be cut short by a kill and is dropped; any other line that is not a record
+    (not UTF-8, not JSON, not an object, a ``step`` that is not an int) is one ValueError naming
+    the file and the line: the log was edited or damaged."""
+    raw = Path(path).read_bytes().split(b"\n")
+    last = max((i for i, line in enumerate(raw) if line.strip()), default=-1)
+    kept = []
+    for i, line in enumerate(raw):
+        if not line.strip():
+            continue
+        where = f"{os.fspath(path)} line {i + 1}"
+        try:
+            rec = parse_json(line, where)
+        except ValueError:
+            if i == last:
+                continue  # a line cut short by a kill
+            raise ValueError(f"{where} is not a JSON record (the metrics log was edited or damaged; move it away "
+                             "to resume without it)") from None
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if not is_int(step):
+            raise ValueError(f"{where}: a metrics record must be a JSON object with an int 'step'; got "
+                             f"{line[:80].decode('utf-8', 'replace')!r}")
+        if step <= resumed_step:
+            kept.append(rec)
+    return kept
+
+
 class Trainer:
     """Trains ``model`` on ``train_data`` with ``loss_fn``; see the module docstring.
 
@@ -450,14 +480,7 @@ class Trainer:
         self._prepare_out_dir()
         kept: list[str] = []
         if resumed_step is not None and os.path.exists(self.metrics_path):
-            with open(self.metrics_path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line cut short by a kill
-                    if isinstance(rec, dict) and rec.get("step", 0) <= resumed_step:
-                        kept.append(json.dumps(rec))
+            kept = [json.dumps(rec) for rec in kept_metrics(self.metrics_path, resumed_step)]
         # the kept lines go to a fresh file renamed over the log: never written through a link
         text = "".join(line + "\n" for line in kept).encode("utf-8")
         write_atomic(self.metrics_path, lambda f: f.write(text))

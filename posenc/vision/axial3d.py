@@ -34,7 +34,7 @@ from ..common.checks import check_choice, check_int, check_number, is_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from .axial import MODES, NEW_GRID, resample_axis
-from .grid import absolute_grid, integer_coords, patch_coords, to_triple
+from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, to_triple
 
 
 def _check_axis_dims(axis_dims: object) -> None:
@@ -129,6 +129,10 @@ class Axial3D(PositionEncoding):
                 f"axial3d was built for the grid {self.grid_size} (frames, rows, cols) with new_grid='refuse'; "
                 f"got the grid {grid}"
             )
+        for axis, (table, n) in enumerate(zip(self.tables, grid)):
+            if n != table.shape[0]:  # resampling is refused before it asks for the memory
+                check_table_grid(f"axial3d (axis {('frames', 'rows', 'cols')[axis]})", grid, (n, table.shape[1]),
+                                 table.dtype, table.device)
         return tuple(resample_axis(t, n, self.new_grid) for t, n in zip(self.tables, grid))  # type: ignore[return-value]
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:

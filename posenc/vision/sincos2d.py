@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..common.checks import check_choice, check_int, check_number
+from ..common.checks import check_choice, check_int, check_number, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_frequencies
@@ -35,7 +35,11 @@ LAYOUTS = ("timm", "mae")
 
 def sincos2d_table(coords: Tensor, dim: int, *, layout: str = "timm", base: float = 10000.0) -> Tensor:
     """The 2D sinusoidal encoding of ``coords [..., 2]`` (row, col) -> ``[..., dim]`` float64."""
-    if dim <= 0 or dim % 4:
+    check_static_positions("coords", coords)
+    if coords.dim() == 0 or coords.shape[-1] != 2:
+        raise ValueError(f"coords must be [..., 2] (row, col); got shape {tuple(coords.shape)}")
+    check_int("dim", dim, minimum=4)
+    if dim % 4:
         raise ValueError(f"dim must be a positive multiple of 4 for a 2D sinusoidal encoding; got {dim}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
+from ..common.checks import check_build, check_number
 from ..common.encoding import PositionEncoding
 from ..training.pretrained import PretrainedMixin
 from .grid import grid_positions, grid_positions3d, raster_positions, to_pair
@@ -123,6 +124,11 @@ class ViT(nn.Module, PretrainedMixin):
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        check_number("dropout", dropout, minimum=0.0, maximum=1.0)
+        check_number("mlp_ratio", mlp_ratio, minimum=0.0, strict=True)
+        check_build(f"ViT(dim={dim}, depth={depth}, patch_size={patch_size}, in_chans={in_chans})",
+                    parameters=depth * int((4 + 2 * mlp_ratio) * dim * dim) + patch_size * patch_size * in_chans * dim,
+                    blocks=depth)
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}; got {pool!r}")
         if num_register_tokens < 0:

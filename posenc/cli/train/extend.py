@@ -20,7 +20,7 @@ likelihood to extend).
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_value, default=0)
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--allow-large", action="store_true",
+                        help="run even when the size estimate says the evaluation or fine-tune needs more memory "
+                             "than this machine has or hours of work on a CPU")
 
 
 def _fail(message: str) -> int:
@@ -56,12 +59,54 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _out_error(out: Path) -> str | None:
+    """Why ``--out`` cannot take the results, or None; creates it (so that a directory that cannot
+    be made is found before any evaluation). A link anywhere in the run directory's files is
+    refused: a write through it would land outside."""
+    if out.is_symlink():
+        return f"--out {str(out)!r} is a symbolic link; give the directory itself"
+    if os.path.lexists(out) and not out.is_dir():
+        return f"--out {str(out)!r} exists and is not a directory"
+    for name in ("results.json", "checkpoint.pt", "metrics.jsonl"):
+        if os.path.lexists(out / name):
+            what = "a symbolic link" if (out / name).is_symlink() else "a file"
+            return f"--out {str(out)!r} already holds {name} ({what}); choose another --out"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {str(out)!r} cannot be created: {exc.strerror or type(exc).__name__}"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"--out {str(out)!r} is not writable"
+    return None
+
+
+def _text_error(train_text: str, valid_text: str, eval_lens: list[int], eval_tokens: int,
+                finetune_len: int | None) -> str | None:
+    """Why the run's text cannot give the windows asked for, or None (checked before evaluating)."""
+    size = len(valid_text.encode("utf-8"))
+    for n in eval_lens:
+        windows = (size - n - 1) // n + 1 if size >= n + 1 else 0
+        needed = -(-eval_tokens // n)
+        if windows < needed:
+            return (f"--eval-lens {n}: the held-out text has {size} bytes, {windows} windows of {n}; --eval-tokens "
+                    f"{eval_tokens} needs {needed} (lower --eval-lens or --eval-tokens, or train on a longer text)")
+    if finetune_len is not None and len(train_text.encode("utf-8")) < finetune_len + 1:
+        return (f"--finetune-len {finetune_len}: the training text has {len(train_text.encode('utf-8'))} bytes, "
+                f"fewer than one window needs")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    from ...common.checks import check_int
+    from ...common.json_input import read_json
+    from ...common.report import write_json
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
     from ...seq.models import CausalLM
     from ...training.checkpoint import load_checkpoint
+    from ...training.pretrained import build_from_config, first_line, load_state_checked
+    from ..options import size_error
 
     run_dir = Path(args.run_dir)
     results_path, ckpt_path = run_dir / "results.json", run_dir / "checkpoint.pt"
@@ -76,34 +121,50 @@ def run(args: argparse.Namespace) -> int:
     if not args.lr > 0:
         return _fail(f"--lr must be positive, got {args.lr}")
     try:
-        results = json.loads(results_path.read_text())
-    except (OSError, ValueError) as exc:
-        return _fail(f"{results_path}: not a readable results file ({exc})")
+        results = read_json(results_path)
+    except ValueError as exc:
+        return _fail(str(exc))
     data = results.get("train_data") if isinstance(results, dict) else None
     if not isinstance(data, dict) or data.get("kind") != "text":
         return _fail(f"{results_path}: not a text run of posenc train seq (posenc extend scores bits per byte; "
                      "task runs and runs written before this command have no train_data record)")
-    l0 = int(data["seq_len"])
-    out = Path(args.out) if args.out else run_dir / f"extend-{method}-x{factor:g}"
-    if (out / "results.json").exists():
-        return _fail(f"--out {str(out)!r} already holds results.json; choose another --out")
     try:
-        ckpt = load_checkpoint(ckpt_path)
-        model_config = ckpt.get("model_config")
-        if not isinstance(model_config, dict):
-            raise ValueError("the checkpoint has no model_config")
-        model = CausalLM(**model_config)
-        model.load_state_dict(ckpt["model"])
-        if not rotary_layers(model):
-            raise ValueError(f"the run's model (encoding {model_config.get('encoding')!r}) has no rotary layer")
-        text = load_corpus(data.get("path"))
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-        return _fail(f"{run_dir}: {exc}")
-    train_text, valid_text = split_text(text)
+        l0 = check_int("train_data.seq_len", data.get("seq_len"), minimum=1)
+    except (TypeError, ValueError) as exc:
+        return _fail(f"{results_path}: {exc}")
+    out = Path(args.out) if args.out else run_dir / f"extend-{method}-x{factor:g}"
+    error = _out_error(out)
+    if error is not None:
+        return _fail(error)
     target = int(round(factor * l0))
     if args.finetune_steps and (args.finetune_len or target) < 2:  # refused before any evaluation runs
         return _fail(f"--finetune-len must be at least 2, got {args.finetune_len or target}")
     eval_lens = args.eval_lens or sorted({l0, 2 * l0, 4 * l0, target})
+    longest = max([*eval_lens, (args.finetune_len or target) if args.finetune_steps else 1])
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+        model_config = ckpt.get("model_config")
+        if not isinstance(model_config, dict):
+            raise ValueError(f"{ckpt_path} has no model_config")
+        dim, depth = model_config.get("dim", 128), model_config.get("depth", 4)
+        if isinstance(dim, int) and isinstance(depth, int):  # else the model's own check names the key
+            error = size_error(batch=args.batch_size if args.finetune_steps else max(1, 4096 // longest), tokens=longest,
+                               dim=dim, depth=depth, device=args.device, allow=args.allow_large,
+                               what="the evaluation" if not args.finetune_steps else "a fine-tuning step")
+            if error is not None:
+                return _fail(error)
+        model = build_from_config(CausalLM, model_config, f"{ckpt_path}: model_config")
+        load_state_checked(model, ckpt.get("model"), str(ckpt_path))
+        if not rotary_layers(model):
+            raise ValueError(f"the run's model (encoding {model_config.get('encoding')!r}) has no rotary layer")
+        text = load_corpus(data.get("path"))
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        return _fail(f"{run_dir}: {first_line(exc)}")
+    train_text, valid_text = split_text(text)
+    error = _text_error(train_text, valid_text, eval_lens, args.eval_tokens,
+                        (args.finetune_len or target) if args.finetune_steps else None)
+    if error is not None:
+        return _fail(f"{run_dir}: {error}")
     try:  # every scaling checked before any evaluation runs
         planned = plan_extension(model, method, factor=factor, original_max_len=l0, **dict(args.option))
     except (TypeError, ValueError) as exc:
@@ -112,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
     for layer, scaling in planned:
         layer.set_scaling(scaling)
     after = bits_per_byte_at(model, valid_text, eval_lens, args.eval_tokens)
-    out.mkdir(parents=True, exist_ok=True)
     tuned, loss = None, None
     if args.finetune_steps:
         length = args.finetune_len or target
@@ -133,6 +193,6 @@ def run(args: argparse.Namespace) -> int:
         "before": {str(n): v for n, v in before.items()}, "zero_shot": {str(n): v for n, v in after.items()},
         "finetuned": None if tuned is None else {str(n): v for n, v in tuned.items()}, "finetune_loss": loss,
     }
-    (out / "results.json").write_text(json.dumps(record, indent=2))
+    write_json(out / "results.json", record)  # atomic: a link planted at results.json is replaced, never followed
     print(f"results written to {out / 'results.json'}")
     return 0
