@@ -113,23 +113,40 @@ def _command_path(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(words)
 
 
+LIST_WIDTH = 100  # posenc list fits this many columns unless --wide
+
+
 def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
     from ..common.registry import MODALITIES
 
     parser.add_argument("--modality", choices=MODALITIES, default=None, help="only encodings of this modality")
+    parser.add_argument("--wide", action="store_true",
+                        help=f"the paper as a column of one line each (default: under its row, wrapped to {LIST_WIDTH} columns)")
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from ..common.registry import available
+    """The table of :mod:`posenc.common.catalog` (no torch: the registry's snapshot)."""
+    import textwrap
+
+    from ..common.catalog import entries
     from ..common.report import format_table, hook_text
 
-    infos = available(args.modality)
+    infos = entries(args.modality)
     if not infos:
         print(f"no encodings registered for modality {args.modality!r}")
         return 0
-    rows = [[i.name, i.modality, hook_text(i.hooks, i.cls.between_blocks), "yes" if i.causal_only else "no", i.paper]
-            for i in infos]
-    print(format_table(["name", "modality", "hooks", "causal-only", "paper"], rows))
+    headers = ["name", "modality", "hooks", "causal-only", "paper"]
+    cells = [[i.name, i.modality, hook_text(i.hooks, i.between_blocks), "yes" if i.causal_only else "no", i.paper]
+             for i in infos]
+    if args.wide:
+        print(format_table(headers, cells))
+    else:  # the paper under its row, wrapped: the table fits LIST_WIDTH columns
+        table = format_table(headers[:-1], [row[:-1] for row in cells]).splitlines()
+        print("\n".join(table[:2]))
+        for line, row in zip(table[2:], cells):
+            print(line)
+            print(textwrap.fill(row[-1], LIST_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False))
     print(f"\n{len(infos)} encoding{'s' if len(infos) != 1 else ''}")
     return 0
 

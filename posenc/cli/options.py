@@ -26,6 +26,8 @@ from .argtypes import (
     seed_value,
 )
 
+# the linear-attention feature maps (posenc.common.linear_attention.FEATURE_MAPS, named here without torch)
+FEATURE_MAPS = ("elu", "favor")
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
                     "on the input or on q and k run on it, and SPE runs only on it")

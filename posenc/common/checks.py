@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Sequence
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where a tensor is checked: the value rules serve the torch-free command line
+    import torch
+    from torch import Tensor
 
 __all__ = [
     "is_int",
@@ -124,7 +125,9 @@ def check_positions(
     once where positions enter, not in every layer. While ``torch.compile`` traces, only the
     static rules (type, dtype, rank) are checked: a value check would break the graph.
     """
-    if not isinstance(positions, Tensor):
+    import torch
+
+    if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
@@ -159,6 +162,8 @@ def format_bytes(size: float) -> str:
 
 def _device_memory(device: Any) -> int | None:
     """Total memory of ``device`` in bytes (physical RAM for the CPU), or None when unknown."""
+    import torch
+
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -175,6 +180,8 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype, device
     in the memory of ``device`` (RAM for the CPU): a ``ValueError`` with the estimate, instead of an
     allocator error (or the machine swapping) half-way through. ``what`` names the tensor and the
     argument that sized it, e.g. ``"laplacian_pe(k=1000000000): the encodings [N, k]"``."""
+    import torch
+
     numel = 1
     for n in shape:
         numel *= max(int(n), 0)  # Python ints: no overflow, whatever the sizes

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-from .encoding import PositionEncoding
+if TYPE_CHECKING:  # imported on first registration: the registry's tables serve the torch-free command line
+    from .encoding import PositionEncoding
 
 MODALITIES = ("seq", "vision", "graph", "timeseries")
 # Standard size arguments that :func:`build` fills from :class:`ModelDims` when a constructor takes them.
@@ -68,7 +69,7 @@ def _ensure_loaded() -> None:
     finally:
         _LOAD_STATE["loading"] = False
 
-E = TypeVar("E", bound=type[PositionEncoding])
+E = TypeVar("E", bound="type[PositionEncoding]")
 
 
 def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[[E], E]:
@@ -77,6 +78,8 @@ def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[
         raise ValueError(f"modality must be one of {MODALITIES}; got {modality!r}")
 
     def deco(cls: E) -> E:
+        from .encoding import PositionEncoding
+
         if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
             raise TypeError(f"register({name!r}) expects a PositionEncoding subclass, got {cls!r}")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:

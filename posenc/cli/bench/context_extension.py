@@ -29,8 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ...common.report import format_table
 
@@ -86,6 +84,8 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = _check(args)
     if error is not None:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -38,12 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...common.encoding import class_needs
-from ...common.linear_attention import FEATURE_MAPS
-from ...common.planning import check_attention_kind
+from ..options import FEATURE_MAPS
 from ...common.registry import available, get
 from ...common.report import format_table, hook_text
 
@@ -104,6 +100,9 @@ def _resolve(args: argparse.Namespace) -> str | None:
         return f"--encodings: a name is repeated in {','.join(args.encodings)}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    from ...common.encoding import class_needs
+    from ...common.planning import check_attention_kind
+
     feature_map = getattr(args, "feature_map", None)
     for name in args.encodings:  # the attention kind each encoding needs, before anything trains
         if name == "none":
@@ -159,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
+    import torch
+
     from ...seq.byte_lm import bits_per_byte_at, next_byte_loss
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.evaluation import task_eval_set, task_exact_match

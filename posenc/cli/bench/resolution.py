@@ -40,8 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
 from ...common.report import format_table
 
@@ -119,6 +117,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = check(args)
     if error is not None:
         print(f"posenc bench resolution: error: {error}", file=sys.stderr)
@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
+    import torch
+
     from ...common.report import Progress
     from ...training.trainer import TrainConfig
     from ...vision.classify import accuracy, eval_sizes, train_vit, vit_config

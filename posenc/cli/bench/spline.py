@@ -57,8 +57,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ...common.report import format_table
 from .load import format_load_average, load_average
@@ -171,6 +169,8 @@ def _progress(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = _check(args)
     if error is not None:
         print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
     from ...seq.curves import SmoothCurves
 
     start = time.perf_counter()
@@ -230,6 +232,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _device(args: argparse.Namespace) -> str:
+    import torch
+
     if args.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return args.device
@@ -237,6 +241,8 @@ def _device(args: argparse.Namespace) -> str:
 
 def _one(args, name, train, held_out, truth, scales, plot_scale) -> tuple[dict, dict]:
     """Train one model, score it at every scale in both modes; also return the curves to draw."""
+    import torch
+
     from ...training.trainer import TrainConfig, Trainer
 
     torch.manual_seed(args.seed)
@@ -288,6 +294,8 @@ def _mse(output, target) -> float:
 def _reconstruct(model, source, n: int, length: int, *, finer: bool):
     """The model's ``n``-point output for ``source`` (``[B, L', 2]``): for the baselines, ``finer``
     puts the queries at ``i (L - 1) / (n - 1)`` instead of ``0 .. n-1``."""
+    import torch
+
     from ...seq.spline import SplineTransformer
 
     if isinstance(model, SplineTransformer) or not finer:

@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import torch
-
 from ...common.report import Progress
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on ``device`` (a no-op on CPU)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

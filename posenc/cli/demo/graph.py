@@ -9,11 +9,8 @@ import argparse
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import positive_int
 from ...common.registry import get
-from ...training.trainer import TrainConfig, Trainer
 
 TITLE = "Graph: GPS on CSL, 10 classes of 4-regular circulant graphs (test accuracy, chance = 0.10)"
 
@@ -45,8 +42,11 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """Train one small GPS per encoding on CSL; ``--steps`` is scaled by 3/5 (300 by default)."""
+    import torch
+
     from ...graph.gps import GPS
     from ..train import graph as tg
+    from ...training.trainer import TrainConfig, Trainer
 
     steps = max(1, args.steps * 3 // 5)
     per_class = args.graph_per_class

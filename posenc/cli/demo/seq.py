@@ -8,11 +8,7 @@ import math
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 from ...common.registry import get
-from ...training.trainer import TrainConfig, Trainer
 
 TITLE = "Sequence: byte-level causal LM on pydoc text (bits per byte, lower is better)"
 
@@ -38,8 +34,12 @@ def check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> list[Row]:
     """Byte-level causal LM on CPython's pydoc text: one hook point per encoding, and a look at
     twice the training length."""
+    import torch
+    import torch.nn.functional as F
+
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.models import CausalLM
+    from ...training.trainer import TrainConfig, Trainer
 
     train_len = 64
     eval_lens = (train_len, 2 * train_len)

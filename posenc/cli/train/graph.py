@@ -31,9 +31,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
 from ..argtypes import nonnegative_int, positive_int
 from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
 from ...common.report import format_table
@@ -144,6 +141,8 @@ def load_task(args: argparse.Namespace) -> GraphTask:
 
 
 def _user_task(name: str, graphs: list, level: str, seed: int) -> GraphTask:
+    import torch
+
     from ...graph import datasets as gd
 
     in_dims = {g.x.shape[-1] if g.x.dim() > 1 else 1 for g in graphs}
@@ -229,6 +228,8 @@ def collate(graphs: list):
 
 def make_loss(task: GraphTask):
     """``loss_fn(model, batch) -> (loss, extras)`` for the Trainer: cross-entropy or L1."""
+    import torch.nn.functional as F
+
 
     def loss_fn(model, batch):
         out = model(batch.x, batch.edge_index, batch=batch.batch, edge_attr=_edge_attr(model, batch),
@@ -256,20 +257,22 @@ def _positions(model, batch):
     return None if enc is None else node_positions(batch, enc)
 
 
-@torch.no_grad()
 def evaluate_split(model, graphs: list, task: GraphTask, *, batch_size: int = 128) -> float:
     """Accuracy or mean absolute error of ``model`` on ``graphs`` (model in eval mode)."""
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for i in range(0, len(graphs), batch_size):
-        batch = collate(graphs[i:i + batch_size]).to(device)
-        out = model.forward_data(batch)
-        if task.kind == "classification":
-            total += (out.argmax(-1) == batch.y).sum().item()
-        else:
-            total += (out.squeeze(-1) - batch.y).abs().sum().item()
-        count += batch.y.numel()
-    return total / max(count, 1)
+    import torch
+
+    with torch.no_grad():
+        device = next(model.parameters()).device
+        total, count = 0.0, 0
+        for i in range(0, len(graphs), batch_size):
+            batch = collate(graphs[i:i + batch_size]).to(device)
+            out = model.forward_data(batch)
+            if task.kind == "classification":
+                total += (out.argmax(-1) == batch.y).sum().item()
+            else:
+                total += (out.squeeze(-1) - batch.y).abs().sum().item()
+            count += batch.y.numel()
+        return total / max(count, 1)
 
 
 def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, int]:
@@ -288,6 +291,8 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
 
 
 def _train(args: argparse.Namespace) -> int:
+    import torch
+
     from ...graph.gps import GPS
     from ...training.trainer import TrainConfig, Trainer
 

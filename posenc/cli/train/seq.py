@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from ..argtypes import int_list, nonnegative_int, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
+    FEATURE_MAPS,
     add_encoding_arguments,
     add_model_arguments,
     add_optim_arguments,
@@ -45,7 +44,7 @@ PROG = "posenc train seq"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_encoding_arguments(parser, what="a registered seq encoding (posenc list --modality seq)", example="symmetric=true")
-    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
     parser.add_argument("--peg-blocks", type=int_list(minimum=0), default=None,
@@ -111,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import torch
+
     from ...seq.byte_lm import next_byte_loss
     from ...seq.data import ByteWindows, eval_windows, load_corpus, split_text
     from ...seq.evaluation import bits_per_byte, task_eval_set, task_exact_match

@@ -43,12 +43,12 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-
-from torch.utils.data import Dataset
+from typing import TYPE_CHECKING
 
 from ..argtypes import int_list, positive_float, positive_float_list, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
+    FEATURE_MAPS,
     add_encoding_arguments,
     add_model_arguments,
     add_optim_arguments,
@@ -60,24 +60,29 @@ from ..options import (
     vit_encoding_error as check_encoding,
 )
 from ...common.report import format_table
-from ...vision.classify import (  # noqa: F401  (the helpers live with the ViT; kept importable here)
-    accuracy,
-    build_vit,
-    classification_loss,
-    eval_sizes,
-    evaluate_sizes,
-    train_vit,
-    vit_config,
-)
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 from . import run_checked, write_results
 
 PROG = "posenc train vision"
+
+# the ViT's helpers live with it (posenc.vision.classify); kept importable here, read on first use
+_VIT_HELPERS = ("accuracy", "build_vit", "classification_loss", "eval_sizes", "evaluate_sizes", "train_vit", "vit_config")
+
+
+def __getattr__(name: str):
+    if name in _VIT_HELPERS:
+        from ...vision import classify
+
+        return getattr(classify, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_encoding_arguments(parser, what="a registered vision or seq encoding (posenc list --modality vision)",
                            example="layout=mae")
-    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
@@ -191,6 +196,8 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
+    from ...vision.classify import eval_sizes
+
     largest = max(eval_sizes(args.img_size, args.eval_scales) + [args.img_size])
     frames = args.frames // args.tubelet if getattr(args, "video", False) else 1
     error = size_error(batch=args.batch_size, tokens=frames * (largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
@@ -206,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
     """(train set, {size: test set}, a description, in_chans, num_classes)."""
+    from ...vision.classify import eval_sizes
     from ...vision.data import DigitsCanvas, MovingDigits, digits_at_size, image_folder
 
     if args.video:
@@ -234,6 +242,7 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 def _train(args: argparse.Namespace) -> int:
     from ...training.trainer import TrainConfig
+    from ...vision.classify import eval_sizes, train_vit, vit_config
 
     train, sets, source, in_chans, num_classes = _datasets(args)
     model_config = vit_config(
