@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
+import re
 import sys
 from typing import Callable, Mapping, Sequence
 
@@ -57,13 +57,31 @@ def command_groups() -> dict[str, tuple[str, Mapping[str, tuple[str, str]]]]:
 Handler = Callable[[argparse.Namespace], int]
 
 
+# help text that already names its default ("(default: 4)", "(default 4; none: 1)")
+_SAYS_DEFAULT = re.compile(r"[(;,] *default[: ]")
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` should add ``(default: X)`` to ``action``: an option taking a value
+    whose default is something (not None, not an empty list) and whose help does not already
+    name it. Flags (``store_true``, ``--no-peers``) take no value; their default is the flag unset."""
+    default = action.default
+    if default is None or default is argparse.SUPPRESS or action.nargs == 0:
+        return False
+    if isinstance(default, (list, tuple)) and not default:
+        return False
+    return not _SAYS_DEFAULT.search(action.help or "")
+
+
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` where there is a default to show (not for None, False or [])."""
+    """Shows ``(default: X)`` once where there is a default to show (see :func:`shows_default`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        if not shows_default(action):
             return action.help
-        return super()._get_help_string(action)
+        if isinstance(action.default, (list, tuple)):  # as it is typed: 0,1 rather than [0, 1]
+            return f"{action.help or ''} (default: {','.join(map(str, action.default))})".lstrip()
+        return f"{action.help or ''} (default: %(default)s)".lstrip()
 
 
 class Parser(argparse.ArgumentParser):

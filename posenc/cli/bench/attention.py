@@ -68,7 +68,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..argtypes import int_list, seed_value
+from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
+from ..errors import usage_error
 from ...common import chunk_pool
 from ...common.attention import MultiheadAttention
 from ...common.encoding import Hook, PositionEncoding, attention_part
@@ -79,6 +80,8 @@ from ...common.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
+
+PROG = "posenc bench attention"
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda")
@@ -770,25 +773,6 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
 # --- command line ----------------------------------------------------------------------------
 
 
-def _int_at_least(low: int, what: str):
-    """argparse type: an integer >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "an integer >= 0")
-
-
 def _encoding_list(text: str) -> tuple[str, ...]:
     """Comma-separated names; ``all`` stands for every registered 1D encoding (and ``none``)."""
     known = encoding_names()
@@ -835,41 +819,26 @@ def _device(text: str) -> str:
     return text
 
 
-def _json_path(text: str) -> str:
-    parent = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent!r} of {text!r} does not exist")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
-    return text
-
-
-def _out_dir(text: str) -> str:
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench attention``."""
     d = AttentionBenchConfig()
     parser.add_argument("--device", type=_device, default=d.device, metavar="{cpu,cuda}", help="default: %(default)s")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="default: %(default)s")
-    parser.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
+    parser.add_argument("--seq-len", type=positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
     parser.add_argument(
         "--seq-lens", type=seq_len_list, default=None, metavar="T1,T2,...",
         help="run every row at each length and add a growth table (and a PNG with --json or --out); "
              "instead of --seq-len",
     )
-    parser.add_argument("--batch", type=_positive_int, default=d.batch, metavar="B", help="default: %(default)s")
-    parser.add_argument("--heads", type=_positive_int, default=d.heads, metavar="H", help="default: %(default)s")
-    parser.add_argument("--head-dim", type=_positive_int, default=d.head_dim, metavar="D", help="default: %(default)s")
-    parser.add_argument("--repeats", type=_positive_int, default=d.repeats, metavar="N", help="timed rounds (default: %(default)s)")
+    parser.add_argument("--batch", type=positive_int, default=d.batch, metavar="B", help="default: %(default)s")
+    parser.add_argument("--heads", type=positive_int, default=d.heads, metavar="H", help="default: %(default)s")
+    parser.add_argument("--head-dim", type=positive_int, default=d.head_dim, metavar="D", help="default: %(default)s")
+    parser.add_argument("--repeats", type=positive_int, default=d.repeats, metavar="N", help="timed rounds (default: %(default)s)")
     parser.add_argument(
-        "--long-repeats", type=_positive_int, default=LONG_REPEATS, metavar="N",
+        "--long-repeats", type=positive_int, default=LONG_REPEATS, metavar="N",
         help=f"with --seq-lens: timed rounds at lengths above {LONG_SEQ_LEN}, at most --repeats (default: %(default)s)",
     )
-    parser.add_argument("--warmup", type=_non_negative_int, default=d.warmup, metavar="N", help="untimed rounds first (default: %(default)s)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=d.warmup, metavar="N", help="untimed rounds first (default: %(default)s)")
     parser.add_argument(
         "--encodings", type=_encoding_list, default=None, metavar="A,B,...|all",
         help=f"rows besides the baseline: 'none' and/or registered encoding names, or 'all' "
@@ -882,9 +851,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=d.feature_map,
                         help="feature map of the linear rows (default: %(default)s)")
-    parser.add_argument("--json", type=_json_path, default=None, metavar="PATH",
+    parser.add_argument("--json", type=json_path, default=None, metavar="PATH",
                         help="also write the result as JSON (and, with --seq-lens, the plot next to it as .png)")
-    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+    parser.add_argument("--out", type=out_directory, default=None, metavar="DIR",
                         help="write attention.txt, attention.json and, with --seq-lens, attention.png into DIR")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out x-transformers and AttentionSmithy rows")
     parser.add_argument(
@@ -925,8 +894,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"posenc bench attention: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, str(exc))
     seq_lens = getattr(args, "seq_lens", None)
     plans = getattr(args, "plans", False)
     out_dir = Path(args.out) if getattr(args, "out", None) else None

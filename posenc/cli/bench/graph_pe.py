@@ -41,16 +41,21 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..argtypes import positive_float, positive_int, seed_value
+from ..errors import usage_error
 from ...common.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
+
+if TYPE_CHECKING:
+    import torch
+
+PROG = "posenc bench graph-pe"
 
 LAP, RWSE = "LapPE", "RWSE"
 
@@ -513,12 +518,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run, print the table, write the files. 0 on success, 1 if a posenc row failed, 2 on bad input."""
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        print(f"posenc bench graph-pe: --out {args.out} exists and is not a directory", file=sys.stderr)
-        return 2
+        return usage_error(PROG, f"--out {args.out} exists and is not a directory")
     if args.edges > args.nodes * (args.nodes - 1) // 2:
-        print(f"posenc bench graph-pe: --edges {args.edges} is more than a simple graph on --nodes {args.nodes} holds",
-              file=sys.stderr)
-        return 2
+        return usage_error(PROG, f"--edges {args.edges} is more than a simple graph on --nodes {args.nodes} holds")
     config = GraphPEBenchConfig(
         graphs=args.graphs, nodes=args.nodes, edges=args.edges, lap_k=args.lap_k, walk_length=args.walk_length,
         repeats=args.repeats, pyg_timeout=args.pyg_timeout, pyg_memory_gb=args.pyg_memory_gb,

@@ -41,7 +41,10 @@ import time
 from pathlib import Path
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
+from ..errors import usage_error
 from ...common.report import format_table
+
+PROG = "posenc bench resolution"
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
 MODES = ("scale", "grow")
@@ -61,11 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation sizes as factors of S (default 1,1.5,2)")
     parser.add_argument("--modes", default="scale,grow", help="evaluation modes: scale, grow or both (default both)")
     parser.add_argument("--steps", type=positive_int, default=800, help="training steps per model (default 800)")
-    parser.add_argument("--batch-size", type=positive_int, default=64)
-    parser.add_argument("--lr", type=positive_float, default=2e-3)
-    parser.add_argument("--dim", type=positive_int, default=64)
-    parser.add_argument("--depth", type=positive_int, default=4)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="examples per batch")
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--dim", type=positive_int, default=64, help="model width")
+    parser.add_argument("--depth", type=positive_int, default=4, help="transformer blocks")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --dim)")
     parser.add_argument("--repeats", type=positive_int, default=10, help="placements per training digit (default 10)")
     parser.add_argument("--seeds", type=int_list(minimum=0), default=[0, 1],
                         help="comma-separated seeds; results are averaged (default 0,1)")
@@ -121,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     error = check(args)
     if error is not None:
-        print(f"posenc bench resolution: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args)

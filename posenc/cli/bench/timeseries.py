@@ -23,7 +23,10 @@ import sys
 import time
 
 from ..argtypes import nonnegative_int
+from ..errors import usage_error
 from ...common.report import format_table
+
+PROG = "posenc bench timeseries"
 
 DEFAULT_DATASETS = ("BasicMotions", "JapaneseVowels")
 DEFAULT_ENCODINGS = ("tape+erpe", "sinusoidal", "learned", "none")
@@ -164,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if error is None and not encodings:
         error = "no encoding to run (every default encoding is unregistered)"
     if error is not None:
-        print(f"posenc bench timeseries: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     import torch
 
     from ..options import convtran_settings
@@ -178,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             data[name] = load_dataset(name, normalize=args.normalize)
         except (ValueError, OSError) as exc:
-            print(f"posenc bench timeseries: --datasets: {exc}", file=sys.stderr)
-            return 2
+            return usage_error(PROG, f"--datasets: {exc}")
     if args.threads:
         torch.set_num_threads(args.threads)
     for note in notes:

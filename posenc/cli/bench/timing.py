@@ -11,9 +11,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ...common.report import Progress
+
+if TYPE_CHECKING:
+    import torch
 
 
 def synchronize(device: torch.device) -> None:

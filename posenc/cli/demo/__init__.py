@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
 from ..argtypes import device_name, positive_int, seed_value
+from ..errors import usage_error
 from ..options import out_dir_error
 from ...common.report import format_table, write_json
+
+PROG = "posenc demo"
 
 Row = dict[str, object]
 
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, from {', '.join(PARTS)}")
     parser.add_argument("--steps", type=positive_int, default=500, help="training steps per model (default 500)")
     parser.add_argument("--eval-windows", type=positive_int, default=256, help="validation examples per evaluation")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for metrics, checkpoints and results.json")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -81,8 +83,7 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     error = _argument_error(args)
     if error is not None:
-        print(f"posenc demo: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     parts = [p for p in args.parts.split(",") if p]
     results = {}
     for part in parts:

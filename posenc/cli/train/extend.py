@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from ..argtypes import device_name, int_list, key_value, nonnegative_int, positive_float, positive_int, seed_value
+from ..errors import usage_error
 
 PROG = "posenc extend"
 
@@ -46,14 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation lengths (default L0, 2 L0, 4 L0 and factor * L0)")
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/extend-METHOD-xFACTOR)")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2
+    return usage_error(PROG, message)
 
 
 def run(args: argparse.Namespace) -> int:

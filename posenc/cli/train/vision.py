@@ -242,7 +242,7 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 def _train(args: argparse.Namespace) -> int:
     from ...training.trainer import TrainConfig
-    from ...vision.classify import eval_sizes, train_vit, vit_config
+    from ...vision.classify import train_vit, vit_config
 
     train, sets, source, in_chans, num_classes = _datasets(args)
     model_config = vit_config(
