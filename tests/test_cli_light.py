@@ -31,6 +31,8 @@ LIGHT = [
     (["train", "--help"], 0),
     (["train", "seq", "--help"], 0),
     (["train", "seq", "--steps", "-5"], 2),
+    (["train", "seq", "--encoding", "rop"], 2),
+    (["train", "sequence"], 2),
     (["train", "vision", "--help"], 0),
     (["train", "graph", "--dim", "zero"], 2),
     (["train", "timeseries", "--help"], 0),
@@ -90,3 +92,20 @@ def test_suggest_names_the_closest(wrong, right):
 
     assert f"{right!r}" in suggest(wrong, names())
     assert suggest("zzzzzz", names()) == ""
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["lst"], "invalid choice: 'lst' (did you mean 'list'?)"),
+    (["bench", "atention"], "(did you mean 'attention'?)"),
+    (["train", "seq", "--encoding", "rop"], "posenc train seq: error: --encoding: unknown encoding 'rop' (did you mean 'rope'?)"),
+    (["train", "seq", "--task", "copyy"], "(did you mean 'copy'?)"),
+    (["demo", "--parts", "sq"], "posenc demo: error: --parts: unknown part(s) sq (did you mean 'seq'?)"),
+    (["bench", "attention", "--encodings", "alibj"], "(did you mean 'alibi'?)"),
+])
+def test_unknown_names_get_the_closest_one_on_one_error_line(argv, expected, capsys):
+    from posenc import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("posenc")

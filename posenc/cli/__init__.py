@@ -93,7 +93,23 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # argparse's hook; never returns
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_with_suggestion(message)} (see {self.prog} --help)\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<name>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's ``invalid choice: 'lst' (choose from ...)`` with the closest choices instead of all
+    of them when one is close (``did you mean 'list'?``)."""
+    from ..common.catalog import suggest
+
+    match = _INVALID_CHOICE.search(message)
+    if match is None:
+        return message
+    choices = [c.strip().strip("'") for c in match["choices"].split(",")]
+    hint = suggest(match["name"], choices)
+    return message[: match.start()] + f"invalid choice: {match['name']!r}{hint}" if hint else message
 
 
 def _unavailable(command: str, module: str, exc: BaseException) -> Handler:

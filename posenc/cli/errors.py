@@ -12,8 +12,6 @@ import argparse
 import sys
 from typing import Callable, Mapping, Sequence
 
-from .options import FLAGS
-
 
 def usage_error(prog: str, message: str) -> int:
     """Print ``prog: error: message`` (on one line) to stderr; return 2, the exit status."""
@@ -42,24 +40,27 @@ def run_checked(
     errors: tuple[type[BaseException], ...] = (ValueError, TypeError),
     flags: Mapping[str, str] | None = None,
 ) -> int:
-    """Check the arguments, then run ``work``; a problem found by ``check`` or raised as one of
+    """Check the arguments, then run ``work``; a problem found by ``check`` (before torch is
+    imported: the checks read the registry's snapshot, :mod:`posenc.common.catalog`) or raised as one of
     ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
     as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
     its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over
     :data:`posenc.cli.options.FLAGS`). Benches pass ``errors=()``: an exception while measuring
     is a bug to see in full, not bad input."""
-    from ..training.trainer import ResumeMismatch
-
     error = check(args)
-    if error is None:
-        try:
-            return work(args)
-        except FloatingPointError as exc:  # the trainer stops on a non-finite loss
-            error = f"training diverged: {exc} (lower --lr, or check the data for NaN)"
-        except ResumeMismatch as exc:
-            flag = {**FLAGS, **(flags or {})}.get(exc.field, f"--{exc.field.replace('_', '-')}")
-            error = (f"--resume: the run in {args.out} was made with {flag} {exc.saved}, this one asks for "
-                     f"{exc.requested}; resume with the run's options, or train into a new --out")
-        except errors as exc:
-            error = str(exc)
+    if error is not None:  # before anything imports torch
+        return usage_error(prog, error)
+    from ..training.trainer import ResumeMismatch
+    from .options import FLAGS
+
+    try:
+        return work(args)
+    except FloatingPointError as exc:  # the trainer stops on a non-finite loss
+        error = f"training diverged: {exc} (lower --lr, or check the data for NaN)"
+    except ResumeMismatch as exc:
+        flag = {**FLAGS, **(flags or {})}.get(exc.field, f"--{exc.field.replace('_', '-')}")
+        error = (f"--resume: the run in {args.out} was made with {flag} {exc.saved}, this one asks for "
+                 f"{exc.requested}; resume with the run's options, or train into a new --out")
+    except errors as exc:
+        error = str(exc)
     return usage_error(prog, error)

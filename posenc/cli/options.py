@@ -25,6 +25,7 @@ from .argtypes import (
     positive_int,
     seed_value,
 )
+from .errors import unknown_name
 
 # the linear-attention feature maps (posenc.common.linear_attention.FEATURE_MAPS, named here without torch)
 FEATURE_MAPS = ("elu", "favor")
@@ -136,16 +137,18 @@ def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirect
     linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`). Checked
     from the registry alone, before anything is built.
     """
+    from ..common.catalog import names
+
+    if name == "none":
+        return None
+    if name not in names():  # from the registry's snapshot: a misspelt name is refused before torch loads
+        listing = f"posenc list --modality {modalities[0]}" if len(modalities) == 1 else "posenc list"
+        return f"{flag}: {unknown_name('encoding', name, names(modalities), listing=listing)}"
     from ..common.encoding import class_needs
     from ..common.planning import check_attention_kind
     from ..common.registry import get
 
-    if name == "none":
-        return None
-    try:
-        info = get(name)
-    except KeyError as exc:
-        return f"{flag}: {exc.args[0]}"
+    info = get(name)
     if info.modality not in modalities:
         return (f"{flag}: {name!r} is a {info.modality} encoding; {model} takes {' or '.join(modalities)} encodings "
                 f"(posenc list --modality {modalities[0]})")

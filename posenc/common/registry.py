@@ -10,6 +10,7 @@ arguments against the constructor, so a typo fails loudly instead of disappearin
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
@@ -111,7 +112,9 @@ def get(name: str) -> EncodingInfo:
     if name not in _REGISTRY:
         _ensure_loaded()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise KeyError(f"unknown encoding {name!r}{hint}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

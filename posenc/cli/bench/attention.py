@@ -70,6 +70,7 @@ from torch import Tensor, nn
 
 from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
 from ..errors import usage_error
+from ...common.catalog import suggest
 from ...common import chunk_pool
 from ...common.attention import MultiheadAttention
 from ...common.encoding import Hook, PositionEncoding, attention_part
@@ -781,9 +782,12 @@ def _encoding_list(text: str) -> tuple[str, ...]:
         if n:
             names += known if n == ALL else [n]
     unknown = [n for n in names if n not in known]
-    if not names or unknown:
-        what = f"unknown encoding(s) {', '.join(map(repr, unknown))}" if unknown else f"no encodings in {text!r}"
-        raise argparse.ArgumentTypeError(f"{what}; choose from {ALL}, {', '.join(known)}")
+    if unknown:
+        hints = "".join(suggest(n, known) for n in unknown)
+        raise argparse.ArgumentTypeError(f"unknown encoding(s) {', '.join(map(repr, unknown))}{hints}; "
+                                         f"'{ALL}' runs every one (posenc list --modality seq)")
+    if not names:
+        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; choose from {ALL}, {', '.join(known)}")
     return tuple(dict.fromkeys(names))
 
 

@@ -23,6 +23,7 @@ from types import ModuleType
 from ..argtypes import device_name, positive_int, seed_value
 from ..errors import usage_error
 from ..options import out_dir_error
+from ...common.catalog import suggest
 from ...common.report import format_table, write_json
 
 PROG = "posenc demo"
@@ -68,7 +69,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (checked before any training), or None."""
     unknown = [p for p in args.parts.split(",") if p and p not in PARTS]
     if unknown:
-        return f"--parts: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}"
+        hints = "".join(suggest(p, list(PARTS)) for p in unknown)
+        return f"--parts: unknown part(s) {', '.join(unknown)}{hints}; choose from {', '.join(PARTS)}"
     if args.steps <= 0:
         return f"--steps must be positive, got {args.steps}"
     if args.eval_windows <= 0:

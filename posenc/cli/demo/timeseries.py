@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
+    from ..errors import unknown_name
     from ..options import encoding_spec
     from ...timeseries.datasets import bundled_datasets
 
@@ -33,7 +34,7 @@ def check(args: argparse.Namespace) -> str | None:
         except argparse.ArgumentTypeError as exc:
             return f"--ts-encodings: {exc}"
     if args.ts_dataset not in bundled_datasets():
-        return f"--ts-dataset: {args.ts_dataset!r} is not bundled; choose from {', '.join(bundled_datasets())}"
+        return f"--ts-dataset: {unknown_name('bundled dataset', args.ts_dataset, bundled_datasets())}"
     return None
 
 
