@@ -19,12 +19,13 @@ is imported).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from .common.vocabulary import read_results
 
 from .training.checkpoint import load_checkpoint
 from .training.pretrained import (
@@ -90,10 +91,13 @@ def _results(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        return read_results(path)  # runs written with the old metric names read in today's
+    except OSError as exc:
         raise ValueError(f"{path} is not readable JSON: {exc}") from None
-    return record if isinstance(record, dict) else None
+    except ValueError as exc:
+        if "not an object" in str(exc):
+            return None
+        raise
 
 
 def _load_extension(directory: Path, record: dict[str, Any]) -> nn.Module:

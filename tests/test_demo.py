@@ -32,7 +32,7 @@ def test_demo_trains_every_encoding_and_writes_results(tmp_path, capsys):
     assert [r["encoding"] for r in rows] == ["none", "sinusoidal", "rope", "alibi", "erpe"]
     assert {r["hook"] for r in rows} == {"-", "input", "qk", "score_bias", "post_softmax"}
     for r in rows:
-        assert 0 < r["bpb@64"] < 9 and 0 < r["bpb@128"] < 9  # bits per byte of a barely trained model
+        assert 0 < r["bits_per_byte@64"] < 9 and 0 < r["bits_per_byte@128"] < 9  # bits per byte of a barely trained model
     assert (tmp_path / "seq" / "rope" / "metrics.jsonl").is_file()
 
 

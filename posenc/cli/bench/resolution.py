@@ -305,8 +305,8 @@ def render(result: dict) -> str:
     verdicts = direction(result)
     if verdicts:
         lines += ["", "Direction check (scale mode; CPVT and RoPE-ViT: PEG and mixed RoPE hold accuracy better "
-                      f"than learned with resampling; accuracy kept above chance, (acc@size - chance) / "
-                      f"(acc@S - chance), chance {100 * result['chance']:.1f}%):"] + [f"  {v}" for v in verdicts]
+                      f"than learned with resampling; accuracy kept above chance, (accuracy@size - chance) / "
+                      f"(accuracy@S - chance), chance {100 * result['chance']:.1f}%):"] + [f"  {v}" for v in verdicts]
     lines.append(f"\nwall {result['wall_s']:.0f} s, process CPU {result['cpu_s']:.0f} s "
                  f"({result['machine']['threads']} torch threads)")
     return "\n".join(lines)

@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         )
         start = time.perf_counter()
         metrics = Trainer(model, task.subset("train"), tg.make_loss(task), config, collate_fn=tg.collate,
-                          eval_fn=lambda m: {"test_acc": tg.evaluate_split(m, test, task)}).fit()
+                          eval_fn=lambda m: {"test_accuracy": tg.evaluate_split(m, test, task)}).fit()
         hook = "-" if model.encoding is None else ",".join(sorted(h.value for h in model.encoding.hooks))
         rows.append({"encoding": name, "hook": hook, "train_s": round(time.perf_counter() - start, 1),
-                     "test_acc": round(metrics["test_acc"], 3)})
+                     "test_accuracy": round(metrics["test_accuracy"], 3)})
     return rows

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     count = min(len(ds), args.eval_windows)
                     x = torch.stack([ds[i][0] for i in range(count)]).to(device)
                     y = torch.stack([ds[i][1] for i in range(count)]).to(device)
-                    out[f"bpb@{n}"] = F.cross_entropy(m(x).flatten(0, 1), y.flatten()).item() / math.log(2)
+                    out[f"bits_per_byte@{n}"] = F.cross_entropy(m(x).flatten(0, 1), y.flatten()).item() / math.log(2)
             return out
 
         config = TrainConfig(
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 "encoding": name,
                 "hook": _hook_of(model),
                 "train_s": round(time.perf_counter() - start, 1),
-                **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bpb@")},
+                **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bits_per_byte@")},
             }
         )
     return rows

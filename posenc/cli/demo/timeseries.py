@@ -64,4 +64,4 @@ def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> 
         out_dir=None if args.out is None else str(Path(args.out) / "timeseries" / spec.replace("+", "_")),
     )
     return {"encoding": spec, "steps": steps, "train_s": round(time.perf_counter() - start, 1),
-            "test_acc": round(metrics["test_accuracy"], 3)}
+            "test_accuracy": round(metrics["test_accuracy"], 3)}

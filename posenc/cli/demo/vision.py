@@ -13,8 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-TITLE = ("Vision: ViT on digits placed on a 32px canvas; test accuracy at 32px, resized to 48px (acc@48, 1.5x), and "
-         "on a 64px canvas with the digit kept at 16px (acc@64, grow)")
+TITLE = ("Vision: ViT on digits placed on a 32px canvas; test accuracy at 32px, resized to 48px (accuracy@48, 1.5x), and "
+         "on a 64px canvas with the digit kept at 16px (accuracy@64, grow)")
 
 Row = dict[str, object]
 IMG_SIZE = 32
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             "encoding": name,
             "hook": _hooks(model),
             "train_s": round(time.perf_counter() - start, 1),
-            **{k: round(v, 3) for k, v in metrics.items() if k.startswith("acc@")},
+            **{k: round(v, 3) for k, v in metrics.items() if k.startswith("accuracy@")},
         })
     return rows
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
     from ...seq.models import CausalLM
+    from ...common.vocabulary import read_results
     from ...training.checkpoint import load_checkpoint
 
     run_dir = Path(args.run_dir)
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.lr > 0:
         return _fail(f"--lr must be positive, got {args.lr}")
     try:
-        results = json.loads(results_path.read_text())
+        results = read_results(results_path)
     except (OSError, ValueError) as exc:
         return _fail(f"{results_path}: not a readable results file ({exc})")
     data = results.get("train_data") if isinstance(results, dict) else None

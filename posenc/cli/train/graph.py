@@ -114,7 +114,7 @@ class GraphTask:
 
     @property
     def metric(self) -> str:
-        return "acc" if self.kind == "classification" else "mae"
+        return "accuracy" if self.kind == "classification" else "mae"
 
     def subset(self, split: str) -> list:
         return [self.graphs[i] for i in self.splits[split]]
@@ -236,7 +236,7 @@ def make_loss(task: GraphTask):
                     positions=_positions(model, batch))
         if task.kind == "classification":
             loss = F.cross_entropy(out, batch.y)
-            return loss, {"acc": (out.argmax(-1) == batch.y).float().mean().item()}
+            return loss, {"accuracy": (out.argmax(-1) == batch.y).float().mean().item()}
         return F.l1_loss(out.squeeze(-1), batch.y), {}
 
     return loss_fn
@@ -332,7 +332,7 @@ def _train(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{s} {len(task.splits[s])}" for s in ("train", "val", "test") if task.splits[s])
     print(f"\nGPS with encoding {args.encoding} on {task.name} ({sizes} graphs): {params / 1e3:.1f}k parameters, "
           f"{trainer.step} steps, final train loss {metrics['train_loss']:.4f}")
-    what = "accuracy (higher is better)" if task.metric == "acc" else "mean absolute error (lower is better)"
+    what = "accuracy (higher is better)" if task.metric == "accuracy" else "mean absolute error (lower is better)"
     print(f"final evaluation, {what}:")
     rows = [[s, f"{metrics[f'{s}_{task.metric}']:.4f}"] for s in eval_sets]
     print(format_table(["split", task.metric], rows, align="lr"))

@@ -131,11 +131,11 @@ def _train(args: argparse.Namespace) -> int:
         num_examples = max(args.batch_size, min(args.steps * args.batch_size, 200_000))
         train = TaskDataset(task, num_examples, args.length, seed=args.seed)
         eval_sets = {n: task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n) for n in eval_lens}
-        metric = "exact"
+        metric = "exact_match"
         loss_fn = task_loss
 
         def evaluate(model) -> dict[str, float]:
-            return {f"exact@{n}": task_exact_match(model, s) for n, s in eval_sets.items()}
+            return {f"exact_match@{n}": task_exact_match(model, s) for n, s in eval_sets.items()}
     else:
         text = load_corpus(args.data)
         train_text, valid_text = split_text(text)
@@ -144,11 +144,11 @@ def _train(args: argparse.Namespace) -> int:
         needed = max([args.seq_len, *eval_lens])
         train = ByteWindows(train_text, args.seq_len)
         eval_sets = {n: eval_windows(valid_text, n, args.eval_tokens) for n in eval_lens}
-        metric = "bpb"
+        metric = "bits_per_byte"
         loss_fn = next_byte_loss
 
         def evaluate(model) -> dict[str, float]:
-            return {f"bpb@{n}": bits_per_byte(model, *s) for n, s in eval_sets.items()}
+            return {f"bits_per_byte@{n}": bits_per_byte(model, *s) for n, s in eval_sets.items()}
 
     max_len = args.max_len or needed
     model_config = {
@@ -176,7 +176,7 @@ def _train(args: argparse.Namespace) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.encoding} on {source}: {params / 1e6:.2f}M parameters, {trainer.step} steps, "
           f"final train loss {metrics['train_loss']:.4f}")
-    what = "exact match (fraction of answers fully right)" if metric == "exact" else "bits per byte (lower is better)"
+    what = "exact match (fraction of answers fully right)" if metric == "exact_match" else "bits per byte (lower is better)"
     print(f"final evaluation, {what}:")
     print(format_table(["length", metric], [[n, f"{metrics[f'{metric}@{n}']:.4f}"] for n in eval_lens], align="rr"))
     result = {"command": "train seq", "encoding": args.encoding, "model_config": model_config,

@@ -267,18 +267,18 @@ def _train(args: argparse.Namespace) -> int:
     if args.video:
         print(f"test accuracy on held-out clips (chance 0.25; blind to frame order at most 0.5), tubelet "
               f"{args.tubelet} x {args.patch} x {args.patch}:")
-        rows = [[s, args.frames, _fmt(metrics[f"acc@{s}"])] for s in sets]
+        rows = [[s, args.frames, _fmt(metrics[f"accuracy@{s}"])] for s in sets]
         print(format_table(["size", "frames", "accuracy"], rows, align="rrr"))
     else:
         print(f"test accuracy by image size (eval mode {args.eval_mode}; trained at {args.img_size}):")
-        rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
+        rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"accuracy@{s}"])] for s in sets]
         print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
     result = {
         "command": "train vision", "encoding": args.encoding, "model_config": model_config,
         "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
-        "metrics": {f"acc@{s}": _json_number(metrics[f"acc@{s}"]) for s in sets},
+        "metrics": {f"accuracy@{s}": _json_number(metrics[f"accuracy@{s}"]) for s in sets},
         "source": source, "eval_mode": args.eval_mode, "train_size": args.img_size,
-        "accuracy": {str(s): _json_number(metrics[f"acc@{s}"]) for s in sets},
+        "accuracy": {str(s): _json_number(metrics[f"accuracy@{s}"]) for s in sets},
     }
     if args.video:
         result["video"] = {"frames": args.frames, "tubelet": args.tubelet, "max_speed": args.max_speed}
