@@ -70,7 +70,7 @@ def test_task_run_checkpoints_and_resumes(tmp_path, capsys):
     assert [r["step"] for r in lines if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in lines if r["split"] == "eval"] == [6]
     result = json.loads((out / "results.json").read_text())
-    assert result["metric"] == "exact" and set(result["eval"]) == {"3", "6", "12"}
+    assert result["metric"] == "exact_match" and set(result["eval"]) == {"3", "6", "12"}
     assert result["command"] == "train seq" and result["train_config"]["steps"] == 6
     assert set(result["metrics"]) == {"exact_match@3", "exact_match@6", "exact_match@12"}
     assert all(0 <= v <= 1 for v in result["eval"].values())

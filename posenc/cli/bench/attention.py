@@ -70,14 +70,15 @@ from torch import Tensor, nn
 
 from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
 from ..errors import usage_error
-from ...common.catalog import suggest
 from ...common import chunk_pool
+from ...common.catalog import suggest
 from ...common.attention import MultiheadAttention
 from ...common.encoding import Hook, PositionEncoding, attention_part
 from ...common.linear_attention import FEATURE_MAPS, make_feature_map
 from ...common.masks import AttentionMask
 from ...common.registry import ModelDims, available, build
 from ...common.report import Progress, format_table
+from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
@@ -227,8 +228,17 @@ class BenchResult:
     rows: list[Row]
     notes: list[str]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Figures below the noise at these settings (see :mod:`.caveats`)."""
+        base = next((r.ms for r in self.rows if r.name == BASELINE), None)
+        texts = [few_rounds(self.config.get("repeats"), self.config.get("warmup"), advice="--repeats 5 --warmup 1"),
+                 short_timing(f"the baseline at T={self.config.get('seq_len')}", base, advice="raise --seq-len or --batch")]
+        return [t for t in texts if t is not None]
+
     def to_json(self) -> dict:
-        return {"config": self.config, "rows": [r.to_json() for r in self.rows], "notes": self.notes}
+        return {"config": self.config, "rows": [r.to_json() for r in self.rows], "notes": self.notes,
+                "warnings": self.warnings}
 
 
 # --- the units -------------------------------------------------------------------------------
@@ -615,11 +625,23 @@ class GrowthResult:
             out.append(GrowthRow(name, impl, ms, mb, _growth(ms), _growth(mb)))
         return out
 
+    @property
+    def warnings(self) -> list[str]:
+        """Growth figures below the noise: the baseline too fast at the first length, or a row
+        whose time falls as T grows (see :mod:`.caveats`)."""
+        advice = "use longer --seq-lens, e.g. 1024,2048,4096, or a larger --batch"
+        out = list(self.results[0].warnings) if self.results else []
+        falling = [g.name for g in self.growth() if falling_growth(g.name, self.seq_lens, g.time_growth, advice=advice)]
+        if falling:
+            out.append(f"time falls as T grows for {', '.join(falling)}: growth ratios below the noise ({advice})")
+        return out
+
     def to_json(self) -> dict:
         return {
             "config": self.config,
             "lengths": [r.to_json() for r in self.results],
             "growth": [g.to_json() for g in self.growth()],
+            "warnings": self.warnings,
         }
 
 
@@ -913,6 +935,7 @@ def run(args: argparse.Namespace) -> int:
         singles = [result]
         text = render(result, plans=plans)
     print(text)
+    print_warnings(result.warnings)
     written: list[str] = []
     json_paths = ([Path(args.json)] if args.json else []) + ([out_dir / "attention.json"] if out_dir else [])
     if out_dir:

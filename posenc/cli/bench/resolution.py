@@ -43,6 +43,7 @@ from pathlib import Path
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
 from ..errors import usage_error
 from ...common.report import format_table
+from .caveats import CHANCE_MARGIN, at_chance, print_warnings
 
 PROG = "posenc bench resolution"
 
@@ -128,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args)
+    result["warnings"] = warnings_of(result)
     print(render(result))
+    print_warnings(result["warnings"])
     if args.out is not None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -211,11 +214,30 @@ def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
+def _above_chance(accuracy: float | None, chance: float) -> bool:
+    return accuracy is not None and accuracy >= chance + CHANCE_MARGIN
+
+
+def warnings_of(result: dict) -> list[str]:
+    """One line per (mode, encoding) whose accuracy at the training size is at chance: its
+    "kept" share and direction verdict are left out (see :mod:`.caveats`)."""
+    size, chance = str(result["sizes"][0]), result["chance"]
+    out = []
+    for mode, rows in result["summary"].items():
+        for name, row in rows.items():
+            text = at_chance(f"{name} ({mode}) at {size}px", row[size]["mean"], chance,
+                             advice="train longer: more --steps or --repeats")
+            if text is not None:
+                out.append(text)
+    return out
+
+
 def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[int], chance: float) -> dict:
     """Per mode and encoding: mean/std accuracy per size; ``change``, the accuracy at the last size
     minus the first; ``kept``, the share of the first size's accuracy above ``chance`` that is left
     at the last size (``(last - chance) / (first - chance)``), which compares models that start
-    from different accuracies."""
+    from different accuracies; None when the first is at chance (within
+    :data:`~.caveats.CHANCE_MARGIN`), where the share divides by nearly zero."""
     out: dict[str, dict] = {}
     for mode in modes:
         out[mode] = {}
@@ -227,7 +249,7 @@ def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[
                 row[str(s)] = {"mean": mean, "std": std}
             first, last = row[str(sizes[0])]["mean"], row[str(sizes[-1])]["mean"]
             row["change"] = None if first is None or last is None else last - first
-            row["kept"] = None if first is None or last is None or first <= chance else (last - chance) / (first - chance)
+            row["kept"] = None if last is None or not _above_chance(first, chance) else (last - chance) / (first - chance)
             out[mode][name] = row
     return out
 
@@ -239,7 +261,7 @@ def direction(result: dict, mode: str = "scale") -> list[str]:
 
     def kept(row: dict, size: int) -> float | None:
         first, now = row[str(sizes[0])]["mean"], row[str(size)]["mean"]
-        return None if first is None or now is None or first <= chance else (now - chance) / (first - chance)
+        return None if now is None or not _above_chance(first, chance) else (now - chance) / (first - chance)
 
     base = summary.get(CLAIM_BASELINE)
     if base is None or len(sizes) < 2:
