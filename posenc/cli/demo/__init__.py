@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -58,6 +59,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         part_module(part).add_arguments(parser)
 
 
+TIMING_NOTE = ("train_s is wall-clock seconds on this machine: it depends on the machine's load as much as on "
+               "the encoding (load average {load})")
+
+
+def model_done(part: str, row: Row) -> None:
+    """The progress line of one trained model: its part, encoding, time and scores."""
+    scores = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("encoding", "hook", "train_s", "steps"))
+    print(f"  {part}: {row['encoding']} trained in {row['train_s']} s" + (f"; {scores}" if scores else ""), flush=True)
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except (OSError, AttributeError):  # not a POSIX system
+        return "unknown"
+
+
 def _table(rows: list[Row]) -> str:
     if not rows:
         return "(no rows)"
@@ -94,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         rows = module.run(args)
         results[part] = rows
         print(_table(rows), flush=True)
+    print("\n" + TIMING_NOTE.format(load=_load_average()))
     if args.out is not None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         path = write_json(Path(args.out) / "results.json", results)

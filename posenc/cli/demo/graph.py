@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
     from ...graph.gps import GPS
     from ..train import graph as tg
+    from . import model_done
     from ...training.trainer import TrainConfig, Trainer
 
     steps = max(1, args.steps * 3 // 5)
@@ -72,4 +73,5 @@ def run(args: argparse.Namespace) -> list[Row]:
         hook = "-" if model.encoding is None else ",".join(sorted(h.value for h in model.encoding.hooks))
         rows.append({"encoding": name, "hook": hook, "train_s": round(time.perf_counter() - start, 1),
                      "test_accuracy": round(metrics["test_accuracy"], 3)})
+        model_done("graph", rows[-1])
     return rows

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.models import CausalLM
+    from . import model_done
     from ...training.trainer import TrainConfig, Trainer
 
     train_len = 64
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bits_per_byte@")},
             }
         )
+        model_done("seq", rows[-1])
     return rows
 
 

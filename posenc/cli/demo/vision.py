@@ -41,6 +41,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
+    from . import model_done
     from ...training.trainer import TrainConfig
     from ...vision.classify import train_vit, vit_config
     from ...vision.data import DigitsCanvas, digits_at_size
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             "train_s": round(time.perf_counter() - start, 1),
             **{k: round(v, 3) for k, v in metrics.items() if k.startswith("accuracy@")},
         })
+        model_done("vision", rows[-1])
     return rows
 
 
