@@ -91,7 +91,7 @@ class AddLaplacianPE(BaseTransform):
             where :func:`posenc.graph.node_positions` looks); giving it implies ``eigenvalues``.
         random_sign: flip each eigenvector's sign at random (torch's global RNG, as PyG does);
             False keeps the deterministic signs of :func:`~posenc.graph.laplacian_pe`.
-        normalization, symmetrize, method: as in :func:`~posenc.graph.laplacian_pe`.
+        normalization: as in :func:`~posenc.graph.laplacian_pe`, like ``symmetrize`` and ``method``.
         **kwargs: keyword arguments of ``scipy.sparse.linalg.eigsh``, as PyG's transform takes
             them: ``tol``, ``maxiter``, ``ncv``, ``v0`` (validated here). They apply where eigsh
             runs: graphs of at least ``SPARSE_MIN_NODES`` nodes on CPU (``method="auto"``), or every

@@ -70,7 +70,8 @@ def alibi_bias(
     * ``causal=False``: the symmetric bidirectional variant ``-m_h * |d|``.
 
     Args:
-        q_len, k_len: query and key counts.
+        q_len: query count.
+        k_len: key count.
         slopes: ``[H]`` per-head slopes (:func:`alibi_slopes`).
         causal: required, so the treatment of keys after the query is always a stated choice.
         offset: position of query 0 minus position of key 0; default ``k_len - q_len`` (queries
