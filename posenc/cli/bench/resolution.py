@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> str | None:
-    from ..options import vit_encoding_error as check_encoding
+    from ..models.vit import vit_encoding_error as check_encoding
     from ...vision.data import TASKS
 
     names = [n for n in args.encodings.split(",") if n]

@@ -52,7 +52,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..options import add_convtran_arguments
+    from ..models.convtran import add_convtran_arguments
 
     parser.add_argument("--datasets", type=_names, default=DEFAULT_DATASETS,
                         help=f"bundled names or .ts folders (default: {','.join(DEFAULT_DATASETS)})")
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
     from ...common.registry import get
-    from ..options import check_convtran_args, encoding_spec
+    from ..models.convtran import check_convtran_args, encoding_spec
 
     error = check_convtran_args(args)
     if error is not None:
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(PROG, error)
     import torch
 
-    from ..options import convtran_settings
+    from ..models.convtran import convtran_settings
     from ...common.report import Progress
     from ...timeseries.classify import train_classifier
     from ...timeseries.datasets import load_dataset

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
     from ..errors import unknown_name
-    from ..options import encoding_spec
+    from ..models.convtran import encoding_spec
     from ...timeseries.datasets import bundled_datasets
 
     for spec in args.ts_encodings.split(","):

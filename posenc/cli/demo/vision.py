@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
-    from ..options import vit_encoding_error as check_encoding
+    from ..models.vit import vit_encoding_error as check_encoding
 
     names = [n for n in args.vision_encodings.split(",") if n]
     if not names:

@@ -32,7 +32,14 @@ import argparse
 from dataclasses import dataclass
 
 from ..argtypes import nonnegative_int, positive_int
-from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
+from ..options import (
+    add_model_arguments,
+    add_optim_arguments,
+    add_run_arguments,
+    encoding_error,
+    out_dir_error,
+    train_config,
+)
 from ...common.report import format_table
 from . import run_checked, write_results
 
@@ -294,7 +301,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from ...graph.gps import GPS
-    from ...training.trainer import TrainConfig, Trainer
+    from ...training.trainer import Trainer
 
     task = load_task(args)
     task.graphs = add_encoding_features(
@@ -316,13 +323,7 @@ def _train(args: argparse.Namespace) -> int:
     def evaluate(m) -> dict[str, float]:
         return {f"{s}_{task.metric}": evaluate_split(m, graphs, task) for s, graphs in eval_sets.items()}
 
-    config = TrainConfig(
-        steps=steps, batch_size=batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args, steps=steps, batch_size=batch_size)
     trainer = Trainer(model, task.subset("train"), make_loss(task), config, eval_fn=evaluate,
                       collate_fn=collate, model_config=model_config)
     metrics = trainer.fit()

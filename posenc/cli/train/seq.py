@@ -32,6 +32,7 @@ from ..options import (
     encoding_error,
     out_dir_error,
     size_error,
+    train_config,
 )
 from ...common.report import format_table
 from . import run_checked, write_results
@@ -117,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
     from ...seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ...seq.models import CausalLM
     from ...seq.tasks import TaskDataset, make_task, task_loss
-    from ...training.trainer import TrainConfig, Trainer
+    from ...training.trainer import Trainer
 
     options = dict(args.encoding_option)
     share = {"auto": None, "yes": True, "no": False}[args.share_encoding]
@@ -161,13 +162,7 @@ def _train(args: argparse.Namespace) -> int:
         model_config["peg_blocks"] = list(args.peg_blocks or [0])
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
-    config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args)
     trainer = Trainer(model, train, loss_fn, config, eval_fn=evaluate, model_config=model_config)
     metrics = trainer.fit()
     if not trainer.is_main:

@@ -55,10 +55,9 @@ from ..options import (
     add_run_arguments,
     out_dir_error,
     size_error,
+    train_config,
 )
-from ..options import (
-    vit_encoding_error as check_encoding,
-)
+from ..models.vit import vit_encoding_error as check_encoding
 from ...common.report import format_table
 
 if TYPE_CHECKING:
@@ -241,7 +240,6 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ...training.trainer import TrainConfig
     from ...vision.classify import train_vit, vit_config
 
     train, sets, source, in_chans, num_classes = _datasets(args)
@@ -251,13 +249,7 @@ def _train(args: argparse.Namespace) -> int:
         encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks, feature_map=getattr(args, "feature_map", None),
         dropout=args.dropout, **({"num_frames": args.frames, "tubelet_size": args.tubelet} if args.video else {}),
     )
-    config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args)
     model, metrics, trainer = train_vit(model_config, train, sets, config)
     if not trainer.is_main:
         return 0
