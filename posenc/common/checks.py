@@ -32,6 +32,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_positions",
+    "check_sequence_positions",
     "check_allocation",
     "format_bytes",
 ]
@@ -149,6 +150,21 @@ def check_positions(
         if high > maximum:
             raise ValueError(f"{name} must be <= {maximum}; got {high}")
     return positions
+
+
+def check_sequence_positions(q_pos: Tensor, kv_pos: Tensor, *, integer_for: str | None = None) -> None:
+    """Query and key positions of a sequence encoding's hook: ``q_pos [B or 1, Tq]`` and
+    ``kv_pos [B or 1, Tk]``; with ``integer_for`` (the encoding's name, for the message) of an
+    integer dtype too. A ``ValueError`` names both shapes (and dtypes) otherwise. Static checks
+    only (rank, dtype): no device synchronisation on the hot path."""
+    if integer_for is not None:
+        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+            raise ValueError(
+                f"{integer_for} needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
+                f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
+            )
+    elif q_pos.dim() != 2 or kv_pos.dim() != 2:
+        raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
 
 
 def format_bytes(size: float) -> str:

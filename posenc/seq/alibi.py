@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..common.checks import check_bool, check_int
+from ..common.checks import check_bool, check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -118,8 +118,7 @@ class ALiBi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         slopes, symmetric = self.slopes, self.symmetric
         if slopes.dtype != torch.float32:  # the module was cast (.half()): keep the slopes exact
             slopes = alibi_slopes(self.num_heads).to(slopes.device)
