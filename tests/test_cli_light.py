@@ -44,7 +44,12 @@ LIGHT = [
     (["bench", "graph-pe", "--help"], 0),
     (["bench", "timeseries", "--help"], 0),
     (["bench", "context-extension", "--help"], 0),
+    (["bench", "attention", "--help"], 0),
+    (["bench", "attention", "--encodings", "alibj"], 2),
+    (["bench", "attention", "--seq-len", "0"], 2),
 ]
+# posenc extend --help still imports torch: its --method choices come from posenc.seq.context, and
+# importing any posenc.seq module runs posenc/seq/__init__.py, which imports the encodings.
 
 
 def _probe(argv: list[str]) -> tuple[int, bool]:
