@@ -2,37 +2,17 @@
 
 ``posenc.available()`` lists every encoding; ``posenc.build(name, ...)`` constructs one.
 
-The modalities (``posenc.seq``, ``posenc.vision``, ``posenc.graph``, ``posenc.timeseries``) are
-imported on first use -- an attribute access, or the first registry lookup -- so that
-``import posenc`` and the command line's ``--help`` do not pay for timm or PyG.
+Nothing here imports torch: the public names (``posenc.attend``, ``from posenc import build``, ...)
+are read from :mod:`posenc.common` on first use, and the modalities (``posenc.seq``,
+``posenc.vision``, ``posenc.graph``, ``posenc.timeseries``) are imported on first use too -- an
+attribute access, or the first registry lookup. So ``import posenc`` is cheap, and the command
+line answers ``--help``, ``list`` and argument errors before torch is loaded.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .common import (
-    BACKENDS,
-    AttentionMask,
-    EluFeatureMap,
-    FavorFeatureMap,
-    Hook,
-    KVCache,
-    ModelDims,
-    MultiheadAttention,
-    PairwiseBias,
-    Plan,
-    PositionEncoding,
-    TorchMultiheadAttention,
-    TransformerBlock,
-    TransformerEncoder,
-    attend,
-    available,
-    build,
-    linear_attention,
-    plan,
-    register,
-)
 from ._moved import install as _install_moved_paths
 from .common.registry import add_loader
 
@@ -41,6 +21,13 @@ _install_moved_paths()  # old paths (posenc.bench, posenc.report, ...) keep work
 __version__ = "0.1.0"
 
 MODALITY_PACKAGES = ("seq", "vision", "graph", "timeseries")
+
+# the names re-exported from posenc.common, read on first use
+_COMMON_EXPORTS = (
+    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims",
+    "MultiheadAttention", "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock",
+    "TransformerEncoder", "attend", "available", "build", "linear_attention", "plan", "register",
+)
 
 
 def _load_modalities() -> None:
@@ -62,9 +49,17 @@ def load(path):
 
 
 def __getattr__(name: str):
+    if name in _COMMON_EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.common"), name)
+        globals()[name] = value  # later reads skip this hook
+        return value
     if name in MODALITY_PACKAGES or name == "functional":  # posenc.functional imports seq and vision
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_COMMON_EXPORTS) | set(MODALITY_PACKAGES))
 
 
 __all__ = [

@@ -26,7 +26,8 @@ from typing import Any
 from torch import nn
 
 from .common.checks import check_int, check_number
-from .common.json_input import read_json
+from .common.vocabulary import read_results
+
 from .training.checkpoint import load_checkpoint
 from .training.pretrained import (
     CONFIG_FILE,
@@ -91,8 +92,14 @@ def load_run_checkpoint(path: Path) -> nn.Module:
 def _results(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    record = read_json(path)
-    return record if isinstance(record, dict) else None
+    try:
+        return read_results(path)  # runs written with the old metric names read in today's
+    except OSError as exc:
+        raise ValueError(f"{path} is not readable JSON: {exc}") from None
+    except ValueError as exc:
+        if "not an object" in str(exc):
+            return None
+        raise
 
 
 def _load_extension(directory: Path, record: dict[str, Any]) -> nn.Module:

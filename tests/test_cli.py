@@ -11,11 +11,12 @@ from posenc import cli
 def _first_column(text: str) -> list[str]:
     lines = text.splitlines()
     rule = next(i for i, line in enumerate(lines) if line.startswith("---"))
-    return [line.split()[0] for line in lines[rule + 1:] if line.strip() and not line.endswith(("encoding", "encodings"))]
+    return [line.split()[0] for line in lines[rule + 1:]
+            if line.strip() and not line.startswith(" ") and not line.endswith(("encoding", "encodings"))]
 
 
 def test_list_shows_every_registered_encoding(capsys):
-    assert cli.main(["list"]) == 0
+    assert cli.main(["list", "--wide"]) == 0
     out = capsys.readouterr().out
     names = [info.name for info in posenc.available()]
     assert names, "the registry is empty"
@@ -24,6 +25,16 @@ def test_list_shows_every_registered_encoding(capsys):
     assert header == ["name", "modality", "hooks", "causal-only", "paper"]
     for info in posenc.available():
         assert info.paper in out
+
+
+def test_list_fits_100_columns_with_each_paper_under_its_row(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= cli.LIST_WIDTH
+    assert _first_column(out) == [info.name for info in posenc.available()]
+    words = " ".join(line.strip() for line in out.splitlines() if line.startswith("    "))
+    for info in posenc.available():
+        assert " ".join(info.paper.split()) in words
 
 
 def test_list_filters_by_modality(capsys):

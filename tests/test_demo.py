@@ -27,12 +27,14 @@ def test_demo_trains_every_encoding_and_writes_results(tmp_path, capsys):
     out = capsys.readouterr().out
     for name in ("none", "sinusoidal", "rope", "alibi", "erpe"):
         assert f"\n{name} " in out
+        assert f"\n  seq: {name} trained in " in out  # a progress line per model, with its time
+    assert "\n  timeseries: tape+erpe trained in " in out and "depends on the machine's load" in out
     results = json.loads((tmp_path / "results.json").read_text())
     rows = results["seq"]
     assert [r["encoding"] for r in rows] == ["none", "sinusoidal", "rope", "alibi", "erpe"]
     assert {r["hook"] for r in rows} == {"-", "input", "qk", "score_bias", "post_softmax"}
     for r in rows:
-        assert 0 < r["bpb@64"] < 9 and 0 < r["bpb@128"] < 9  # bits per byte of a barely trained model
+        assert 0 < r["bits_per_byte@64"] < 9 and 0 < r["bits_per_byte@128"] < 9  # bits per byte of a barely trained model
     assert (tmp_path / "seq" / "rope" / "metrics.jsonl").is_file()
 
 

@@ -58,9 +58,9 @@ def test_tiny_csl_run_checkpoints_and_resumes(tmp_path, capsys):
     assert ckpt["step"] == 4 and ckpt["model_config"]["encoding"] == "rwse"
     assert main([*argv, "--steps", "6", "--checkpoint-every", "2", "--resume"]) == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["steps"] == 6 and 0.0 <= result["test_acc"] <= 1.0
+    assert result["steps"] == 6 and 0.0 <= result["test_accuracy"] <= 1.0
     assert result["command"] == "train graph" and result["model_config"]["encoding"] == "rwse"
-    assert "test_acc" in result["metrics"] and result["train_config"]["steps"] == 6
+    assert "test_accuracy" in result["metrics"] and result["train_config"]["steps"] == 6
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 6
     assert json.loads((out / "results.json").read_text())["steps"] == 6
     assert "final evaluation, accuracy" in capsys.readouterr().out
@@ -90,7 +90,7 @@ def test_user_dataset_node_task_with_spd(tmp_path, capsys):
     assert main(["train", "graph", "--dataset", str(path), "--encoding", "spd", "--task", "node", "--batch-size", "4",
                  "--steps", "2", "--out", str(out), *TINY]) == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["metric"] == "acc" and 0.0 <= result["test_acc"] <= 1.0
+    assert result["metric"] == "accuracy" and 0.0 <= result["test_accuracy"] <= 1.0
     # a graph-level task on per-node targets is refused clearly
     assert main(["train", "graph", "--dataset", str(path), "--encoding", "none", "--steps", "1", *TINY]) == 2
     assert "the graph task needs one y per graph (use --task node" in capsys.readouterr().err

@@ -123,3 +123,10 @@ def test_old_import_paths_still_work_with_a_deprecation_warning(old, new):
     with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
+
+
+def test_the_shared_option_vocabulary_imports_no_modality():
+    """posenc/cli/options.py is the vocabulary every command shares; what one model takes lives in
+    posenc/cli/models (the ViT's grids, the ConvTran classifier's options)."""
+    bad = _posenc_imports(ROOT / "cli" / "options.py") & set(MODALITIES)
+    assert not bad, f"posenc/cli/options.py imports {sorted(bad)}"

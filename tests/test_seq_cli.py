@@ -70,9 +70,9 @@ def test_task_run_checkpoints_and_resumes(tmp_path, capsys):
     assert [r["step"] for r in lines if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in lines if r["split"] == "eval"] == [6]
     result = json.loads((out / "results.json").read_text())
-    assert result["metric"] == "exact" and set(result["eval"]) == {"3", "6", "12"}
+    assert result["metric"] == "exact_match" and set(result["eval"]) == {"3", "6", "12"}
     assert result["command"] == "train seq" and result["train_config"]["steps"] == 6
-    assert set(result["metrics"]) == {"exact@3", "exact@6", "exact@12"}
+    assert set(result["metrics"]) == {"exact_match@3", "exact_match@6", "exact_match@12"}
     assert all(0 <= v <= 1 for v in result["eval"].values())
 
 
@@ -86,7 +86,7 @@ def test_text_run_on_a_user_file_with_options_and_sample(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "bits per byte" in text and "greedy sample" in text
     result = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert result["metric"] == "bpb" and set(result["eval"]) == {"16", "32"} and len(result["sample"]) >= 64
+    assert result["metric"] == "bits_per_byte" and set(result["eval"]) == {"16", "32"} and len(result["sample"]) >= 64
     assert all(0 < v < 9 for v in result["eval"].values())
 
 

@@ -30,7 +30,7 @@ def test_train_vision_runs_resumes_and_reports_every_size(tmp_path, capsys):
         assert f"\n  {size} " in printed
     result = json.loads((out / "results.json").read_text())
     assert result["steps"] == 6 and set(result["accuracy"]) == {"32", "48", "64"}
-    assert result["command"] == "train vision" and set(result["metrics"]) == {"acc@32", "acc@48", "acc@64"}
+    assert result["command"] == "train vision" and set(result["metrics"]) == {"accuracy@32", "accuracy@48", "accuracy@64"}
     assert all(0 <= v <= 1 for v in result["accuracy"].values())
     assert result["model_config"]["in_chans"] == 1 and result["model_config"]["num_classes"] == 10
     assert (out / "checkpoint.pt").is_file() and (out / "metrics.jsonl").is_file()
@@ -100,7 +100,7 @@ def test_vision_demo_part_trains_each_encoding(tmp_path, capsys):
     assert [r["encoding"] for r in rows] == ["learned2d", "peg", "rope2d_mixed"]
     assert [r["hook"] for r in rows] == ["input", "input (between blocks)", "qk"]  # as posenc list names them
     for r in rows:
-        assert 0 <= r["acc@32"] <= 1 and 0 <= r["acc@48"] <= 1 and 0 <= r["acc@64"] <= 1
+        assert 0 <= r["accuracy@32"] <= 1 and 0 <= r["accuracy@48"] <= 1 and 0 <= r["accuracy@64"] <= 1
     assert vision_part.TITLE in capsys.readouterr().out
     assert demo.run(_demo_args(tmp_path, vision_encodings="peg,rope9")) == 2
     assert "--vision-encodings: unknown encoding 'rope9'" in capsys.readouterr().err

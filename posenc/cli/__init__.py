@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import Callable, Mapping, Sequence
 
@@ -56,13 +57,31 @@ def command_groups() -> dict[str, tuple[str, Mapping[str, tuple[str, str]]]]:
 Handler = Callable[[argparse.Namespace], int]
 
 
+# help text that already names its default ("(default: 4)", "(default 4; none: 1)")
+_SAYS_DEFAULT = re.compile(r"[(;,] *default[: ]")
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` should add ``(default: X)`` to ``action``: an option taking a value
+    whose default is something (not None, not an empty list) and whose help does not already
+    name it. Flags (``store_true``, ``--no-peers``) take no value; their default is the flag unset."""
+    default = action.default
+    if default is None or default is argparse.SUPPRESS or action.nargs == 0:
+        return False
+    if isinstance(default, (list, tuple)) and not default:
+        return False
+    return not _SAYS_DEFAULT.search(action.help or "")
+
+
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` where there is a default to show (not for None, False or [])."""
+    """Shows ``(default: X)`` once where there is a default to show (see :func:`shows_default`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        if not shows_default(action):
             return action.help
-        return super()._get_help_string(action)
+        if isinstance(action.default, (list, tuple)):  # as it is typed: 0,1 rather than [0, 1]
+            return f"{action.help or ''} (default: {','.join(map(str, action.default))})".lstrip()
+        return f"{action.help or ''} (default: %(default)s)".lstrip()
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,7 +93,23 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # argparse's hook; never returns
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_with_suggestion(message)} (see {self.prog} --help)\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<name>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's ``invalid choice: 'lst' (choose from ...)`` with the closest choices instead of all
+    of them when one is close (``did you mean 'list'?``)."""
+    from ..common.catalog import suggest
+
+    match = _INVALID_CHOICE.search(message)
+    if match is None:
+        return message
+    choices = [c.strip().strip("'") for c in match["choices"].split(",")]
+    hint = suggest(match["name"], choices)
+    return message[: match.start()] + f"invalid choice: {match['name']!r}{hint}" if hint else message
 
 
 def _unavailable(command: str, module: str, exc: BaseException) -> Handler:
@@ -112,23 +147,40 @@ def _command_path(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(words)
 
 
+LIST_WIDTH = 100  # posenc list fits this many columns unless --wide
+
+
 def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
     from ..common.registry import MODALITIES
 
     parser.add_argument("--modality", choices=MODALITIES, default=None, help="only encodings of this modality")
+    parser.add_argument("--wide", action="store_true",
+                        help=f"the paper as a column of one line each (default: under its row, wrapped to {LIST_WIDTH} columns)")
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from ..common.registry import available
+    """The table of :mod:`posenc.common.catalog` (no torch: the registry's snapshot)."""
+    import textwrap
+
+    from ..common.catalog import entries
     from ..common.report import format_table, hook_text
 
-    infos = available(args.modality)
+    infos = entries(args.modality)
     if not infos:
         print(f"no encodings registered for modality {args.modality!r}")
         return 0
-    rows = [[i.name, i.modality, hook_text(i.hooks, i.cls.between_blocks), "yes" if i.causal_only else "no", i.paper]
-            for i in infos]
-    print(format_table(["name", "modality", "hooks", "causal-only", "paper"], rows))
+    headers = ["name", "modality", "hooks", "causal-only", "paper"]
+    cells = [[i.name, i.modality, hook_text(i.hooks, i.between_blocks), "yes" if i.causal_only else "no", i.paper]
+             for i in infos]
+    if args.wide:
+        print(format_table(headers, cells))
+    else:  # the paper under its row, wrapped: the table fits LIST_WIDTH columns
+        table = format_table(headers[:-1], [row[:-1] for row in cells]).splitlines()
+        print("\n".join(table[:2]))
+        for line, row in zip(table[2:], cells):
+            print(line)
+            print(textwrap.fill(row[-1], LIST_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False))
     print(f"\n{len(infos)} encoding{'s' if len(infos) != 1 else ''}")
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from typing import Callable
 
 from ..common.checks import check_int, check_number
@@ -123,3 +124,20 @@ def dropout_rate(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
     return value
+
+
+def json_path(text: str) -> str:
+    """A file to write: its directory exists, and it is not itself a directory."""
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent!r} of {text!r} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
+    return text
+
+
+def out_directory(text: str) -> str:
+    """A directory to write into: new, or an existing directory (not a file)."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text

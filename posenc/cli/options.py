@@ -6,7 +6,8 @@ thing has the same flag, type, check and help everywhere; every ``--help`` shows
 types of :mod:`posenc.cli.argtypes` (which apply the rules of :mod:`posenc.common.checks`): a bad value
 is one line and exit status 2 before any work starts. Rules between options (``--dim`` divisible by
 ``--heads``) are checked by each command's ``check(args)``; :func:`encoding_error` is the one rule
-for which encodings a command's model takes.
+for which encodings a command's model takes. What one model takes (the ViT's grids, the ConvTran
+classifier's options) lives with it, in :mod:`posenc.cli.models`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from .argtypes import (
     positive_int,
     seed_value,
 )
+from .errors import unknown_name
 
+# the linear-attention feature maps (posenc.common.linear_attention.FEATURE_MAPS, named here without torch)
+FEATURE_MAPS = ("elu", "favor")
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
                     "on the input or on q and k run on it, and SPE runs only on it")
@@ -84,6 +88,24 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, checkpoint_help: str =
                              "or hours of work on a CPU")
 
 
+def train_config(args: argparse.Namespace, *, steps: int | None = None, batch_size: int | None = None):
+    """The :class:`~posenc.training.trainer.TrainConfig` of the options of
+    :func:`add_optim_arguments` and :func:`add_run_arguments`: the one translation from flags to
+    the trainer's settings. ``steps`` and ``batch_size`` override ``--steps`` and ``--batch-size``
+    where a command derives them (the graph command's schedule per dataset); progress is logged
+    about ten times a run, at most every 50 steps."""
+    from ..training.trainer import TrainConfig
+
+    steps = args.steps if steps is None else steps
+    return TrainConfig(
+        steps=steps, batch_size=args.batch_size if batch_size is None else batch_size, lr=args.lr,
+        weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
+        progress=not args.no_progress, log_every=max(1, min(50, steps // 10)),
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+    )
+
+
 # A step estimated above this many floating-point operations is refused on a CPU (about an hour
 # per step on two cores at tens of GFLOP/s) unless --allow-large.
 CPU_STEP_FLOPS_LIMIT = 2e14
@@ -134,16 +156,18 @@ def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirect
     linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`). Checked
     from the registry alone, before anything is built.
     """
+    from ..common.catalog import names
+
+    if name == "none":
+        return None
+    if name not in names():  # from the registry's snapshot: a misspelt name is refused before torch loads
+        listing = f"posenc list --modality {modalities[0]}" if len(modalities) == 1 else "posenc list"
+        return f"{flag}: {unknown_name('encoding', name, names(modalities), listing=listing)}"
     from ..common.encoding import class_needs
     from ..common.planning import check_attention_kind
     from ..common.registry import get
 
-    if name == "none":
-        return None
-    try:
-        info = get(name)
-    except KeyError as exc:
-        return f"{flag}: {exc.args[0]}"
+    info = get(name)
     if info.modality not in modalities:
         return (f"{flag}: {name!r} is a {info.modality} encoding; {model} takes {' or '.join(modalities)} encodings "
                 f"(posenc list --modality {modalities[0]})")
@@ -168,90 +192,3 @@ def out_dir_error(out: str | None, resume: bool) -> str | None:
         return (f"--out: {out!r} already holds files (an earlier run?); add --resume to continue that run, "
                 "or choose a new directory")
     return None
-
-
-# ---- the ViT ------------------------------------------------------------------------------------
-
-# Registered encodings a ViT takes: the 2D (or 3D, on video) ones, and the 1D ones over the
-# flattened patch order.
-VIT_MODALITIES = ("vision", "seq")
-
-
-def vit_encoding_error(name: str, flag: str = "--encoding", feature_map: str | None = None, *,
-                   video: bool = False) -> str | None:
-    """What is wrong with an encoding name for a ViT on images (or on ``video``), or None ("none"
-    means no encoding): the shared rule (:func:`posenc.cli.options.encoding_error`), then the grid's
-    rank: vision encodings over 3D grids (``grid_ndim = 3``) are for video only, the 2D ones for
-    images only."""
-    error = encoding_error(name, VIT_MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
-    if error is not None or name == "none":
-        return error
-    from ..common.registry import get
-
-    info = get(name)
-    if info.modality == "vision":
-        ndim = getattr(info.cls, "grid_ndim", 2)
-        if video and ndim != 3:
-            return (f"{flag}: {name!r} is a 2D (image) encoding; with --video use a 3D one (sincos3d, axial3d, rope3d), "
-                    "a seq encoding over the flattened (t, row, col) order, or none")
-        if not video and ndim == 3:
-            return f"{flag}: {name!r} is a 3D (video) encoding of (t, row, col) positions (posenc train vision --video)"
-    return None
-
-
-# ---- the ConvTran classifier (train timeseries, bench timeseries, the demo) -------------------
-
-# the encodings the classifier takes: its own, and seq encodings that attend both ways
-CONVTRAN_MODALITIES = ("timeseries", "seq")
-CONVTRAN_DEFAULT_ENCODING = "tape+erpe"
-
-
-def encoding_spec(text: str) -> str:
-    """argparse type: ``none``, a registered name, or ``input+attention``: each part must be an
-    encoding the classifier takes (checked from the registry, nothing is built)."""
-    text = text.strip()
-    if text == "none":
-        return text
-    parts = [p.strip() for p in text.split("+")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"expected a name, 'none' or input+attention such as tape+erpe; got {text!r}")
-    for part in parts:
-        error = encoding_error(part, CONVTRAN_MODALITIES, model="the ConvTran classifier", bidirectional=True, flag="")
-        if error is not None:
-            raise argparse.ArgumentTypeError(error.lstrip(": "))
-    return text
-
-
-def add_convtran_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
-    """Model and training options shared by ``train`` and ``bench`` (ConvTran's defaults)."""
-    p = prefix
-    parser.add_argument(f"--{p}epochs", type=positive_int, default=100, help="training epochs (default: %(default)s)")
-    parser.add_argument(f"--{p}steps", type=positive_int, default=None, help="optimizer steps (overrides --epochs)")
-    parser.add_argument(f"--{p}batch-size", type=positive_int, default=16, help="default: %(default)s")
-    parser.add_argument(f"--{p}lr", type=positive_float, default=1e-3, help="constant learning rate (default: %(default)s)")
-    parser.add_argument(f"--{p}dim", type=positive_int, default=16, help="embedding width (default: %(default)s)")
-    parser.add_argument(f"--{p}heads", type=positive_int, default=8, help="attention heads (default: %(default)s)")
-    parser.add_argument(f"--{p}ff-dim", type=positive_int, default=256, help="feed-forward width (default: %(default)s)")
-    parser.add_argument(f"--{p}dropout", type=dropout_rate, default=0.01, help="default: %(default)s")
-    parser.add_argument(f"--{p}attn-scale", choices=("d_model", "head_dim"), default="d_model",
-                        help="scores scaled by d_model**-0.5 (ConvTran) or head_dim**-0.5 (default: %(default)s)")
-    parser.add_argument(f"--{p}normalize", choices=("none", "channel"), default="none",
-                        help="none (ConvTran's default) or per-channel z-score with training statistics")
-
-
-def check_convtran_args(args: argparse.Namespace, *, prefix: str = "") -> str | None:
-    """The ConvTran options' cross rule: --dim divisible by --heads."""
-    if args.dim % args.heads:
-        return f"--{prefix}dim ({args.dim}) must be divisible by --{prefix}heads ({args.heads})"
-    return None
-
-
-def convtran_settings(args: argparse.Namespace, encoding: str, seed: int):
-    """The :class:`~posenc.timeseries.classify.ClassifierSettings` of the ConvTran options."""
-    from ..timeseries.classify import ClassifierSettings
-
-    return ClassifierSettings(
-        encoding=encoding, dim=args.dim, num_heads=args.heads, ff_dim=args.ff_dim, dropout=args.dropout,
-        attn_scale=args.attn_scale, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
-        encoding_options=dict(getattr(args, "encoding_option", []) or []) or None,
-    )

@@ -1,21 +1,62 @@
 """The shared attention core: hooks, masks, kernels, blocks, registry and trainer.
 
 ``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
+The names below are imported on first use (module ``__getattr__``), so that the torch-free parts
+(:mod:`.checks`, :mod:`.registry`'s tables, :mod:`.report`) can be imported without torch: the
+command line parses its arguments before anything imports torch.
 """
 
-from .attention import MultiheadAttention, PreparedCall, attend, attend_with_weights, make_plan, plan, prepare, run
-from .block import MLP, TransformerBlock, TransformerEncoder
-from .encoding import AttentionNeeds, Hook, PositionEncoding
-from .kv_cache import KVCache, LayerKVCache
-from .linear_attention import EluFeatureMap, FavorFeatureMap, FeatureMap, linear_attention
-from .masks import AttentionMask
-from .pairwise import PairwiseBias
-from .call import AttentionCall
-from .planning import BACKENDS, Plan, PlanInputs, decide
-from .registry import EncodingInfo, ModelDims, available, build, register
-from .rotary import apply_rotary, rotary_angles
-from .sinusoid import sinusoid_frequencies, sinusoid_table
-from .torch_attention import TorchMultiheadAttention
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+
+# public name -> the submodule defining it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("MultiheadAttention", "PreparedCall", "attend", "attend_with_weights", "make_plan", "plan",
+                     "prepare", "run"), "attention"),
+    **dict.fromkeys(("MLP", "TransformerBlock", "TransformerEncoder"), "block"),
+    **dict.fromkeys(("AttentionNeeds", "Hook", "PositionEncoding"), "encoding"),
+    **dict.fromkeys(("KVCache", "LayerKVCache"), "kv_cache"),
+    **dict.fromkeys(("EluFeatureMap", "FavorFeatureMap", "FeatureMap", "linear_attention"), "linear_attention"),
+    "AttentionMask": "masks",
+    "PairwiseBias": "pairwise",
+    "AttentionCall": "call",
+    **dict.fromkeys(("BACKENDS", "Plan", "PlanInputs", "decide"), "planning"),
+    **dict.fromkeys(("EncodingInfo", "ModelDims", "available", "build", "register"), "registry"),
+    **dict.fromkeys(("apply_rotary", "rotary_angles"), "rotary"),
+    **dict.fromkeys(("sinusoid_frequencies", "sinusoid_table"), "sinusoid"),
+    "TorchMultiheadAttention": "torch_attention",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later reads skip this hook
+    return value
+
+
+class _Package(ModuleType):
+    """Keeps a public function over the submodule of the same name (``linear_attention``): the
+    import system binds a submodule onto its package when it loads, which the eager imports of
+    old overwrote with the function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _EXPORTS and isinstance(value, ModuleType) and value.__name__ == f"{self.__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "BACKENDS", "MultiheadAttention", "TorchMultiheadAttention", "attend", "attend_with_weights", "plan", "Plan",

@@ -161,8 +161,9 @@ def attend(
     """Attention of ``q [B, Hq, Tq, D]`` over ``k, v [B, Hkv, Tk, D]`` (``Hq`` a multiple of ``Hkv``).
 
     Args:
-        q_pos, kv_pos: positions ``[B or 1, Tq]`` and ``[B or 1, Tk]`` (a trailing coordinate axis
-            for 2D encodings), integer or float.
+        q_pos: query positions ``[B or 1, Tq]`` (a trailing coordinate axis for 2D encodings),
+            integer or float.
+        kv_pos: key positions ``[B or 1, Tk]``, as ``q_pos``.
         encoding: its q/k, score-bias and after-softmax hooks are applied (the input hook is not:
             that belongs to the model, before the blocks).
         mask: which keys each query sees; None for full attention.

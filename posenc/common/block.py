@@ -85,8 +85,14 @@ class TransformerEncoder(nn.Module):
     """A stack of pre-norm blocks with a position encoding.
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, dropout, backend, feature_map: as for the
-            blocks (``feature_map``: None for softmax, ``"elu"`` or ``"favor"`` for linear attention).
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention), as for the blocks.
+        mlp_ratio: MLP width as a multiple of ``dim``.
+        dropout: dropout rate of the blocks.
+        backend: attention backend, as for the blocks.
+        feature_map: None for softmax, ``"elu"`` or ``"favor"`` for linear attention.
         encoding: one encoding shared by every layer, or a sequence of ``depth`` encodings (one per
             layer). Its input hook is applied to ``x`` before the first block (from the first
             encoding of a sequence); its attention hooks inside every block.

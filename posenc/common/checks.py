@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Sequence
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where a tensor is checked: the value rules serve the torch-free command line
+    import torch
+    from torch import Tensor
 
 __all__ = [
     "is_int",
@@ -35,6 +36,7 @@ __all__ = [
     "check_positions",
     "check_dtype",
     "check_tensor",
+    "check_sequence_positions",
     "check_allocation",
     "check_build",
     "format_bytes",
@@ -135,6 +137,8 @@ def check_positions(
     once where positions enter, not in every layer. While ``torch.compile`` traces, only the
     static rules (type, dtype, rank) are checked: a value check would break the graph.
     """
+    import torch
+
     check_static_positions(name, positions, integer=integer, ndim=ndim)
     if positions.numel() == 0 or torch.compiler.is_compiling():
         return positions
@@ -157,7 +161,9 @@ def check_static_positions(
     """The rules of :func:`check_positions` that read no value (type, dtype, rank): the check of
     the pure functions (:mod:`posenc.functional`), which must trace whole under ``torch.compile``
     and leave NaN to the caller."""
-    if not isinstance(positions, Tensor):
+    import torch
+
+    if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
@@ -172,6 +178,8 @@ def check_static_positions(
 def check_dtype(name: str, dtype: Any) -> torch.dtype:
     """``dtype`` if it is a floating-point ``torch.dtype`` (a table or a cos/sin cache in ``long``
     would hold truncated 0s and 1s)."""
+    import torch
+
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{name} must be a torch.dtype; got {dtype!r} ({type(dtype).__name__})")
     if not dtype.is_floating_point:
@@ -189,7 +197,9 @@ def check_tensor(
 ) -> Tensor:
     """``value`` if it is a tensor (of a floating-point dtype when ``floating``) of one of the ranks
     ``ndim`` (or at least ``min_ndim``). Reads no value: safe under ``torch.compile``."""
-    if not isinstance(value, Tensor):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a tensor; got {type(value).__name__}")
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor; got dtype {value.dtype}")
@@ -199,6 +209,21 @@ def check_tensor(
     if min_ndim is not None and value.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions; got shape {tuple(value.shape)}")
     return value
+
+
+def check_sequence_positions(q_pos: Tensor, kv_pos: Tensor, *, integer_for: str | None = None) -> None:
+    """Query and key positions of a sequence encoding's hook: ``q_pos [B or 1, Tq]`` and
+    ``kv_pos [B or 1, Tk]``; with ``integer_for`` (the encoding's name, for the message) of an
+    integer dtype too. A ``ValueError`` names both shapes (and dtypes) otherwise. Static checks
+    only (rank, dtype): no device synchronisation on the hot path."""
+    if integer_for is not None:
+        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
+            raise ValueError(
+                f"{integer_for} needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
+                f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
+            )
+    elif q_pos.dim() != 2 or kv_pos.dim() != 2:
+        raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
 
 
 def format_bytes(size: float) -> str:
@@ -212,6 +237,8 @@ def format_bytes(size: float) -> str:
 
 def _device_memory(device: Any) -> int | None:
     """Total memory of ``device`` in bytes (physical RAM for the CPU), or None when unknown."""
+    import torch
+
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -228,6 +255,8 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype, device
     in the memory of ``device`` (RAM for the CPU): a ``ValueError`` with the estimate, instead of an
     allocator error (or the machine swapping) half-way through. ``what`` names the tensor and the
     argument that sized it, e.g. ``"laplacian_pe(k=1000000000): the encodings [N, k]"``."""
+    import torch
+
     if torch.compiler.is_compiling():  # sizes a trace sees are the caller's; nothing to read here
         return
     numel = 1
@@ -255,6 +284,8 @@ def check_build(what: str, *, parameters: int, blocks: int, device: Any = None) 
     the memory of ``device``, or whose ``blocks`` and parameters would take more than
     :data:`BUILD_SECONDS_LIMIT` to build: a ``ValueError`` with the estimate. ``what`` names the
     model and the arguments that sized it, e.g. ``"CausalLM(depth=1000000, dim=16)"``."""
+    import torch
+
     check_allocation(f"{what}: the parameters", (parameters,), torch.float32, device)
     seconds = blocks * SECONDS_PER_BLOCK + parameters * SECONDS_PER_PARAMETER
     if seconds > BUILD_SECONDS_LIMIT:

@@ -10,12 +10,15 @@ arguments against the constructor, so a typo fails loudly instead of disappearin
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from .checks import check_int
-from .encoding import PositionEncoding
+
+if TYPE_CHECKING:  # imported on first registration: the registry's tables serve the torch-free command line
+    from .encoding import PositionEncoding
 
 MODALITIES = ("seq", "vision", "graph", "timeseries")
 # Standard size arguments that :func:`build` fills from :class:`ModelDims` when a constructor takes them.
@@ -73,7 +76,7 @@ def _ensure_loaded() -> None:
     finally:
         _LOAD_STATE["loading"] = False
 
-E = TypeVar("E", bound=type[PositionEncoding])
+E = TypeVar("E", bound="type[PositionEncoding]")
 
 
 def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[[E], E]:
@@ -82,6 +85,8 @@ def register(name: str, *, modality: str, paper: str, summary: str) -> Callable[
         raise ValueError(f"modality must be one of {MODALITIES}; got {modality!r}")
 
     def deco(cls: E) -> E:
+        from .encoding import PositionEncoding
+
         if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
             raise TypeError(f"register({name!r}) expects a PositionEncoding subclass, got {cls!r}")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
@@ -113,7 +118,9 @@ def get(name: str) -> EncodingInfo:
     if name not in _REGISTRY:
         _ensure_loaded()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown encoding {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise KeyError(f"unknown encoding {name!r}{hint}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

@@ -93,7 +93,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> T
 
     Args:
         x: ``[B, H, T, D]``.
-        cos, sin: ``[B or 1, 1, T, R/2]`` (or anything broadcasting to ``x[..., :R/2]``), ``R <= D`` even.
+        cos: ``[B or 1, 1, T, R/2]`` (or anything broadcasting to ``x[..., :R/2]``), ``R <= D`` even.
+        sin: as ``cos``.
         interleaved: pairing convention (see module docstring).
     """
     half = cos.shape[-1]
@@ -122,7 +123,8 @@ def apply_rotary_qk(
 
     Args:
         q: ``[B, Hq, Tq, D]``; k: ``[B, Hkv, Tk, D]``.
-        q_pos, kv_pos: ``[B or 1, Tq]`` and ``[B or 1, Tk]`` (integer or float).
+        q_pos: query positions ``[B or 1, Tq]`` (integer or float).
+        kv_pos: key positions ``[B or 1, Tk]`` (integer or float).
         inv_freq: ``[R/2]``, or ``[B or 1, R/2]`` (one set per batch row), ``R <= D``.
         pairing: "half_split" or "interleaved".
         attention_factor: multiplies ``cos`` and ``sin`` (both q and k).

@@ -79,9 +79,9 @@ class TorchMultiheadAttention(nn.Module):
     """``torch.nn.MultiheadAttention`` with a position encoding (see the module docstring).
 
     Args:
-        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
-        batch_first, device, dtype: as for ``torch.nn.MultiheadAttention`` (``add_bias_kv`` and
-            ``add_zero_attn`` must stay False).
+        embed_dim: as for ``torch.nn.MultiheadAttention``, like ``num_heads``, ``dropout``, ``bias``,
+            ``kdim``, ``vdim``, ``batch_first``, ``device`` and ``dtype``.
+        add_bias_kv: must stay False (as ``add_zero_attn``).
         encoding: a :class:`~posenc.common.encoding.PositionEncoding` with attention hooks (q/k
             transform, score bias, after-softmax), built for ``head_dim = embed_dim // num_heads``
             and ``num_heads`` where it asks; None for none (then the layer computes what torch's

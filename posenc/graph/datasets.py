@@ -227,8 +227,9 @@ def molecule_dataset(
     Args:
         smiles: the SMILES to use; default the 4,999 NCI compounds shipped in RDKit's wheel
             (:func:`nci_smiles_path`).
-        max_atoms, min_atoms: molecules (largest fragments) outside this heavy-atom range are
-            dropped (ZINC's molecules have 9..37), as are SMILES RDKit cannot parse.
+        max_atoms: molecules (largest fragments) above this many heavy atoms are dropped (ZINC's
+            molecules have 9..37), as are SMILES RDKit cannot parse.
+        min_atoms: molecules below this many heavy atoms are dropped.
         limit: keep at most this many molecules (the first ones, in file order).
         cache_dir: where the built dataset is cached (written atomically, read back with
             ``weights_only=True``); None builds without caching. The file name hashes the SMILES,

@@ -182,8 +182,10 @@ def dense_adjacency_stack(
     the position of each listed graph in the stack (-1 for the others).
 
     Args:
-        edge_index, edge_weight: edges of the whole batch (``[2, E]``, ``[E]``).
-        batch, local: graph id and local index of every node ``[N]``.
+        edge_index: edges of the whole batch ``[2, E]``.
+        edge_weight: their weights ``[E]``.
+        batch: graph id of every node ``[N]``.
+        local: index of every node within its graph ``[N]``.
         graphs: ids of the graphs to stack, each with at most ``size`` nodes.
     """
     device = edge_index.device

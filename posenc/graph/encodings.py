@@ -11,7 +11,7 @@ packed into one sequence is ``B = 1``, ``T = N``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
@@ -97,6 +97,29 @@ class LapPE(PositionEncoding):
         return x + self.proj(feats)
 
 
+class ProjectedNodeFeatures(PositionEncoding):
+    """Precomputed per-node features added through a linear map: ``x + W f(u)``, ``f(u)`` of
+    ``features`` numbers (random-walk returns, anchor distances). The base of :class:`RWSE` and
+    :class:`LandmarkPE`, which name their features (``label`` and ``feature_words`` for messages).
+
+    Positions ``[B or 1, T, features]`` float. Hook: input. Kernel: none.
+    """
+
+    hooks = frozenset({Hook.INPUT})
+    label: ClassVar[str] = "features"
+    feature_words: ClassVar[str] = "features"
+
+    def __init__(self, dim: int, features: int) -> None:
+        super().__init__()
+        self.dim, self.features = dim, features
+        self.proj = nn.Linear(features, dim)
+
+    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [B, T, C]``, ``positions [B or 1, T, features]`` -> ``[B, T, C]``."""
+        _check_features(self.label, x, positions, self.features, self.feature_words)
+        return x + self.proj(positions.to(x.dtype))
+
+
 @register(
     "rwse",
     modality="graph",
@@ -104,7 +127,7 @@ class LapPE(PositionEncoding):
     "Representations, https://arxiv.org/abs/2110.07875",
     summary="random-walk return probabilities diag(P^k), k = 1..K, projected to the model width",
 )
-class RWSE(PositionEncoding):
+class RWSE(ProjectedNodeFeatures):
     """Random-walk SE: ``x + W [(P^1)_uu, ..., (P^K)_uu]``, ``P = D^-1 A``.
 
     Args:
@@ -114,19 +137,13 @@ class RWSE(PositionEncoding):
     Positions ``[B or 1, T, K]`` float: ``random_walk_se`` per node. Hook: input. Kernel: none.
     """
 
-    hooks = frozenset({Hook.INPUT})
+    label, feature_words = "rwse", "walk_length"
 
     def __init__(self, dim: int, walk_length: int = 20) -> None:
-        super().__init__()
         check_int("dim", dim, minimum=1)
         check_int("walk_length", walk_length, minimum=1)
-        self.dim, self.walk_length = dim, walk_length
-        self.proj = nn.Linear(walk_length, dim)
-
-    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
-        """``x [B, T, C]``, ``positions [B or 1, T, K]`` -> ``[B, T, C]``."""
-        _check_features("rwse", x, positions, self.walk_length, "walk_length")
-        return x + self.proj(positions.to(x.dtype))
+        super().__init__(dim, walk_length)
+        self.walk_length = walk_length
 
 
 @register(
@@ -136,7 +153,7 @@ class RWSE(PositionEncoding):
     "Li et al. 2020, Distance Encoding, https://arxiv.org/abs/2009.00142",
     summary="1/(d+1) shortest-path distances to k anchor nodes (top degree or random), projected to the model width",
 )
-class LandmarkPE(PositionEncoding):
+class LandmarkPE(ProjectedNodeFeatures):
     """Landmark distances: ``x + W [1/(d(u, a_1) + 1), ..., 1/(d(u, a_k) + 1)]`` (0 where an anchor
     is unreachable or missing).
 
@@ -148,19 +165,13 @@ class LandmarkPE(PositionEncoding):
     are chosen there: by degree or at random). Hook: input. Kernel: none.
     """
 
-    hooks = frozenset({Hook.INPUT})
+    label, feature_words = "landmark", "k (anchors)"
 
     def __init__(self, dim: int, k: int = 8) -> None:
-        super().__init__()
         check_int("dim", dim, minimum=1)
         check_int("k", k, minimum=1)
-        self.dim, self.k = dim, k
-        self.proj = nn.Linear(k, dim)
-
-    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
-        """``x [B, T, C]``, ``positions [B or 1, T, k]`` -> ``[B, T, C]``."""
-        _check_features("landmark", x, positions, self.k, "k (anchors)")
-        return x + self.proj(positions.to(x.dtype))
+        super().__init__(dim, k)
+        self.k = k
 
 
 __all__ = ["LandmarkPE", "LapPE", "RWSE"]

@@ -78,7 +78,9 @@ class GPS(nn.Module, PretrainedMixin):
     Args:
         in_dim: node feature width (``x [N, in_dim]``, float).
         out_dim: outputs per graph (``task="graph"``) or per node (``task="node"``).
-        dim, depth, num_heads: width, number of :class:`GPSLayer`, attention heads.
+        dim: width.
+        depth: number of :class:`GPSLayer`.
+        num_heads: attention heads.
         edge_dim: edge feature width (``edge_attr [E, edge_dim]``); None for graphs without edge
             features (the local layer is then GIN).
         encoding: a registered graph encoding name (built with ``encoding_options`` for this
@@ -90,7 +92,7 @@ class GPS(nn.Module, PretrainedMixin):
             "gin" or "none".
         task: "graph" (pool, then an MLP head) or "node" (an MLP head per node).
         pool: "mean", "add" or "max" graph pooling (PyG's global pools).
-        dropout, norm, mlp_ratio, backend: as for :class:`GPSLayer`.
+        dropout: as for :class:`GPSLayer`, like ``norm``, ``mlp_ratio`` and ``backend``.
 
     Shapes: :meth:`forward` takes ``x [N, in_dim]``, ``edge_index [2, E]``, ``batch [N]``,
     ``edge_attr [E, edge_dim]``, ``positions [N, F]`` and returns ``[G, out_dim]`` (graph task,

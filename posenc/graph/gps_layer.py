@@ -143,8 +143,8 @@ class GPSLayer(nn.Module):
             edge_index: ``[2, E]`` edges, each inside one graph.
             batch: ``[N]`` graph id of each node; None for a single graph (every node attends to
                 every node).
-            edge_attr, edge_weight: passed on to ``conv`` by keyword when given
-                (``GINEConv``/``GATConv`` take ``edge_attr``, ``GCNConv`` ``edge_weight``).
+            edge_attr: passed on to ``conv`` by keyword when given (``GINEConv``/``GATConv``).
+            edge_weight: passed on to ``conv`` by keyword when given (``GCNConv``).
             positions: ``[N, F]`` per-node structure of the attention encoding, e.g. for ``spd``
                 ``posenc.graph.node_positions(data, layer.encoding)`` (compute it once per batch
                 and give it to every layer); required with an encoding, ignored without.

@@ -91,7 +91,7 @@ class AddLaplacianPE(BaseTransform):
             where :func:`posenc.graph.node_positions` looks); giving it implies ``eigenvalues``.
         random_sign: flip each eigenvector's sign at random (torch's global RNG, as PyG does);
             False keeps the deterministic signs of :func:`~posenc.graph.laplacian_pe`.
-        normalization, symmetrize, method: as in :func:`~posenc.graph.laplacian_pe`.
+        normalization: as in :func:`~posenc.graph.laplacian_pe`, like ``symmetrize`` and ``method``.
         **kwargs: keyword arguments of ``scipy.sparse.linalg.eigsh``, as PyG's transform takes
             them: ``tol``, ``maxiter``, ``ncv``, ``v0`` (validated here). They apply where eigsh
             runs: graphs of at least ``SPARSE_MIN_NODES`` nodes on CPU (``method="auto"``), or every
@@ -135,11 +135,28 @@ class AddLaplacianPE(BaseTransform):
             edge_weight=getattr(data, "edge_weight", None), symmetrize=self.symmetrize, method=self.method,
             eigsh_options=self.kwargs,
         )
+        return self._store(data, vecs, vals.expand(num_nodes, self.k).clone(), graphs=1, batch=None)
+
+    def forward_batch(self, data: Any) -> Any:
+        """This transform on a whole PyG ``Batch`` at once (one batched eigensolve per graph size;
+        see :func:`add_laplacian_pe_batch`)."""
+        batch, num_graphs = _batch_vector(data)
+        vecs, vals = laplacian_pe_batch(
+            data.edge_index, batch, self.k, num_graphs=num_graphs, normalization=self.normalization,
+            edge_weight=getattr(data, "edge_weight", None), symmetrize=self.symmetrize, method=self.method,
+            eigsh_options=self.kwargs,
+        )
+        return self._store(data, vecs, vals[batch], graphs=num_graphs, batch=batch)
+
+    def _store(self, data: Any, vecs: Tensor, per_node: Tensor, *, graphs: int, batch: Tensor | None) -> Any:
+        """Store ``vecs [N, k]`` (with ``random_sign``, times one random sign per graph and column:
+        ``graphs`` of them, read at ``batch [N]``) and, when asked, the eigenvalues
+        ``per_node [N, k]``, where the options say."""
         if self.random_sign:
-            vecs = vecs * _random_signs(1, self.k, vecs.device)
+            signs = _random_signs(graphs, self.k, vecs.device)
+            vecs = vecs * (signs if batch is None else signs[batch])
         if not self.eigenvalues:
             return _store(data, vecs, self.attr_name)
-        per_node = vals.expand(num_nodes, self.k).clone()
         if self.attr_name is None:
             return _store(data, torch.cat([vecs, per_node], dim=-1), None)
         data[self.eigenvalues_attr] = per_node
@@ -229,22 +246,9 @@ def add_laplacian_pe_batch(
     """:class:`AddLaplacianPE` for a whole PyG ``Batch`` at once (one batched eigensolve per graph
     size); random signs are drawn per graph and eigenvector. Same arguments (``**kwargs``: eigsh
     options). Returns ``data`` with the attribute(s) set."""
-    _check_k("k", k)
-    options = check_eigsh_options(kwargs, k, method)
-    batch, num_graphs = _batch_vector(data)
-    vecs, vals = laplacian_pe_batch(
-        data.edge_index, batch, k, num_graphs=num_graphs, normalization=normalization,
-        edge_weight=getattr(data, "edge_weight", None), symmetrize=symmetrize, method=method,
-        eigsh_options=options,
-    )
-    if random_sign:
-        vecs = vecs * _random_signs(num_graphs, k, vecs.device)[batch]
-    if not (eigenvalues or eigenvalues_attr is not None):
-        return _store(data, vecs, attr_name)
-    if attr_name is None:
-        return _store(data, torch.cat([vecs, vals[batch]], dim=-1), None)
-    data[eigenvalues_attr if eigenvalues_attr is not None else EIGENVALUES_ATTR] = vals[batch]
-    return _store(data, vecs, attr_name)
+    return AddLaplacianPE(k, attr_name, eigenvalues=eigenvalues, eigenvalues_attr=eigenvalues_attr,
+                          random_sign=random_sign, normalization=normalization, symmetrize=symmetrize,
+                          method=method, **kwargs).forward_batch(data)
 
 
 def add_random_walk_se_batch(

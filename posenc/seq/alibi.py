@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..common.checks import check_allocation, check_bool, check_dtype, check_int, check_tensor
+from ..common.checks import check_allocation, check_bool, check_dtype, check_int, check_sequence_positions, check_tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -70,7 +70,8 @@ def alibi_bias(
     * ``causal=False``: the symmetric bidirectional variant ``-m_h * |d|``.
 
     Args:
-        q_len, k_len: query and key counts.
+        q_len: query count.
+        k_len: key count.
         slopes: ``[H]`` per-head slopes (:func:`alibi_slopes`).
         causal: required, so the treatment of keys after the query is always a stated choice.
         offset: position of query 0 minus position of key 0; default ``k_len - q_len`` (queries
@@ -122,8 +123,7 @@ class ALiBi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         slopes, symmetric = self.slopes, self.symmetric
         if slopes.dtype != torch.float32:  # the module was cast (.half()): keep the slopes exact
             slopes = alibi_slopes(self.num_heads).to(slopes.device)

@@ -36,7 +36,7 @@ CAPE_BASES = ("alibi", "kerple", "fire")
 )
 class CAPE(PositionEncoding):
     """Args:
-        dim, num_heads, max_len: model sizes (passed to the base bias).
+        dim: model width (passed to the base bias, like ``num_heads`` and ``max_len``).
         base: the static bias, ``"alibi"`` (default), ``"kerple"`` or ``"fire"``.
         hidden: hidden width of ``f`` (32 in the paper).
         base_options: keyword arguments for the base bias (e.g. ``{"symmetric": True}``).

@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int, check_number
+from ..common.checks import check_bool, check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -137,8 +137,7 @@ class DeBERTa(PositionEncoding):
         return q * (1 / math.sqrt(3)), k
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
         kr, p2c_t = self._parts(q, k)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import check_int, check_number
+from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -78,8 +78,7 @@ class FIRE(PositionEncoding):
         return torch.log1p(c * dist) / (torch.log1p(c * norm) + _EPS)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         first, last = self.mlp[0], self.mlp[2]
         normalized = self.normalized_distance
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1

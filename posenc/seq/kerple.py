@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_choice, check_int
+from ..common.checks import check_bool, check_choice, check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -94,8 +94,7 @@ class KERPLE(PositionEncoding):
         return 2 * torch.sigmoid(self.raw_r2)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         r1, r2, variant = self.r1, self.r2, self.variant
         work = torch.float64 if r1.dtype == torch.float64 else torch.float32
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1

@@ -46,14 +46,16 @@ def spread_positions(positions: Tensor, count: int) -> Tensor:
 class PositionalAutoencoder(nn.Module):
     """Args:
         in_dim: features per element.
-        dim, depth, num_heads: sizes (``decoder_depth`` defaults to ``depth``).
+        dim: width.
+        depth: encoder blocks (``decoder_depth`` defaults to it).
+        num_heads: attention heads.
         num_latents: ``K``, the bottleneck tokens.
         encoding: a registered sequence encoding name (``"alibi"``, ``"sinusoidal"``, ``"rope"``,
             ...) or None (then the decoder cannot tell its queries apart).
         encoding_options: constructor arguments of the encoding (ALiBi gets ``symmetric=True``
             unless given).
         max_len: for encodings with a table of positions.
-        mlp_ratio, dropout, backend: of the blocks.
+        mlp_ratio: of the blocks, like ``dropout`` and ``backend``.
 
     Shapes: ``x [B, L, in_dim]`` -> ``encode`` -> ``[B, K, D]`` -> ``decode(., N)`` -> ``[B, N, in_dim]``.
     """

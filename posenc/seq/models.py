@@ -223,7 +223,10 @@ class CausalLM(nn.Module, PretrainedMixin):
     unit amplitude (sinusoidal) would otherwise drown the small initial embeddings.
 
     Args:
-        vocab_size, dim, depth, num_heads: sizes.
+        vocab_size: tokens in the vocabulary.
+        dim: width.
+        depth: blocks.
+        num_heads: attention heads.
         encoding: a registered name (built for these sizes), an encoding instance (shared by all
             layers), or None (no position signal besides the causal mask).
         max_len: the longest sequence the encoding is built for (learned tables); other
@@ -364,7 +367,9 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
     Args:
         vocab_size: token vocabulary (inputs are ``[B, T]`` long tensors); or
         input_dim: feature width (inputs are ``[B, T, input_dim]`` float tensors). Exactly one.
-        dim, depth, num_heads: sizes.
+        dim: width.
+        depth: blocks.
+        num_heads: attention heads.
         encoding: a registered name, an instance, or None. Causal-only encodings (FIRE, CoPE,
             xPos, causal ALiBi) are refused here: this model attends both ways (use
             ``encoding_options={"symmetric": True}`` for ALiBi).
@@ -373,7 +378,8 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
             (:meth:`loss` is the mean squared error).
         pool: "mean" over the real (unpadded) tokens, or "cls": a learned token prepended at
             position 0 (the sequence then takes positions ``1 .. T``, so ``max_len >= T + 1``).
-        max_len, dropout, share_encoding, encoding_options, backend, feature_map: as for :class:`CausalLM`.
+        max_len: as for :class:`CausalLM`, like ``dropout``, ``share_encoding``, ``encoding_options``,
+            ``backend`` and ``feature_map``.
         peg_blocks: with ``encoding="peg1d"``: the blocks after which a 1D PEG is added (default
             ``(0,)``); symmetric unless ``encoding_options={"causal": True}``.
 

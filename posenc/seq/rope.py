@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common.checks import check_dtype, check_int, check_static_positions, check_tensor
+from ..common.checks import check_dtype, check_int, check_sequence_positions, check_static_positions, check_tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import (
@@ -270,8 +270,7 @@ class RotaryEncoding(PositionEncoding):
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
-        if q_pos.dim() != 2 or kv_pos.dim() != 2:
-            raise ValueError(f"positions must be [batch or 1, tokens]; got {tuple(q_pos.shape)} and {tuple(kv_pos.shape)}")
+        check_sequence_positions(q_pos, kv_pos)
         inv_freq = self._inv_freq(q_pos, kv_pos)
         return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq, pairing=self.pairing,
                                attention_factor=self.attention_factor)

@@ -35,19 +35,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int
+from ..common.checks import check_bool, check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
 from ..common.relative import clipped_relative_index, relative_positions
-
-
-def _check_positions(q_pos: Tensor, kv_pos: Tensor, name: str) -> None:
-    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
-        raise ValueError(
-            f"{name} needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
-            f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
-        )
 
 
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
@@ -83,7 +75,7 @@ class ShawRelative(PositionEncoding):
         self.value_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5) if values else None
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        _check_positions(q_pos, kv_pos, "ShawRelative")
+        check_sequence_positions(q_pos, kv_pos, integer_for="ShawRelative")
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
         table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]

@@ -262,7 +262,7 @@ class SplineTransformer(nn.Module):
         num_control_points: ``K`` learned control tokens, ``K >= degree + 1``.
         degree: B-spline degree ``p`` (3: cubic).
         decoder_depth: blocks in the decoder (default ``depth``).
-        mlp_ratio, dropout: of the blocks.
+        mlp_ratio: of the blocks, like ``dropout``.
         encoder_mask: ``"causal"`` (input token ``i`` sees inputs ``<= i``; control tokens see
             everything) or ``"full"`` (bidirectional, permutation invariant in the inputs).
         decoder_window: None for full attention in the decoder, or a sliding window (tokens

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_int, check_static_positions
+from ..common.checks import check_bool, check_int, check_sequence_positions, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -121,11 +121,7 @@ class T5Bias(PositionEncoding):
         return t5_relative_buckets(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
-            raise ValueError(
-                f"T5Bias needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} {q_pos.dtype} "
-                f"and {tuple(kv_pos.shape)} {kv_pos.dtype}"
-            )
+        check_sequence_positions(q_pos, kv_pos, integer_for="T5Bias")
         # One column per relative position that occurs, [H, R], built once per call: the pairwise
         # function is then a gather (no logarithm per pair), and its gradient flows back to the
         # table through this small tensor.

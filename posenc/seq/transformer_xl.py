@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_int
+from ..common.checks import check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -75,11 +75,7 @@ class TransformerXLRelative(PositionEncoding):
             raise ValueError(
                 f"TransformerXLRelative was built for {self.num_heads} heads of {self.head_dim}; q is {tuple(q.shape)}"
             )
-        if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
-            raise ValueError(
-                f"TransformerXLRelative needs integer positions [batch or 1, tokens]; got {tuple(q_pos.shape)} "
-                f"{q_pos.dtype} and {tuple(kv_pos.shape)} {kv_pos.dtype}"
-            )
+        check_sequence_positions(q_pos, kv_pos, integer_for="TransformerXLRelative")
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         """``q + u`` (terms a + c); keys unchanged."""

@@ -117,7 +117,7 @@ def train_classifier(
     def loss_fn(m, batch: tuple[Tensor, Tensor, Tensor]):
         x, lengths, y = batch
         logits = m(x, lengths)
-        return F.cross_entropy(logits, y), {"acc": (logits.argmax(-1) == y).float().mean()}
+        return F.cross_entropy(logits, y), {"accuracy": (logits.argmax(-1) == y).float().mean()}
 
     def eval_fn(m) -> dict[str, float]:
         if test is None:

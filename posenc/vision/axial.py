@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.checks import check_choice, check_int, check_number
-from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, to_pair
+from .grid import check_table_grid, to_pair
+from .grid_table import GridTableEncoding, init_table
 
 MODES = ("sum", "concat")
 NEW_GRID = ("bicubic", "linear", "refuse")
@@ -52,7 +52,7 @@ def resample_axis(table: Tensor, length: int, mode: str = "bicubic") -> Tensor:
     paper="Ho et al. 2019, Axial Attention, https://arxiv.org/abs/1912.12180",
     summary="learned row and column tables, summed or concatenated; each axis resampled on new grids",
 )
-class AxialEncoding(PositionEncoding):
+class AxialEncoding(GridTableEncoding):
     """Args:
         dim: model width ``C``.
         grid_size: training grid ``(R, W)`` (or one int).
@@ -65,7 +65,7 @@ class AxialEncoding(PositionEncoding):
     Shapes: ``x [B, T, C]``, ``positions [B or 1, T, 2]`` integer (row, col) >= 0 -> ``[B, T, C]``.
     """
 
-    hooks = frozenset({Hook.INPUT})
+    label = "axial"
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class AxialEncoding(PositionEncoding):
         self.row_table = nn.Parameter(torch.empty(self.grid_size[0], row_dim))
         self.col_table = nn.Parameter(torch.empty(self.grid_size[1], col_dim))
         for t in (self.row_table, self.col_table):
-            nn.init.trunc_normal_(t, std=init_std, a=-2 * init_std, b=2 * init_std)
+            init_table(t, init_std)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid_size={self.grid_size}, mode={self.mode!r}, row_dim={self.row_dim}, "
@@ -116,14 +116,7 @@ class AxialEncoding(PositionEncoding):
                              self.row_table.device)
         return resample_axis(self.row_table, grid[0], self.new_grid), resample_axis(self.col_table, grid[1], self.new_grid)
 
-    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
-        coords = integer_coords(patch_coords(positions, x.shape[1], self.num_prefix_tokens, "axial"), "axial")
-        if coords.shape[1] == 0:
-            return x
-        rows, cols = self.tables_for(absolute_grid(coords, "axial"))
+    def encode_coords(self, coords: Tensor, grid: tuple[int, ...]) -> Tensor:
+        rows, cols = self.tables_for(grid)
         e_row, e_col = rows[coords[..., 0]], cols[coords[..., 1]]
-        pe = e_row + e_col if self.mode == "sum" else torch.cat((e_row, e_col), dim=-1)
-        p = self.num_prefix_tokens
-        return torch.cat((x[:, :p], x[:, p:] + pe.to(x.dtype)), dim=1)
+        return e_row + e_col if self.mode == "sum" else torch.cat((e_row, e_col), dim=-1)

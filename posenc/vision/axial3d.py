@@ -31,10 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_choice, check_int, check_number, is_int
-from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from .axial import MODES, NEW_GRID, resample_axis
-from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, to_triple
+from .grid import check_table_grid, to_triple
+from .grid_table import GridTableEncoding, init_table
 
 
 def _check_axis_dims(axis_dims: object) -> None:
@@ -66,7 +66,7 @@ def _concat_dims(dim: int, axis_dims: Sequence[int] | None) -> tuple[int, int, i
     paper="Ho et al. 2019, Axial Attention, https://arxiv.org/abs/1912.12180 (space-time tables: TimeSformer, MAE-ST)",
     summary="video: learned t, row and col tables, summed or concatenated; each axis resampled on new grids",
 )
-class Axial3D(PositionEncoding):
+class Axial3D(GridTableEncoding):
     """Args:
         dim: model width ``C``.
         grid_size: training grid ``(F, R, W)`` of tubelets (frames / tubelet, rows, cols), or one int.
@@ -81,8 +81,8 @@ class Axial3D(PositionEncoding):
     Shapes: ``x [B, T, C]``, ``positions [B or 1, T, 3]`` integer (t, row, col) >= 0 -> ``[B, T, C]``.
     """
 
-    hooks = frozenset({Hook.INPUT})
     grid_ndim: ClassVar[int] = 3
+    label = "axial3d"
 
     def __init__(
         self,
@@ -112,7 +112,7 @@ class Axial3D(PositionEncoding):
         self.num_prefix_tokens, self.new_grid = num_prefix_tokens, new_grid
         self.tables = nn.ParameterList(nn.Parameter(torch.empty(n, d)) for n, d in zip(self.grid_size, dims))
         for t in self.tables:
-            nn.init.trunc_normal_(t, std=init_std, a=-2 * init_std, b=2 * init_std)
+            init_table(t, init_std)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid_size={self.grid_size}, mode={self.mode!r}, axis_dims={self.axis_dims}, "
@@ -135,16 +135,8 @@ class Axial3D(PositionEncoding):
                                  table.dtype, table.device)
         return tuple(resample_axis(t, n, self.new_grid) for t, n in zip(self.tables, grid))  # type: ignore[return-value]
 
-    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
-        coords = patch_coords(positions, x.shape[1], self.num_prefix_tokens, "axial3d", ndim=3)
-        coords = integer_coords(coords, "axial3d")
-        if coords.shape[1] == 0:
-            return x
-        tables = self.tables_for(absolute_grid(coords, "axial3d"))
+    def encode_coords(self, coords: Tensor, grid: tuple[int, ...]) -> Tensor:
+        tables = self.tables_for(grid)
         parts = [table[coords[..., i]] for i, table in enumerate(tables)]  # each [B or 1, N, d_axis]
-        pe = parts[0] + parts[1] + parts[2] if self.mode == "sum" else torch.cat(parts, dim=-1)
-        p = self.num_prefix_tokens
-        return torch.cat((x[:, :p], x[:, p:] + pe.to(x.dtype)), dim=1)
+        return parts[0] + parts[1] + parts[2] if self.mode == "sum" else torch.cat(parts, dim=-1)
 

@@ -84,19 +84,19 @@ def classification_loss(model: nn.Module, batch) -> tuple[torch.Tensor, dict[str
     """Cross-entropy of ``model(images)`` against the labels; the batch accuracy as an extra."""
     images, labels = batch
     logits = model(images)
-    return F.cross_entropy(logits, labels), {"acc": (logits.argmax(-1) == labels).float().mean().item()}
+    return F.cross_entropy(logits, labels), {"accuracy": (logits.argmax(-1) == labels).float().mean().item()}
 
 
 def evaluate_sizes(model: nn.Module, sets: Mapping[int, Dataset], *, batch_size: int = 256) -> dict[str, float]:
-    """``{"acc@<size>": accuracy}`` per evaluation set. A size the model refuses (an encoding that
+    """``{"accuracy@<size>": accuracy}`` per evaluation set. A size the model refuses (an encoding that
     cannot follow the new grid) gives NaN, and the reason is printed once."""
     out: dict[str, float] = {}
     for size, data in sets.items():
         try:
-            out[f"acc@{size}"] = accuracy(model, data, batch_size=batch_size)
+            out[f"accuracy@{size}"] = accuracy(model, data, batch_size=batch_size)
         except ValueError as exc:
             print(f"size {size}: refused: {exc}", file=sys.stderr)
-            out[f"acc@{size}"] = math.nan
+            out[f"accuracy@{size}"] = math.nan
     return out
 
 
@@ -108,7 +108,7 @@ def train_vit(
 ) -> tuple[nn.Module, dict[str, float], object]:
     """Build the ViT of ``model_config``, train it on ``train_set`` with ``train_config`` (a
     :class:`~posenc.training.trainer.TrainConfig`) and evaluate it on ``eval_sets`` ({size: set}).
-    Returns ``(model, metrics, trainer)``; metrics hold ``train_loss``, ``train_acc`` and ``acc@<size>``."""
+    Returns ``(model, metrics, trainer)``; metrics hold ``train_loss``, ``train_accuracy`` and ``accuracy@<size>``."""
     from ..training.trainer import Trainer
 
     torch.manual_seed(train_config.seed)

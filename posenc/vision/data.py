@@ -123,7 +123,8 @@ class DigitsCanvas(Dataset):
         seed: seeds the placements (the train/test split of the digits is fixed by ``split_seed``).
         resize_to: render at ``canvas_size``, then resize the whole image to this side (the digit
             scales with the image); None keeps ``canvas_size``.
-        test_fraction, split_seed: the train/test split of the 1,797 digits.
+        test_fraction: share of the 1,797 digits held out for the test split.
+        split_seed: seed of that split.
 
     Item ``i``: ``(image [1, H, W] float32 in [0, 1], label int64)`` with ``H = W = resize_to or
     canvas_size``. :attr:`offsets` ``[len, 2]`` holds each digit's top-left ``(row, col)`` on
@@ -251,7 +252,8 @@ class MovingDigits(Dataset):
             ``(frames - 1) * max_speed``, must fit in ``canvas_size - digit_size``.
         repeats: clips per digit; ``len = repeats * digits in the split``.
         seed: seeds the motions (the train/test split of the digits is fixed by ``split_seed``).
-        test_fraction, split_seed: the train/test split of the 1,797 digits.
+        test_fraction: share of the 1,797 digits held out for the test split.
+        split_seed: seed of that split.
 
     Item ``i``: ``(clip [1, T, S, S] float32 in [0, 1], label int64 in 0..3)``, the label indexing
     :data:`DIRECTIONS`. :meth:`path` gives the digit's top-left ``(row, col)`` in every frame;

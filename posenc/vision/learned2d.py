@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_choice, check_int, check_number
-from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from .grid import absolute_grid, check_table_grid, integer_coords, patch_coords, resample_grid, to_pair
+from .grid import check_table_grid, resample_grid, to_pair
+from .grid_table import GridTableEncoding, init_table
 
 NEW_GRID = ("resample", "refuse")
 
@@ -33,7 +33,7 @@ NEW_GRID = ("resample", "refuse")
     paper="Dosovitskiy et al. 2021, ViT, https://arxiv.org/abs/2010.11929 (timm resample_abs_pos_embed)",
     summary="learned (rows, cols, dim) table added to the patches; bicubic resampling to new grids",
 )
-class Learned2D(PositionEncoding):
+class Learned2D(GridTableEncoding):
     """Args:
         dim: model width ``C``.
         grid_size: training grid ``(R, C)`` (or one int for a square grid).
@@ -44,7 +44,7 @@ class Learned2D(PositionEncoding):
     Shapes: ``x [B, T, C]``, ``positions [B or 1, T, 2]`` integer (row, col) >= 0 -> ``[B, T, C]``.
     """
 
-    hooks = frozenset({Hook.INPUT})
+    label = "learned2d"
 
     def __init__(
         self,
@@ -62,7 +62,7 @@ class Learned2D(PositionEncoding):
         self.dim, self.grid_size = dim, to_pair(grid_size, "grid_size")
         self.num_prefix_tokens, self.new_grid = num_prefix_tokens, new_grid
         self.table = nn.Parameter(torch.empty(*self.grid_size, dim))
-        nn.init.trunc_normal_(self.table, std=init_std, a=-2 * init_std, b=2 * init_std)
+        init_table(self.table, init_std)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, new_grid={self.new_grid!r}"
@@ -78,13 +78,6 @@ class Learned2D(PositionEncoding):
             check_table_grid("learned2d", grid, (*grid, self.dim), torch.float32, self.table.device)
         return resample_grid(self.table, grid)
 
-    def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
-        coords = integer_coords(patch_coords(positions, x.shape[1], self.num_prefix_tokens, "learned2d"), "learned2d")
-        p = self.num_prefix_tokens
-        if coords.shape[1] == 0:
-            return x
-        table = self.table_for(absolute_grid(coords, "learned2d"))
-        pe = table[coords[..., 0], coords[..., 1]].to(x.dtype)  # [B or 1, N, C]
-        return torch.cat((x[:, :p], x[:, p:] + pe), dim=1)
+    def encode_coords(self, coords: Tensor, grid: tuple[int, ...]) -> Tensor:
+        table = self.table_for(grid)
+        return table[coords[..., 0], coords[..., 1]]  # [B or 1, N, C]

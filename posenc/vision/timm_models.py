@@ -313,13 +313,14 @@ class PosencVisionTransformer(VisionTransformer):
         is_causal: bool = False,
     ):
         """timm's ``VisionTransformer.forward_intermediates`` (same arguments and outputs) with the
-        positions of the patch grid passed to every block and PEG.
+        positions of the patch grid passed to every block and PEG. The arguments not listed here
+        are timm's.
 
         Args:
             x: images ``[B, C, H, W]``.
             indices: the last ``n`` blocks (int), all (None) or these block indices.
             output_fmt: "NCHW" (``[B, C, rows, cols]`` intermediates) or "NLC" (``[B, rows*cols, C]``).
-            others: as timm's.
+
         Returns:
             ``(final features [B, T, C], intermediates)``, the intermediates alone, or a dict with
             ``image_intermediates`` (and ``image_features``, ``image_intermediates_prefix``).

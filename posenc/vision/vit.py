@@ -66,7 +66,10 @@ class ViT(nn.Module, PretrainedMixin):
         patch_size: square patch side ``p``.
         in_chans: image channels.
         num_classes: classifier outputs.
-        dim, depth, num_heads, mlp_ratio: transformer sizes.
+        dim: width.
+        depth: blocks.
+        num_heads: attention heads.
+        mlp_ratio: MLP width as a multiple of ``dim``.
         encoding: a registered vision or sequence encoding name, a :class:`PositionEncoding`
             instance (a vision one must be built with ``num_prefix_tokens`` equal to this model's;
             a registered sequence one is wrapped in :class:`PatchTokensOnly`), or None.

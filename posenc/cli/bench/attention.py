@@ -63,29 +63,31 @@ import json
 import os
 import platform
 import sys
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-
-from ..argtypes import int_list, seed_value
-from ...common import chunk_pool
-from ...common.attention import MultiheadAttention
-from ...common.encoding import Hook, PositionEncoding, attention_part
-from ...common.linear_attention import FEATURE_MAPS, make_feature_map
-from ...common.masks import AttentionMask
-from ...common.registry import ModelDims, available, build
+from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
+from ..errors import usage_error
+from ..options import FEATURE_MAPS
+from ...common.catalog import entries, suggest
+from ...common.registry import ModelDims, build
 from ...common.report import Progress, format_table
 from . import smithy_rows
+from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:  # torch is imported when a row is built: --help and argument errors answer without it
+    import torch
+    from torch import Tensor, nn
+
+    from ...common.encoding import PositionEncoding
+
+PROG = "posenc bench attention"
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # torch dtypes of these names
 DEVICES = ("cpu", "cuda")
 BASELINE = "sdpa (bare causal)"
 NO_ENCODING = "none"
@@ -140,8 +142,8 @@ class AttentionBenchConfig:
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}; got {self.dtype!r}")
         for name in ("seq_len", "batch", "heads", "head_dim", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
@@ -187,7 +189,7 @@ BENCH_MODALITIES = ("seq", "timeseries")  # encodings of 1D positions; 2D and gr
 
 def encoding_names() -> list[str]:
     """``"none"`` followed by every registered sequence and time-series encoding of softmax attention."""
-    return [NO_ENCODING] + [info.name for m in BENCH_MODALITIES for info in available(m) if not info.cls.linear_only]
+    return [NO_ENCODING] + [info.name for m in BENCH_MODALITIES for info in entries(m) if not info.linear_only]
 
 
 def linear_encoding_names() -> list[str]:
@@ -195,8 +197,8 @@ def linear_encoding_names() -> list[str]:
     the input or on q and k only (no score bias, no after-softmax term)."""
     names = [NO_ENCODING]
     for m in BENCH_MODALITIES:
-        for info in available(m):
-            hooks = set(info.hooks) - {Hook.INPUT.value, Hook.QK.value}
+        for info in entries(m):  # the registry's snapshot: the names are checked before torch loads
+            hooks = set(info.hooks) - {"input", "qk"}
             if not hooks and not info.causal_only:
                 names.append(info.name)
     return names
@@ -231,122 +233,17 @@ class BenchResult:
     rows: list[Row]
     notes: list[str]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Figures below the noise at these settings (see :mod:`.caveats`)."""
+        base = next((r.ms for r in self.rows if r.name == BASELINE), None)
+        texts = [few_rounds(self.config.get("repeats"), self.config.get("warmup"), advice="--repeats 5 --warmup 1"),
+                 short_timing(f"the baseline at T={self.config.get('seq_len')}", base, advice="raise --seq-len or --batch")]
+        return [t for t in texts if t is not None]
+
     def to_json(self) -> dict:
-        return {"config": self.config, "rows": [r.to_json() for r in self.rows], "notes": self.notes}
-
-
-# --- the units -------------------------------------------------------------------------------
-
-
-class BareCausalAttention(nn.Module):
-    """The baseline: q/k/v/out ``nn.Linear(C, C)`` around SDPA with ``is_causal=True``.
-
-    Shapes: ``x [B, T, C]`` -> ``[B, T, C]``.
-    """
-
-    kernel_path = "sdpa"
-    path_reason = "F.scaled_dot_product_attention(is_causal=True), no bias"
-
-    def __init__(self, dim: int, num_heads: int) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        self.num_heads = num_heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
-
-    def forward(self, x: Tensor) -> Tensor:
-        def heads(t: Tensor) -> Tensor:
-            return t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out_proj(out.transpose(1, 2).flatten(2))
-
-
-class PosencAttention(nn.Module):
-    """:class:`posenc.MultiheadAttention` under a causal mask, with an encoding's input hook applied first.
-
-    Shapes: ``x [B, T, C]`` -> ``[B, T, C]`` (``T <= seq_len``).
-    """
-
-    def __init__(self, dim: int, num_heads: int, seq_len: int, encoding: PositionEncoding | None = None,
-                 feature_map: str | None = None) -> None:
-        super().__init__()
-        hooks = encoding.hooks if encoding is not None else frozenset()
-        self.input_encoding = encoding if Hook.INPUT in hooks else None
-        fmap = None
-        if feature_map is not None:
-            head_dim = dim // num_heads
-            fmap = make_feature_map(feature_map, encoding.qk_width(head_dim) if encoding is not None else head_dim)
-        self.attn = MultiheadAttention(dim, num_heads, encoding=attention_part(encoding), feature_map=fmap)
-        self.mask = AttentionMask(causal=True)
-        self.register_buffer("positions", torch.arange(seq_len).unsqueeze(0), persistent=False)
-
-    def plan(self, x: Tensor) -> Any | None:
-        """The attention's plan for ``x`` (``MultiheadAttention.plan``: ``.label``, ``.reason``,
-        ``.chunk_rows``), or None where :class:`MultiheadAttention` has no ``plan``."""
-        plan = getattr(self.attn, "plan", None)
-        return None if plan is None else plan(x, mask=self.mask)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.input_encoding is not None:
-            x = self.input_encoding.encode_input(x, self.positions[:, : x.shape[1]])
-        return self.attn(x, mask=self.mask)
-
-
-class XTransformersAttention(nn.Module):
-    """x-transformers' ``Attention`` (causal, flash = SDPA) with its RoPE or ALiBi."""
-
-    def __init__(self, dim: int, num_heads: int, head_dim: int, encoding: str) -> None:
-        super().__init__()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # its import warns about torch.jit.script
-            from x_transformers.x_transformers import AlibiPositionalBias, Attention, RotaryEmbedding
-        self.attn = Attention(dim=dim, dim_head=head_dim, heads=num_heads, causal=True, flash=True)
-        self.rotary = RotaryEmbedding(head_dim) if encoding == "rope" else None
-        self.alibi = AlibiPositionalBias(heads=num_heads, total_heads=num_heads) if encoding == "alibi" else None
-        if self.rotary is None and self.alibi is None:
-            raise ValueError(f"x-transformers rows are {', '.join(PEER_ENCODINGS)}; got {encoding!r}")
-        self.kernel_path = "sdpa" if self.rotary is not None else "sdpa+bias"
-        self.path_reason = (
-            "x-transformers Attention(flash=True): SDPA on rotated q/k" if self.rotary is not None
-            else "x-transformers Attention(flash=True): SDPA with the ALiBi bias as an additive mask"
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.rotary is not None:
-            return self.attn(x, rotary_pos_emb=self.rotary.forward_from_seq_len(x.shape[1]))
-        return self.attn(x, rel_pos=self.alibi)
-
-
-class AttentionSmithyAttention(nn.Module):
-    """AttentionSmithy's ``MultiheadAttention`` (standard causal method) with its RoPE or ALiBi."""
-
-    kernel_path = "math"
-    path_reason = "attention-smithy StandardAttentionMethod: scores, mask and softmax as separate torch ops"
-
-    def __init__(self, dim: int, num_heads: int, head_dim: int, encoding: str) -> None:
-        super().__init__()
-        from attention_smithy.attention import StandardAttentionMethod
-        from attention_smithy.components import MultiheadAttention as SmithyMultiheadAttention
-        from attention_smithy.numeric_embeddings import (
-            ALiBiPositionEmbedding,
-            NumericEmbeddingManager,
-            RotaryPositionEmbedding,
-        )
-
-        if encoding == "rope":
-            strategy = RotaryPositionEmbedding(head_dim)
-        elif encoding == "alibi":
-            strategy = ALiBiPositionEmbedding(num_heads)
-        else:
-            raise ValueError(f"attention-smithy rows are {', '.join(PEER_ENCODINGS)}; got {encoding!r}")
-        self.manager = NumericEmbeddingManager([strategy])
-        self.attn = SmithyMultiheadAttention(dim, num_heads, StandardAttentionMethod(is_causal_masking=True))
-
-    def forward(self, x: Tensor) -> Tensor:
-        out, _ = self.attn(x, x, x, numeric_embedding_manager=self.manager, padding_and_loss_attention_mask=None)
-        return out
+        return {"config": self.config, "rows": [r.to_json() for r in self.rows], "notes": self.notes,
+                "warnings": self.warnings}
 
 
 @dataclass(frozen=True)
@@ -366,6 +263,8 @@ def _build_encoding(config: AttentionBenchConfig, name: str) -> PositionEncoding
 
 
 def _posenc_unit(config: AttentionBenchConfig, name: str, frozen: bool = False, linear: bool = False) -> nn.Module:
+    from .attention_units import PosencAttention
+
     encoding = None
     if name != NO_ENCODING:
         encoding = _build_encoding(config, name)
@@ -385,6 +284,8 @@ def _has_parameters(config: AttentionBenchConfig, name: str) -> bool:
 
 def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate]:
     """The rows of a run, in order: baseline, posenc rows, then peer rows (missing peers noted)."""
+    from .attention_units import AttentionSmithyAttention, BareCausalAttention, XTransformersAttention
+
     c, h, d = config.dim, config.heads, config.head_dim
     rows = [Candidate(BASELINE, "torch", functools.partial(BareCausalAttention, c, h))]
     rows += [Candidate(n, "posenc", functools.partial(_posenc_unit, config, n)) for n in config.rows]
@@ -457,6 +358,8 @@ def _peer_versions() -> dict[str, str]:
 
 
 def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:
+    import torch
+
     out = asdict(config)
     out["encodings"] = list(config.rows)
     out["dim"] = config.dim
@@ -475,10 +378,13 @@ def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:
 
 def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
     """Build, check, time and measure every row of ``config`` (any background load is the caller's)."""
+    import torch
+    from ...common import chunk_pool
+
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
-    dtype = DTYPES[config.dtype]
+    dtype = getattr(torch, config.dtype)
     notes: list[str] = []
     torch.manual_seed(config.seed)
     b, t, c = config.batch, config.seq_len, config.dim
@@ -626,11 +532,23 @@ class GrowthResult:
             out.append(GrowthRow(name, impl, ms, mb, _growth(ms), _growth(mb)))
         return out
 
+    @property
+    def warnings(self) -> list[str]:
+        """Growth figures below the noise: the baseline too fast at the first length, or a row
+        whose time falls as T grows (see :mod:`.caveats`)."""
+        advice = "use longer --seq-lens, e.g. 1024,2048,4096, or a larger --batch"
+        out = list(self.results[0].warnings) if self.results else []
+        falling = [g.name for g in self.growth() if falling_growth(g.name, self.seq_lens, g.time_growth, advice=advice)]
+        if falling:
+            out.append(f"time falls as T grows for {', '.join(falling)}: growth ratios below the noise ({advice})")
+        return out
+
     def to_json(self) -> dict:
         return {
             "config": self.config,
             "lengths": [r.to_json() for r in self.results],
             "growth": [g.to_json() for g in self.growth()],
+            "warnings": self.warnings,
         }
 
 
@@ -785,25 +703,6 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
 # --- command line ----------------------------------------------------------------------------
 
 
-def _int_at_least(low: int, what: str):
-    """argparse type: an integer >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "an integer >= 0")
-
-
 def _encoding_list(text: str) -> tuple[str, ...]:
     """Comma-separated names; ``all`` stands for every registered 1D encoding (and ``none``)."""
     known = encoding_names()
@@ -812,9 +711,12 @@ def _encoding_list(text: str) -> tuple[str, ...]:
         if n:
             names += known if n == ALL else [n]
     unknown = [n for n in names if n not in known]
-    if not names or unknown:
-        what = f"unknown encoding(s) {', '.join(map(repr, unknown))}" if unknown else f"no encodings in {text!r}"
-        raise argparse.ArgumentTypeError(f"{what}; choose from {ALL}, {', '.join(known)}")
+    if unknown:
+        hints = "".join(suggest(n, known) for n in unknown)
+        raise argparse.ArgumentTypeError(f"unknown encoding(s) {', '.join(map(repr, unknown))}{hints}; "
+                                         f"'{ALL}' runs every one (posenc list --modality seq)")
+    if not names:
+        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; choose from {ALL}, {', '.join(known)}")
     return tuple(dict.fromkeys(names))
 
 
@@ -843,6 +745,8 @@ def seq_len_list(text: str) -> list[int]:
 
 
 def _device(text: str) -> str:
+    import torch
+
     if text not in DEVICES:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(DEVICES)}, got {text!r}")
     if text == "cuda" and not torch.cuda.is_available():
@@ -850,41 +754,26 @@ def _device(text: str) -> str:
     return text
 
 
-def _json_path(text: str) -> str:
-    parent = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent!r} of {text!r} does not exist")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
-    return text
-
-
-def _out_dir(text: str) -> str:
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench attention``."""
     d = AttentionBenchConfig()
     parser.add_argument("--device", type=_device, default=d.device, metavar="{cpu,cuda}", help="default: %(default)s")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="default: %(default)s")
-    parser.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=d.dtype, help="default: %(default)s")
+    parser.add_argument("--seq-len", type=positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
     parser.add_argument(
         "--seq-lens", type=seq_len_list, default=None, metavar="T1,T2,...",
         help="run every row at each length and add a growth table (and a PNG with --json or --out); "
              "instead of --seq-len",
     )
-    parser.add_argument("--batch", type=_positive_int, default=d.batch, metavar="B", help="default: %(default)s")
-    parser.add_argument("--heads", type=_positive_int, default=d.heads, metavar="H", help="default: %(default)s")
-    parser.add_argument("--head-dim", type=_positive_int, default=d.head_dim, metavar="D", help="default: %(default)s")
-    parser.add_argument("--repeats", type=_positive_int, default=d.repeats, metavar="N", help="timed rounds (default: %(default)s)")
+    parser.add_argument("--batch", type=positive_int, default=d.batch, metavar="B", help="default: %(default)s")
+    parser.add_argument("--heads", type=positive_int, default=d.heads, metavar="H", help="default: %(default)s")
+    parser.add_argument("--head-dim", type=positive_int, default=d.head_dim, metavar="D", help="default: %(default)s")
+    parser.add_argument("--repeats", type=positive_int, default=d.repeats, metavar="N", help="timed rounds (default: %(default)s)")
     parser.add_argument(
-        "--long-repeats", type=_positive_int, default=LONG_REPEATS, metavar="N",
+        "--long-repeats", type=positive_int, default=LONG_REPEATS, metavar="N",
         help=f"with --seq-lens: timed rounds at lengths above {LONG_SEQ_LEN}, at most --repeats (default: %(default)s)",
     )
-    parser.add_argument("--warmup", type=_non_negative_int, default=d.warmup, metavar="N", help="untimed rounds first (default: %(default)s)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=d.warmup, metavar="N", help="untimed rounds first (default: %(default)s)")
     parser.add_argument(
         "--encodings", type=_encoding_list, default=None, metavar="A,B,...|all",
         help=f"rows besides the baseline: 'none' and/or registered encoding names, or 'all' "
@@ -897,9 +786,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=d.feature_map,
                         help="feature map of the linear rows (default: %(default)s)")
-    parser.add_argument("--json", type=_json_path, default=None, metavar="PATH",
+    parser.add_argument("--json", type=json_path, default=None, metavar="PATH",
                         help="also write the result as JSON (and, with --seq-lens, the plot next to it as .png)")
-    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+    parser.add_argument("--out", type=out_directory, default=None, metavar="DIR",
                         help="write attention.txt, attention.json and, with --seq-lens, attention.png into DIR")
     parser.add_argument(
         "--smithy", action="store_true",
@@ -946,8 +835,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"posenc bench attention: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, str(exc))
     seq_lens = getattr(args, "seq_lens", None)
     plans = getattr(args, "plans", False)
     out_dir = Path(args.out) if getattr(args, "out", None) else None
@@ -962,6 +850,7 @@ def run(args: argparse.Namespace) -> int:
         singles = [result]
         text = render(result, plans=plans)
     print(text)
+    print_warnings(result.warnings)
     written: list[str] = []
     json_paths = ([Path(args.json)] if args.json else []) + ([out_dir / "attention.json"] if out_dir else [])
     if out_dir:
@@ -999,6 +888,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return run(args)
+
+
+_UNITS = ("BareCausalAttention", "PosencAttention", "XTransformersAttention", "AttentionSmithyAttention")
+
+
+def __getattr__(name: str):
+    """The units (:mod:`.attention_units`, which imports torch) and ``DTYPES``, read on first use."""
+    if name in _UNITS:
+        from . import attention_units
+
+        return getattr(attention_units, name)
+    if name == "DTYPES":
+        import torch
+
+        return {n: getattr(torch, n) for n in DTYPE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
+from ..errors import usage_error
 from ...common.report import format_table
 
 PROG = "posenc bench context-extension"
@@ -50,13 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finetune-lr", type=positive_float, default=5e-4, help="fine-tuning learning rate (default 5e-4)")
     parser.add_argument("--methods", default=",".join(BENCH_METHODS),
                         help=f"comma-separated methods (default {','.join(BENCH_METHODS)})")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=positive_float, default=2e-3)
-    parser.add_argument("--dim", type=positive_int, default=128)
-    parser.add_argument("--depth", type=positive_int, default=2)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per batch")
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--dim", type=positive_int, default=128, help="model width")
+    parser.add_argument("--depth", type=positive_int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --dim)")
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for context_extension.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -86,10 +85,11 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = _check(args)
     if error is not None:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.context import extend_context
     from ...seq.data import pydoc_corpus, split_text

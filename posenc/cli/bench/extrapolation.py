@@ -38,12 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...common.encoding import class_needs
-from ...common.linear_attention import FEATURE_MAPS
-from ...common.planning import check_attention_kind
+from ..errors import usage_error
+from ..options import FEATURE_MAPS
 from ...common.registry import available, get
 from ...common.report import format_table, hook_text
 
@@ -65,18 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train on linear attention with this feature map (default: softmax attention)")
     parser.add_argument("--task", default=None, help="a synthetic task (copy, reverse, sort, addition, recall) instead of text")
     parser.add_argument("--train-len", type=positive_int, default=None,
-                        help="training length: bytes per window (default 128), or the largest task size (default 8)")
+                        help="training length: bytes per window, or the largest task size with --task (default: 128; with --task 8)")
     parser.add_argument("--eval-lens", type=int_list(minimum=1), default=None,
                         help="evaluation lengths (default 128,256,512,1024; with --task 8,16,32)")
     parser.add_argument("--steps", type=positive_int, default=None, help="training steps per model (default 500; task 1500)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=positive_float, default=2e-3)
-    parser.add_argument("--dim", type=positive_int, default=128)
-    parser.add_argument("--depth", type=positive_int, default=2)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per batch")
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--dim", type=positive_int, default=128, help="model width")
+    parser.add_argument("--depth", type=positive_int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --dim)")
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="text: tokens scored per evaluation length")
     parser.add_argument("--eval-examples", type=positive_int, default=256, help="task: examples per evaluation size")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for extrapolation.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -104,6 +101,9 @@ def _resolve(args: argparse.Namespace) -> str | None:
         return f"--encodings: a name is repeated in {','.join(args.encodings)}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
+    from ...common.encoding import class_needs
+    from ...common.planning import check_attention_kind
+
     feature_map = getattr(args, "feature_map", None)
     for name in args.encodings:  # the attention kind each encoding needs, before anything trains
         if name == "none":
@@ -127,8 +127,7 @@ def _resolve(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     error = _resolve(args)
     if error is not None:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     start = time.perf_counter()
     rows = [_one(args, name) for name in args.encodings]
     metric = "exact_match" if args.task else "bits_per_byte"
@@ -160,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
 def _one(args: argparse.Namespace, name: str) -> dict:
     """Train one model with encoding ``name`` and evaluate it at every length."""
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
+    import torch
+
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.evaluation import task_eval_set, task_exact_match
     from ...seq.models import CausalLM

@@ -41,18 +41,21 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..argtypes import positive_float, positive_int, seed_value
+from ..errors import usage_error
 from ...common.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
+
+if TYPE_CHECKING:
+    import torch
+
+PROG = "posenc bench graph-pe"
 
 LAP, RWSE = "LapPE", "RWSE"
 
@@ -91,6 +94,8 @@ class Row:
 
 def molecule_graphs(count: int, seed: int = 0) -> tuple[list, str]:
     """``count`` PyG ``Data`` graphs (undirected ``edge_index``) and a description of their source."""
+    import torch
+
     _quiet_pyg()
     from torch_geometric.data import Data
 
@@ -133,6 +138,8 @@ def molecule_graphs(count: int, seed: int = 0) -> tuple[list, str]:
 
 def random_graph(nodes: int, edges: int, seed: int = 0):
     """A uniform random simple graph with ``edges`` undirected edges (both directions listed)."""
+    import torch
+
     _quiet_pyg()
     from torch_geometric.data import Data
 
@@ -154,6 +161,8 @@ def random_graph(nodes: int, edges: int, seed: int = 0):
 def laplacian_residual(edge_index: torch.Tensor, num_nodes: int, vecs: torch.Tensor, vals: torch.Tensor) -> float:
     """``max |L v_j - lambda_j v_j|`` over the columns of ``vecs [n, k]``, ``L = I - D^-1/2 A D^-1/2``
     (float64, from the edge list): small when ``vecs`` are eigenvectors for the eigenvalues ``vals``."""
+    import torch
+
     v = vecs.double()
     row, col = edge_index[:, edge_index[0] != edge_index[1]]
     deg = torch.zeros(num_nodes, dtype=torch.float64).index_add_(0, row, torch.ones(row.numel(), dtype=torch.float64))
@@ -184,6 +193,8 @@ def _timed(fn: Callable[[], object]) -> tuple[float, float, object]:
 
 
 def _child(conn, fn: Callable[..., torch.Tensor], args: tuple, threads: int) -> None:  # pragma: no cover - a child process
+    import torch
+
     try:
         torch.set_num_threads(threads)
         wall, cpu, out = _timed(lambda: fn(*args))
@@ -207,6 +218,8 @@ def run_guarded(fn: Callable[..., torch.Tensor], args: tuple, *, timeout: float,
     imports it by its qualified name); stop it after ``timeout`` seconds or when its resident memory
     passes ``memory_gb``. Returns ``(status, wall, cpu, out_or_error)`` with status "ok", "timeout",
     "memory" or "error"."""
+    import torch
+
     # spawn, not fork: a child forked from a process whose OpenMP pool has run can hang.
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
@@ -264,6 +277,8 @@ def _quiet_pyg():
 
 
 def bench_molecules(config: GraphPEBenchConfig, rows: list[Row], notes: list[str], progress: bool) -> None:
+    import torch
+
     from ...graph import laplacian_pe_batch, random_walk_se_batch
     from ...graph.transforms import AddLaplacianPE, AddRandomWalkSE
 
@@ -394,6 +409,8 @@ class BenchResult:
 
 
 def run_benchmark(config: GraphPEBenchConfig, *, progress: bool = True) -> BenchResult:
+    import torch
+
     threads_before = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -406,6 +423,8 @@ def run_benchmark(config: GraphPEBenchConfig, *, progress: bool = True) -> Bench
 
 
 def _run(config: GraphPEBenchConfig, progress: bool) -> BenchResult:
+    import torch
+
     torch.manual_seed(config.seed)
     rows: list[Row] = []
     notes: list[str] = []
@@ -499,12 +518,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run, print the table, write the files. 0 on success, 1 if a posenc row failed, 2 on bad input."""
     if args.out is not None and args.out.exists() and not args.out.is_dir():
-        print(f"posenc bench graph-pe: --out {args.out} exists and is not a directory", file=sys.stderr)
-        return 2
+        return usage_error(PROG, f"--out {args.out} exists and is not a directory")
     if args.edges > args.nodes * (args.nodes - 1) // 2:
-        print(f"posenc bench graph-pe: --edges {args.edges} is more than a simple graph on --nodes {args.nodes} holds",
-              file=sys.stderr)
-        return 2
+        return usage_error(PROG, f"--edges {args.edges} is more than a simple graph on --nodes {args.nodes} holds")
     config = GraphPEBenchConfig(
         graphs=args.graphs, nodes=args.nodes, edges=args.edges, lap_k=args.lap_k, walk_length=args.walk_length,
         repeats=args.repeats, pyg_timeout=args.pyg_timeout, pyg_memory_gb=args.pyg_memory_gb,

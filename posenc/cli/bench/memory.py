@@ -20,11 +20,11 @@ import contextlib
 import os
 import sys
 import tempfile
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from ...common import chunk_pool
 
 MB = 1024 * 1024
 
@@ -140,6 +140,8 @@ class CPUPeakMemory:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "CPUPeakMemory":
+        import torch
+
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_filtered_stderr())
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
@@ -168,6 +170,8 @@ def peak_memory_bytes(step: Callable[[], object], device: torch.device | str) ->
     worker pool, up to one chunk's working set per worker is alive at once instead of one in all.
     Other devices are a ValueError.
     """
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -178,6 +182,8 @@ def peak_memory_bytes(step: Callable[[], object], device: torch.device | str) ->
         return max(0, torch.cuda.max_memory_allocated(device) - before)
     if device.type == "cpu":
         # The profiler only sees the calling thread: run the chunked paths' chunks there too.
+        from ...common import chunk_pool
+
         with chunk_pool.inline(), CPUPeakMemory() as mem:
             step()
         assert mem.peak_bytes is not None

@@ -40,10 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
+from ..errors import usage_error
 from ...common.report import format_table
+from .caveats import CHANCE_MARGIN, at_chance, print_warnings
+
+PROG = "posenc bench resolution"
 
 DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
 MODES = ("scale", "grow")
@@ -63,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation sizes as factors of S (default 1,1.5,2)")
     parser.add_argument("--modes", default="scale,grow", help="evaluation modes: scale, grow or both (default both)")
     parser.add_argument("--steps", type=positive_int, default=800, help="training steps per model (default 800)")
-    parser.add_argument("--batch-size", type=positive_int, default=64)
-    parser.add_argument("--lr", type=positive_float, default=2e-3)
-    parser.add_argument("--dim", type=positive_int, default=64)
-    parser.add_argument("--depth", type=positive_int, default=4)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="examples per batch")
+    parser.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--dim", type=positive_int, default=64, help="model width")
+    parser.add_argument("--depth", type=positive_int, default=4, help="transformer blocks")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --dim)")
     parser.add_argument("--repeats", type=positive_int, default=10, help="placements per training digit (default 10)")
     parser.add_argument("--seeds", type=int_list(minimum=0), default=[0, 1],
                         help="comma-separated seeds; results are averaged (default 0,1)")
@@ -78,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> str | None:
-    from ..options import vit_encoding_error as check_encoding
+    from ..models.vit import vit_encoding_error as check_encoding
     from ...vision.data import TASKS
 
     names = [n for n in args.encodings.split(",") if n]
@@ -119,14 +121,17 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = check(args)
     if error is not None:
-        print(f"posenc bench resolution: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args)
+    result["warnings"] = warnings_of(result)
     print(render(result))
+    print_warnings(result["warnings"])
     if args.out is not None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -141,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
+    import torch
+
     from ...common.report import Progress
     from ...training.trainer import TrainConfig
     from ...vision.classify import accuracy, eval_sizes, train_vit, vit_config
@@ -207,11 +214,30 @@ def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
+def _above_chance(accuracy: float | None, chance: float) -> bool:
+    return accuracy is not None and accuracy >= chance + CHANCE_MARGIN
+
+
+def warnings_of(result: dict) -> list[str]:
+    """One line per (mode, encoding) whose accuracy at the training size is at chance: its
+    "kept" share and direction verdict are left out (see :mod:`.caveats`)."""
+    size, chance = str(result["sizes"][0]), result["chance"]
+    out = []
+    for mode, rows in result["summary"].items():
+        for name, row in rows.items():
+            text = at_chance(f"{name} ({mode}) at {size}px", row[size]["mean"], chance,
+                             advice="train longer: more --steps or --repeats")
+            if text is not None:
+                out.append(text)
+    return out
+
+
 def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[int], chance: float) -> dict:
     """Per mode and encoding: mean/std accuracy per size; ``change``, the accuracy at the last size
     minus the first; ``kept``, the share of the first size's accuracy above ``chance`` that is left
     at the last size (``(last - chance) / (first - chance)``), which compares models that start
-    from different accuracies."""
+    from different accuracies; None when the first is at chance (within
+    :data:`~.caveats.CHANCE_MARGIN`), where the share divides by nearly zero."""
     out: dict[str, dict] = {}
     for mode in modes:
         out[mode] = {}
@@ -223,7 +249,7 @@ def summarize(runs: list[dict], names: list[str], modes: list[str], sizes: list[
                 row[str(s)] = {"mean": mean, "std": std}
             first, last = row[str(sizes[0])]["mean"], row[str(sizes[-1])]["mean"]
             row["change"] = None if first is None or last is None else last - first
-            row["kept"] = None if first is None or last is None or first <= chance else (last - chance) / (first - chance)
+            row["kept"] = None if last is None or not _above_chance(first, chance) else (last - chance) / (first - chance)
             out[mode][name] = row
     return out
 
@@ -235,7 +261,7 @@ def direction(result: dict, mode: str = "scale") -> list[str]:
 
     def kept(row: dict, size: int) -> float | None:
         first, now = row[str(sizes[0])]["mean"], row[str(size)]["mean"]
-        return None if first is None or now is None or first <= chance else (now - chance) / (first - chance)
+        return None if now is None or not _above_chance(first, chance) else (now - chance) / (first - chance)
 
     base = summary.get(CLAIM_BASELINE)
     if base is None or len(sizes) < 2:
@@ -301,8 +327,8 @@ def render(result: dict) -> str:
     verdicts = direction(result)
     if verdicts:
         lines += ["", "Direction check (scale mode; CPVT and RoPE-ViT: PEG and mixed RoPE hold accuracy better "
-                      f"than learned with resampling; accuracy kept above chance, (acc@size - chance) / "
-                      f"(acc@S - chance), chance {100 * result['chance']:.1f}%):"] + [f"  {v}" for v in verdicts]
+                      f"than learned with resampling; accuracy kept above chance, (accuracy@size - chance) / "
+                      f"(accuracy@S - chance), chance {100 * result['chance']:.1f}%):"] + [f"  {v}" for v in verdicts]
     lines.append(f"\nwall {result['wall_s']:.0f} s, process CPU {result['cpu_s']:.0f} s "
                  f"({result['machine']['threads']} torch threads)")
     return "\n".join(lines)

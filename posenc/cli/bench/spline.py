@@ -56,12 +56,15 @@ import os
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
+from ..errors import usage_error
 from ...common.report import format_table
 from .load import format_load_average, load_average
+
+if TYPE_CHECKING:
+    import torch
 
 PROG = "posenc bench spline"
 DEFAULT_MODELS = ("spline", "spline+alibi", "alibi", "sinusoidal")
@@ -92,11 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scales", type=int_list(minimum=1), default=[1, 2, 4],
                         help="evaluation lengths as multiples of --length (default 1,2,4)")
     parser.add_argument("--steps", type=positive_int, default=1000, help="training steps per model (default 1000)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per batch")
     parser.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate (warm-up then cosine; default 3e-3)")
-    parser.add_argument("--dim", type=positive_int, default=64)
+    parser.add_argument("--dim", type=positive_int, default=64, help="model width")
     parser.add_argument("--depth", type=positive_int, default=2, help="blocks in the encoder and in the decoder (default 2)")
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --dim)")
     parser.add_argument("--control-points", type=positive_int, default=8,
                         help="K: spline control points, and the baselines' latent tokens (default 8)")
     parser.add_argument("--degree", type=positive_int, default=3, help="B-spline degree (default 3, cubic)")
@@ -104,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the attention of the 'spline' model's encoder (default causal: order without positional "
                              "encoding; 'spline+ENCODING' encoders are always bidirectional)")
     parser.add_argument("--eval-curves", type=positive_int, default=256, help="held-out curves (default 256)")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--threads", type=nonnegative_int, default=1,
                         help="torch CPU threads (default 1: these small models gain nothing from a second one)")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
@@ -171,10 +174,11 @@ def _progress(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     error = _check(args)
     if error is not None:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     threads_before = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -185,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
     from ...seq.curves import SmoothCurves
 
     start = time.perf_counter()
@@ -230,6 +236,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _device(args: argparse.Namespace) -> str:
+    import torch
+
     if args.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return args.device
@@ -237,6 +245,8 @@ def _device(args: argparse.Namespace) -> str:
 
 def _one(args, name, train, held_out, truth, scales, plot_scale) -> tuple[dict, dict]:
     """Train one model, score it at every scale in both modes; also return the curves to draw."""
+    import torch
+
     from ...training.trainer import TrainConfig, Trainer
 
     torch.manual_seed(args.seed)
@@ -288,6 +298,8 @@ def _mse(output, target) -> float:
 def _reconstruct(model, source, n: int, length: int, *, finer: bool):
     """The model's ``n``-point output for ``source`` (``[B, L', 2]``): for the baselines, ``finer``
     puts the queries at ``i (L - 1) / (n - 1)`` instead of ``0 .. n-1``."""
+    import torch
+
     from ...seq.spline import SplineTransformer
 
     if isinstance(model, SplineTransformer) or not finer:

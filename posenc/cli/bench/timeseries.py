@@ -23,7 +23,10 @@ import sys
 import time
 
 from ..argtypes import nonnegative_int
+from ..errors import usage_error
 from ...common.report import format_table
+
+PROG = "posenc bench timeseries"
 
 DEFAULT_DATASETS = ("BasicMotions", "JapaneseVowels")
 DEFAULT_ENCODINGS = ("tape+erpe", "sinusoidal", "learned", "none")
@@ -49,7 +52,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..options import add_convtran_arguments
+    from ..models.convtran import add_convtran_arguments
 
     parser.add_argument("--datasets", type=_names, default=DEFAULT_DATASETS,
                         help=f"bundled names or .ts folders (default: {','.join(DEFAULT_DATASETS)})")
@@ -66,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
     from ...common.registry import get
-    from ..options import check_convtran_args, encoding_spec
+    from ..models.convtran import check_convtran_args, encoding_spec
 
     error = check_convtran_args(args)
     if error is not None:
@@ -164,11 +167,10 @@ def run(args: argparse.Namespace) -> int:
     if error is None and not encodings:
         error = "no encoding to run (every default encoding is unregistered)"
     if error is not None:
-        print(f"posenc bench timeseries: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     import torch
 
-    from ..options import convtran_settings
+    from ..models.convtran import convtran_settings
     from ...common.report import Progress
     from ...timeseries.classify import train_classifier
     from ...timeseries.datasets import load_dataset
@@ -178,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             data[name] = load_dataset(name, normalize=args.normalize)
         except (ValueError, OSError) as exc:
-            print(f"posenc bench timeseries: --datasets: {exc}", file=sys.stderr)
-            return 2
+            return usage_error(PROG, f"--datasets: {exc}")
     if args.threads:
         torch.set_num_threads(args.threads)
     for note in notes:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ...common.report import Progress
+
+if TYPE_CHECKING:
+    import torch
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on ``device`` (a no-op on CPU)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
+import os
 from pathlib import Path
 from types import ModuleType
 
 from ..argtypes import device_name, positive_int, seed_value
+from ..errors import usage_error
 from ..options import out_dir_error
+from ...common.catalog import suggest
 from ...common.report import format_table, write_json
+
+PROG = "posenc demo"
 
 Row = dict[str, object]
 
@@ -47,12 +51,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, from {', '.join(PARTS)}")
     parser.add_argument("--steps", type=positive_int, default=500, help="training steps per model (default 500)")
     parser.add_argument("--eval-windows", type=positive_int, default=256, help="validation examples per evaluation")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for metrics, checkpoints and results.json")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     for part in PARTS:
         part_module(part).add_arguments(parser)
+
+
+TIMING_NOTE = ("train_s is wall-clock seconds on this machine: it depends on the machine's load as much as on "
+               "the encoding (load average {load})")
+
+
+def model_done(part: str, row: Row) -> None:
+    """The progress line of one trained model: its part, encoding, time and scores."""
+    scores = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("encoding", "hook", "train_s", "steps"))
+    print(f"  {part}: {row['encoding']} trained in {row['train_s']} s" + (f"; {scores}" if scores else ""), flush=True)
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except (OSError, AttributeError):  # not a POSIX system
+        return "unknown"
 
 
 def _table(rows: list[Row]) -> str:
@@ -66,7 +87,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (checked before any training), or None."""
     unknown = [p for p in args.parts.split(",") if p and p not in PARTS]
     if unknown:
-        return f"--parts: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}"
+        hints = "".join(suggest(p, list(PARTS)) for p in unknown)
+        return f"--parts: unknown part(s) {', '.join(unknown)}{hints}; choose from {', '.join(PARTS)}"
     if args.steps <= 0:
         return f"--steps must be positive, got {args.steps}"
     if args.eval_windows <= 0:
@@ -81,8 +103,7 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     error = _argument_error(args)
     if error is not None:
-        print(f"posenc demo: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     parts = [p for p in args.parts.split(",") if p]
     results = {}
     for part in parts:
@@ -91,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         rows = module.run(args)
         results[part] = rows
         print(_table(rows), flush=True)
+    print("\n" + TIMING_NOTE.format(load=_load_average()))
     if args.out is not None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         path = write_json(Path(args.out) / "results.json", results)

@@ -9,11 +9,8 @@ import argparse
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import positive_int
 from ...common.registry import get
-from ...training.trainer import TrainConfig, Trainer
 
 TITLE = "Graph: GPS on CSL, 10 classes of 4-regular circulant graphs (test accuracy, chance = 0.10)"
 
@@ -45,8 +42,12 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """Train one small GPS per encoding on CSL; ``--steps`` is scaled by 3/5 (300 by default)."""
+    import torch
+
     from ...graph.gps import GPS
     from ..train import graph as tg
+    from . import model_done
+    from ...training.trainer import TrainConfig, Trainer
 
     steps = max(1, args.steps * 3 // 5)
     per_class = args.graph_per_class
@@ -68,8 +69,9 @@ def run(args: argparse.Namespace) -> list[Row]:
         )
         start = time.perf_counter()
         metrics = Trainer(model, task.subset("train"), tg.make_loss(task), config, collate_fn=tg.collate,
-                          eval_fn=lambda m: {"test_acc": tg.evaluate_split(m, test, task)}).fit()
+                          eval_fn=lambda m: {"test_accuracy": tg.evaluate_split(m, test, task)}).fit()
         hook = "-" if model.encoding is None else ",".join(sorted(h.value for h in model.encoding.hooks))
         rows.append({"encoding": name, "hook": hook, "train_s": round(time.perf_counter() - start, 1),
-                     "test_acc": round(metrics["test_acc"], 3)})
+                     "test_accuracy": round(metrics["test_accuracy"], 3)})
+        model_done("graph", rows[-1])
     return rows

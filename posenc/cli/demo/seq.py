@@ -8,11 +8,7 @@ import math
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 from ...common.registry import get
-from ...training.trainer import TrainConfig, Trainer
 
 TITLE = "Sequence: byte-level causal LM on pydoc text (bits per byte, lower is better)"
 
@@ -38,8 +34,13 @@ def check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> list[Row]:
     """Byte-level causal LM on CPython's pydoc text: one hook point per encoding, and a look at
     twice the training length."""
+    import torch
+    import torch.nn.functional as F
+
     from ...seq.data import ByteWindows, pydoc_corpus, split_text
     from ...seq.models import CausalLM
+    from . import model_done
+    from ...training.trainer import TrainConfig, Trainer
 
     train_len = 64
     eval_lens = (train_len, 2 * train_len)
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     count = min(len(ds), args.eval_windows)
                     x = torch.stack([ds[i][0] for i in range(count)]).to(device)
                     y = torch.stack([ds[i][1] for i in range(count)]).to(device)
-                    out[f"bpb@{n}"] = F.cross_entropy(m(x).flatten(0, 1), y.flatten()).item() / math.log(2)
+                    out[f"bits_per_byte@{n}"] = F.cross_entropy(m(x).flatten(0, 1), y.flatten()).item() / math.log(2)
             return out
 
         config = TrainConfig(
@@ -80,9 +81,10 @@ def run(args: argparse.Namespace) -> list[Row]:
                 "encoding": name,
                 "hook": _hook_of(model),
                 "train_s": round(time.perf_counter() - start, 1),
-                **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bpb@")},
+                **{k: round(v, 3) for k, v in metrics.items() if k.startswith("bits_per_byte@")},
             }
         )
+        model_done("seq", rows[-1])
     return rows
 
 

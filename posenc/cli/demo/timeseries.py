@@ -1,6 +1,14 @@
-"""The time-series part of ``posenc demo``: the ConvTran-style classifier on the bundled
-BasicMotions dataset (4 activities from a smartwatch's accelerometer and gyroscope), with tAPE+eRPE
-against no position encoding."""
+"""The time-series part of ``posenc demo``: the ConvTran-style classifier on the bundled GunPoint
+dataset (UCR: the x position of an actor's hand over 150 frames, drawing a gun or pointing), with
+tAPE+eRPE against no position encoding.
+
+GunPoint is where the two part ways among the datasets sktime bundles. Measured at the demo's
+settings (200 steps, ConvTran's defaults otherwise, one thread; test accuracy for seeds 0, 1, 2, 3):
+tape+erpe 0.987, 0.953, 0.987, 0.893 against none 0.493, 0.840, 0.493, 0.493 -- without positions
+the model is at chance for most seeds, since the two classes differ in when the hand moves. On
+BasicMotions (the earlier default) both score 1.000; on JapaneseVowels (seeds 0, 1) 0.984, 0.986
+against 0.981, 0.984 and on ItalyPowerDemand 0.956, 0.955 against 0.946, 0.946; on ArrowHead both
+swing with the seed (0.663, 0.577 against 0.463, 0.726)."""
 
 from __future__ import annotations
 
@@ -8,23 +16,25 @@ import argparse
 import time
 from pathlib import Path
 
-TITLE = "Time series: ConvTran-style classifier on BasicMotions (test accuracy, higher is better)"
+TITLE = "Time series: ConvTran-style classifier on GunPoint (test accuracy, higher is better)"
 
 Row = dict[str, object]
 
-# BasicMotions has 40 training series: 2 steps of 16 per epoch; 200 steps are ConvTran's 100 epochs.
+# GunPoint has 50 training series: 3 steps of 16 per epoch; 200 steps are about 67 epochs.
 MAX_STEPS = 200
+DATASET = "GunPoint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ts-encodings", default="tape+erpe,none",
                         help="encodings for the time-series part ('none', names, or input+attention pairs)")
-    parser.add_argument("--ts-dataset", default="BasicMotions", help="bundled dataset of the time-series part")
+    parser.add_argument("--ts-dataset", default=DATASET, help="bundled dataset of the time-series part")
 
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
-    from ..options import encoding_spec
+    from ..errors import unknown_name
+    from ..models.convtran import encoding_spec
     from ...timeseries.datasets import bundled_datasets
 
     for spec in args.ts_encodings.split(","):
@@ -33,7 +43,7 @@ def check(args: argparse.Namespace) -> str | None:
         except argparse.ArgumentTypeError as exc:
             return f"--ts-encodings: {exc}"
     if args.ts_dataset not in bundled_datasets():
-        return f"--ts-dataset: {args.ts_dataset!r} is not bundled; choose from {', '.join(bundled_datasets())}"
+        return f"--ts-dataset: {unknown_name('bundled dataset', args.ts_dataset, bundled_datasets())}"
     return None
 
 
@@ -62,5 +72,9 @@ def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> 
         progress=not args.no_progress,
         out_dir=None if args.out is None else str(Path(args.out) / "timeseries" / spec.replace("+", "_")),
     )
-    return {"encoding": spec, "steps": steps, "train_s": round(time.perf_counter() - start, 1),
-            "test_acc": round(metrics["test_accuracy"], 3)}
+    from . import model_done
+
+    row = {"encoding": spec, "steps": steps, "train_s": round(time.perf_counter() - start, 1),
+           "test_accuracy": round(metrics["test_accuracy"], 3)}
+    model_done("timeseries", row)
+    return row

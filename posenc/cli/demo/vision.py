@@ -13,8 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-TITLE = ("Vision: ViT on digits placed on a 32px canvas; test accuracy at 32px, resized to 48px (acc@48, 1.5x), and "
-         "on a 64px canvas with the digit kept at 16px (acc@64, grow)")
+TITLE = ("Vision: ViT on digits placed on a 32px canvas; test accuracy at 32px, resized to 48px (accuracy@48, 1.5x), and "
+         "on a 64px canvas with the digit kept at 16px (accuracy@64, grow)")
 
 Row = dict[str, object]
 IMG_SIZE = 32
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
-    from ..options import vit_encoding_error as check_encoding
+    from ..models.vit import vit_encoding_error as check_encoding
 
     names = [n for n in args.vision_encodings.split(",") if n]
     if not names:
@@ -41,6 +41,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> list[Row]:
     """One small ViT per encoding, trained for ``--steps`` steps at 32 pixels."""
+    from . import model_done
     from ...training.trainer import TrainConfig
     from ...vision.classify import train_vit, vit_config
     from ...vision.data import DigitsCanvas, digits_at_size
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> list[Row]:
             "encoding": name,
             "hook": _hooks(model),
             "train_s": round(time.perf_counter() - start, 1),
-            **{k: round(v, 3) for k, v in metrics.items() if k.startswith("acc@")},
+            **{k: round(v, 3) for k, v in metrics.items() if k.startswith("accuracy@")},
         })
+        model_done("vision", rows[-1])
     return rows
 
 

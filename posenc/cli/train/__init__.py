@@ -17,45 +17,12 @@ same run. To train longer, start a new run.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from ..options import FLAGS
+from ..errors import run_checked  # noqa: F401  (the commands' shared error path, kept importable here)
 
 RESULTS_FILE = "results.json"
-
-
-def run_checked(
-    prog: str,
-    args: argparse.Namespace,
-    check: Callable[[argparse.Namespace], str | None],
-    train: Callable[[argparse.Namespace], int],
-    errors: tuple[type[BaseException], ...] = (ValueError, TypeError),
-    flags: Mapping[str, str] | None = None,
-) -> int:
-    """Check the arguments, then train; a problem found by ``check`` or raised as one of
-    ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
-    as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
-    its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over
-    :data:`posenc.cli.options.FLAGS`)."""
-    from ...training.trainer import ResumeMismatch
-
-    error = check(args)
-    if error is None:
-        try:
-            return train(args)
-        except FloatingPointError as exc:  # the trainer stops on a non-finite loss
-            error = f"training diverged: {exc} (lower --lr, or check the data for NaN)"
-        except ResumeMismatch as exc:
-            flag = {**FLAGS, **(flags or {})}.get(exc.field, f"--{exc.field.replace('_', '-')}")
-            error = (f"--resume: the run in {args.out} was made with {flag} {exc.saved}, this one asks for "
-                     f"{exc.requested}; resume with the run's options, or train into a new --out")
-        except errors as exc:
-            error = " ".join(str(exc).split())
-    print(f"{prog}: error: {error}", file=sys.stderr)
-    return 2
 
 
 def write_results(out: str | None, record: Mapping[str, Any]) -> Path | None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from ..argtypes import device_name, int_list, key_value, nonnegative_int, positive_float, positive_int, seed_value
+from ..errors import usage_error
 
 PROG = "posenc extend"
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation lengths (default L0, 2 L0, 4 L0 and factor * L0)")
     parser.add_argument("--eval-tokens", type=positive_int, default=16384, help="tokens scored per evaluation length")
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/extend-METHOD-xFACTOR)")
-    parser.add_argument("--seed", type=seed_value, default=0)
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--allow-large", action="store_true",
@@ -55,8 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2
+    return usage_error(PROG, message)
 
 
 def _out_error(out: Path) -> str | None:
@@ -98,12 +97,12 @@ def _text_error(train_text: str, valid_text: str, eval_lens: list[int], eval_tok
 
 def run(args: argparse.Namespace) -> int:
     from ...common.checks import check_int
-    from ...common.json_input import read_json
     from ...common.report import write_json
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
     from ...seq.models import CausalLM
+    from ...common.vocabulary import read_results
     from ...training.checkpoint import load_checkpoint
     from ...training.pretrained import build_from_config, first_line, load_state_checked
     from ..options import size_error
@@ -121,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.lr > 0:
         return _fail(f"--lr must be positive, got {args.lr}")
     try:
-        results = read_json(results_path)
-    except ValueError as exc:
-        return _fail(str(exc))
+        results = read_results(results_path)
+    except (OSError, ValueError) as exc:
+        return _fail(f"{results_path}: not a readable results file ({exc})")
     data = results.get("train_data") if isinstance(results, dict) else None
     if not isinstance(data, dict) or data.get("kind") != "text":
         return _fail(f"{results_path}: not a text run of posenc train seq (posenc extend scores bits per byte; "

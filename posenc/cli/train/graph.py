@@ -31,11 +31,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
 from ..argtypes import nonnegative_int, positive_int
-from ..options import add_model_arguments, add_optim_arguments, add_run_arguments, encoding_error, out_dir_error
+from ..options import (
+    add_model_arguments,
+    add_optim_arguments,
+    add_run_arguments,
+    encoding_error,
+    out_dir_error,
+    train_config,
+)
 from ...common.report import format_table
 from . import run_checked, write_results
 
@@ -117,7 +121,7 @@ class GraphTask:
 
     @property
     def metric(self) -> str:
-        return "acc" if self.kind == "classification" else "mae"
+        return "accuracy" if self.kind == "classification" else "mae"
 
     def subset(self, split: str) -> list:
         return [self.graphs[i] for i in self.splits[split]]
@@ -144,6 +148,8 @@ def load_task(args: argparse.Namespace) -> GraphTask:
 
 
 def _user_task(name: str, graphs: list, level: str, seed: int) -> GraphTask:
+    import torch
+
     from ...graph import datasets as gd
 
     in_dims = {g.x.shape[-1] if g.x.dim() > 1 else 1 for g in graphs}
@@ -229,13 +235,15 @@ def collate(graphs: list):
 
 def make_loss(task: GraphTask):
     """``loss_fn(model, batch) -> (loss, extras)`` for the Trainer: cross-entropy or L1."""
+    import torch.nn.functional as F
+
 
     def loss_fn(model, batch):
         out = model(batch.x, batch.edge_index, batch=batch.batch, edge_attr=_edge_attr(model, batch),
                     positions=_positions(model, batch))
         if task.kind == "classification":
             loss = F.cross_entropy(out, batch.y)
-            return loss, {"acc": (out.argmax(-1) == batch.y).float().mean().item()}
+            return loss, {"accuracy": (out.argmax(-1) == batch.y).float().mean().item()}
         return F.l1_loss(out.squeeze(-1), batch.y), {}
 
     return loss_fn
@@ -256,20 +264,22 @@ def _positions(model, batch):
     return None if enc is None else node_positions(batch, enc)
 
 
-@torch.no_grad()
 def evaluate_split(model, graphs: list, task: GraphTask, *, batch_size: int = 128) -> float:
     """Accuracy or mean absolute error of ``model`` on ``graphs`` (model in eval mode)."""
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for i in range(0, len(graphs), batch_size):
-        batch = collate(graphs[i:i + batch_size]).to(device)
-        out = model.forward_data(batch)
-        if task.kind == "classification":
-            total += (out.argmax(-1) == batch.y).sum().item()
-        else:
-            total += (out.squeeze(-1) - batch.y).abs().sum().item()
-        count += batch.y.numel()
-    return total / max(count, 1)
+    import torch
+
+    with torch.no_grad():
+        device = next(model.parameters()).device
+        total, count = 0.0, 0
+        for i in range(0, len(graphs), batch_size):
+            batch = collate(graphs[i:i + batch_size]).to(device)
+            out = model.forward_data(batch)
+            if task.kind == "classification":
+                total += (out.argmax(-1) == batch.y).sum().item()
+            else:
+                total += (out.squeeze(-1) - batch.y).abs().sum().item()
+            count += batch.y.numel()
+        return total / max(count, 1)
 
 
 def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, int]:
@@ -288,8 +298,10 @@ def default_schedule(task: GraphTask, args: argparse.Namespace) -> tuple[int, in
 
 
 def _train(args: argparse.Namespace) -> int:
+    import torch
+
     from ...graph.gps import GPS
-    from ...training.trainer import TrainConfig, Trainer
+    from ...training.trainer import Trainer
 
     task = load_task(args)
     task.graphs = add_encoding_features(
@@ -311,13 +323,7 @@ def _train(args: argparse.Namespace) -> int:
     def evaluate(m) -> dict[str, float]:
         return {f"{s}_{task.metric}": evaluate_split(m, graphs, task) for s, graphs in eval_sets.items()}
 
-    config = TrainConfig(
-        steps=steps, batch_size=batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args, steps=steps, batch_size=batch_size)
     trainer = Trainer(model, task.subset("train"), make_loss(task), config, eval_fn=evaluate,
                       collate_fn=collate, model_config=model_config)
     metrics = trainer.fit()
@@ -327,7 +333,7 @@ def _train(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{s} {len(task.splits[s])}" for s in ("train", "val", "test") if task.splits[s])
     print(f"\nGPS with encoding {args.encoding} on {task.name} ({sizes} graphs): {params / 1e3:.1f}k parameters, "
           f"{trainer.step} steps, final train loss {metrics['train_loss']:.4f}")
-    what = "accuracy (higher is better)" if task.metric == "acc" else "mean absolute error (lower is better)"
+    what = "accuracy (higher is better)" if task.metric == "accuracy" else "mean absolute error (lower is better)"
     print(f"final evaluation, {what}:")
     rows = [[s, f"{metrics[f'{s}_{task.metric}']:.4f}"] for s in eval_sets]
     print(format_table(["split", task.metric], rows, align="lr"))

@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from ..argtypes import int_list, nonnegative_int, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
+    FEATURE_MAPS,
     add_encoding_arguments,
     add_model_arguments,
     add_optim_arguments,
@@ -33,6 +32,7 @@ from ..options import (
     encoding_error,
     out_dir_error,
     size_error,
+    train_config,
 )
 from ...common.report import format_table
 from . import run_checked, write_results
@@ -45,7 +45,7 @@ PROG = "posenc train seq"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_encoding_arguments(parser, what="a registered seq encoding (posenc list --modality seq)", example="symmetric=true")
-    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--share-encoding", choices=("auto", "yes", "no"), default="auto",
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
     parser.add_argument("--peg-blocks", type=int_list(minimum=0), default=None,
@@ -111,12 +111,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import torch
+
     from ...seq.byte_lm import next_byte_loss
     from ...seq.data import ByteWindows, eval_windows, load_corpus, split_text
     from ...seq.evaluation import bits_per_byte, task_eval_set, task_exact_match
     from ...seq.models import CausalLM
     from ...seq.tasks import TaskDataset, make_task, task_loss
-    from ...training.trainer import TrainConfig, Trainer
+    from ...training.trainer import Trainer
 
     options = dict(args.encoding_option)
     share = {"auto": None, "yes": True, "no": False}[args.share_encoding]
@@ -130,11 +132,11 @@ def _train(args: argparse.Namespace) -> int:
         num_examples = max(args.batch_size, min(args.steps * args.batch_size, 200_000))
         train = TaskDataset(task, num_examples, args.length, seed=args.seed)
         eval_sets = {n: task_eval_set(task, n, args.eval_examples, seed=10_000 + args.seed + n) for n in eval_lens}
-        metric = "exact"
+        metric = "exact_match"
         loss_fn = task_loss
 
         def evaluate(model) -> dict[str, float]:
-            return {f"exact@{n}": task_exact_match(model, s) for n, s in eval_sets.items()}
+            return {f"exact_match@{n}": task_exact_match(model, s) for n, s in eval_sets.items()}
     else:
         text = load_corpus(args.data)
         train_text, valid_text = split_text(text)
@@ -143,11 +145,11 @@ def _train(args: argparse.Namespace) -> int:
         needed = max([args.seq_len, *eval_lens])
         train = ByteWindows(train_text, args.seq_len)
         eval_sets = {n: eval_windows(valid_text, n, args.eval_tokens) for n in eval_lens}
-        metric = "bpb"
+        metric = "bits_per_byte"
         loss_fn = next_byte_loss
 
         def evaluate(model) -> dict[str, float]:
-            return {f"bpb@{n}": bits_per_byte(model, *s) for n, s in eval_sets.items()}
+            return {f"bits_per_byte@{n}": bits_per_byte(model, *s) for n, s in eval_sets.items()}
 
     max_len = args.max_len or needed
     model_config = {
@@ -160,13 +162,7 @@ def _train(args: argparse.Namespace) -> int:
         model_config["peg_blocks"] = list(args.peg_blocks or [0])
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
-    config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args)
     trainer = Trainer(model, train, loss_fn, config, eval_fn=evaluate, model_config=model_config)
     metrics = trainer.fit()
     if not trainer.is_main:
@@ -175,7 +171,7 @@ def _train(args: argparse.Namespace) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.encoding} on {source}: {params / 1e6:.2f}M parameters, {trainer.step} steps, "
           f"final train loss {metrics['train_loss']:.4f}")
-    what = "exact match (fraction of answers fully right)" if metric == "exact" else "bits per byte (lower is better)"
+    what = "exact match (fraction of answers fully right)" if metric == "exact_match" else "bits per byte (lower is better)"
     print(f"final evaluation, {what}:")
     print(format_table(["length", metric], [[n, f"{metrics[f'{metric}@{n}']:.4f}"] for n in eval_lens], align="rr"))
     result = {"command": "train seq", "encoding": args.encoding, "model_config": model_config,

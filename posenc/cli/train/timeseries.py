@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 
 from ..argtypes import nonnegative_int
-from ..options import (
+from ..models.convtran import (
     CONVTRAN_DEFAULT_ENCODING,
     add_convtran_arguments,
-    add_encoding_arguments,
-    add_run_arguments,
     check_convtran_args,
     convtran_settings,
     encoding_spec,
-    out_dir_error,
 )
+from ..options import add_encoding_arguments, add_run_arguments, out_dir_error
 from . import run_checked, write_results
 
 PROG = "posenc train timeseries"

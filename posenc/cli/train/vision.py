@@ -43,41 +43,45 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-
-from torch.utils.data import Dataset
+from typing import TYPE_CHECKING
 
 from ..argtypes import int_list, positive_float, positive_float_list, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
+    FEATURE_MAPS,
     add_encoding_arguments,
     add_model_arguments,
     add_optim_arguments,
     add_run_arguments,
     out_dir_error,
     size_error,
+    train_config,
 )
-from ..options import (
-    vit_encoding_error as check_encoding,
-)
+from ..models.vit import vit_encoding_error as check_encoding
 from ...common.report import format_table
-from ...vision.classify import (  # noqa: F401  (the helpers live with the ViT; kept importable here)
-    accuracy,
-    build_vit,
-    classification_loss,
-    eval_sizes,
-    evaluate_sizes,
-    train_vit,
-    vit_config,
-)
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 from . import run_checked, write_results
 
 PROG = "posenc train vision"
+
+# the ViT's helpers live with it (posenc.vision.classify); kept importable here, read on first use
+_VIT_HELPERS = ("accuracy", "build_vit", "classification_loss", "eval_sizes", "evaluate_sizes", "train_vit", "vit_config")
+
+
+def __getattr__(name: str):
+    if name in _VIT_HELPERS:
+        from ...vision import classify
+
+        return getattr(classify, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_encoding_arguments(parser, what="a registered vision or seq encoding (posenc list --modality vision)",
                            example="layout=mae")
-    parser.add_argument("--feature-map", choices=("elu", "favor"), default=None, help=FEATURE_MAP_HELP)
+    parser.add_argument("--feature-map", choices=FEATURE_MAPS, default=None, help=FEATURE_MAP_HELP)
     parser.add_argument("--peg-blocks", type=int_list(minimum=0, allow_empty=True), default=[0],
                         help="peg: blocks (0-based) after which the PEG is applied (default 0)")
     parser.add_argument("--data", default=None, help="an ImageFolder tree (default: digits on a canvas)")
@@ -191,6 +195,8 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
     if args.encoding == "none" and args.encoding_option:
         return "--encoding-option needs an encoding (got --encoding none)"
+    from ...vision.classify import eval_sizes
+
     largest = max(eval_sizes(args.img_size, args.eval_scales) + [args.img_size])
     frames = args.frames // args.tubelet if getattr(args, "video", False) else 1
     error = size_error(batch=args.batch_size, tokens=frames * (largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
@@ -206,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], str, int, int]:
     """(train set, {size: test set}, a description, in_chans, num_classes)."""
+    from ...vision.classify import eval_sizes
     from ...vision.data import DigitsCanvas, MovingDigits, digits_at_size, image_folder
 
     if args.video:
@@ -233,7 +240,7 @@ def _datasets(args: argparse.Namespace) -> tuple[Dataset, dict[int, Dataset], st
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ...training.trainer import TrainConfig
+    from ...vision.classify import train_vit, vit_config
 
     train, sets, source, in_chans, num_classes = _datasets(args)
     model_config = vit_config(
@@ -242,13 +249,7 @@ def _train(args: argparse.Namespace) -> int:
         encoding_options=dict(args.encoding_option), peg_blocks=args.peg_blocks, feature_map=getattr(args, "feature_map", None),
         dropout=args.dropout, **({"num_frames": args.frames, "tubelet_size": args.tubelet} if args.video else {}),
     )
-    config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume,
-        progress=not args.no_progress, log_every=max(1, min(50, args.steps // 10)),
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-    )
+    config = train_config(args)
     model, metrics, trainer = train_vit(model_config, train, sets, config)
     if not trainer.is_main:
         return 0
@@ -258,18 +259,18 @@ def _train(args: argparse.Namespace) -> int:
     if args.video:
         print(f"test accuracy on held-out clips (chance 0.25; blind to frame order at most 0.5), tubelet "
               f"{args.tubelet} x {args.patch} x {args.patch}:")
-        rows = [[s, args.frames, _fmt(metrics[f"acc@{s}"])] for s in sets]
+        rows = [[s, args.frames, _fmt(metrics[f"accuracy@{s}"])] for s in sets]
         print(format_table(["size", "frames", "accuracy"], rows, align="rrr"))
     else:
         print(f"test accuracy by image size (eval mode {args.eval_mode}; trained at {args.img_size}):")
-        rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"acc@{s}"])] for s in sets]
+        rows = [[s, f"{s / args.img_size:g}x", _fmt(metrics[f"accuracy@{s}"])] for s in sets]
         print(format_table(["size", "scale", "accuracy"], rows, align="rrr"))
     result = {
         "command": "train vision", "encoding": args.encoding, "model_config": model_config,
         "train_config": config.to_dict(), "steps": trainer.step, "train_loss": metrics["train_loss"],
-        "metrics": {f"acc@{s}": _json_number(metrics[f"acc@{s}"]) for s in sets},
+        "metrics": {f"accuracy@{s}": _json_number(metrics[f"accuracy@{s}"]) for s in sets},
         "source": source, "eval_mode": args.eval_mode, "train_size": args.img_size,
-        "accuracy": {str(s): _json_number(metrics[f"acc@{s}"]) for s in sets},
+        "accuracy": {str(s): _json_number(metrics[f"accuracy@{s}"]) for s in sets},
     }
     if args.video:
         result["video"] = {"frames": args.frames, "tubelet": args.tubelet, "max_speed": args.max_speed}
