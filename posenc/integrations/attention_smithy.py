@@ -387,8 +387,10 @@ def strategies(
 
     Args:
         name_or_encoding: a registered 1D encoding name (built here) or a built encoding.
-        dim, num_heads, max_len: model sizes, passed to the constructor where it takes them
-            (``head_dim = dim // num_heads`` too); by name only.
+        dim: the model width, passed to the constructor where it takes it (``head_dim = dim //
+            num_heads`` too); by name only.
+        num_heads: query heads, likewise.
+        max_len: the longest sequence, likewise.
         options: other constructor arguments (``{"num_buckets": 64}``), checked by
             :func:`posenc.build`; by name only.
         convention: "posenc" or "attention_smithy" for rope, alibi, sinusoidal and learned (the

@@ -66,7 +66,9 @@ class LinearRoPE(RotaryEncoding):
     Args:
         head_dim: per-head width ``D``.
         factor: the context scale ``s >= 1``.
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding`.
+        base: as for :class:`~.rope.RotaryEncoding`.
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "linear"
@@ -90,7 +92,9 @@ class NTKRoPE(RotaryEncoding):
     Args:
         head_dim: per-head width ``D``.
         factor: the context scale ``s >= 1``.
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding` (the rotary width must be >= 4).
+        base: as for :class:`~.rope.RotaryEncoding` (the rotary width must be >= 4).
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "ntk"
@@ -120,7 +124,9 @@ class DynamicNTKRoPE(RotaryEncoding):
         max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
         factor: the context scale ``s >= 1``.
         original_max_len: ``L0``, the length the model was trained at.
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding`.
+        base: as for :class:`~.rope.RotaryEncoding`.
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "dynamic_ntk"
@@ -151,11 +157,15 @@ class YaRNRoPE(RotaryEncoding):
         max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
         factor: the context scale ``s >= 1``.
         original_max_len: ``L0``, the length the model was trained at.
-        beta_fast, beta_slow: rotations in ``L0`` that bound the ramp (32 and 1).
+        beta_fast: rotations in ``L0`` that bound the ramp (32 and 1).
+        beta_slow: see ``beta_fast``.
         attention_factor: an explicit factor (default ``0.1 ln s + 1``).
-        mscale, mscale_all_dim: DeepSeek's knobs, ``m(s, mscale) / m(s, mscale_all_dim)`` when both are given.
+        mscale: DeepSeek's knobs, ``m(s, mscale) / m(s, mscale_all_dim)`` when both are given.
+        mscale_all_dim: see ``mscale``.
         truncate: round the ramp's ends to whole pairs (Hugging Face's ``truncate``).
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding`.
+        base: as for :class:`~.rope.RotaryEncoding`.
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "yarn"
@@ -194,8 +204,11 @@ class Llama3RoPE(RotaryEncoding):
         max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
         factor: the context scale ``s >= 1`` (8 for Llama 3.1).
         original_max_len: ``L0`` (8192 for Llama 3.1).
-        low_freq_factor, high_freq_factor: the band edges (1 and 4).
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding`.
+        low_freq_factor: the band edges (1 and 4).
+        high_freq_factor: see ``low_freq_factor``.
+        base: as for :class:`~.rope.RotaryEncoding`.
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "llama3"
@@ -234,11 +247,14 @@ class LongRoPE(RotaryEncoding):
         factor: the context scale ``s >= 1`` (read by the default attention factor and the
             default long list).
         original_max_len: ``L0``.
-        short_factor, long_factor: ``r/2`` positive factors each; default all ones and the
+        short_factor: ``r/2`` positive factors each; default all ones and the
             NTK-aware factors ``s^(2k/(r-2))`` (:func:`~.rope_scaling.ntk_long_factors`).
+        long_factor: see ``short_factor``.
         attention_factor: an explicit factor (default ``sqrt(1 + ln s / ln L0)``).
         select: "by_length", "short" or "long".
-        base, rotary_dim, pairing: as for :class:`~.rope.RotaryEncoding`.
+        base: as for :class:`~.rope.RotaryEncoding`.
+        rotary_dim: see ``base``.
+        pairing: see ``base``.
     """
 
     scaling_name: ClassVar[str] = "longrope"

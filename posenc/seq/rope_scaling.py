@@ -480,9 +480,11 @@ class YaRNScaling(RopeScaling):
     Args:
         original_max_len: ``L0``, the length the model was trained at.
         factor: the context scale ``s >= 1``.
-        beta_fast, beta_slow: rotations in ``L0`` that bound the ramp (``beta_fast > beta_slow > 0``).
+        beta_fast: rotations in ``L0`` that bound the ramp (``beta_fast > beta_slow > 0``).
+        beta_slow: see ``beta_fast``.
         attention_factor: an explicit factor on cos and sin (default ``0.1 ln s + 1``).
-        mscale, mscale_all_dim: DeepSeek's knobs, used when both are given.
+        mscale: DeepSeek's knobs, used when both are given.
+        mscale_all_dim: see ``mscale``.
         truncate: round the ramp's ends to whole pairs (Hugging Face's ``truncate``).
     """
 
@@ -513,7 +515,8 @@ class Llama3Scaling(RopeScaling):
 
     Args:
         factor: the context scale ``s >= 1`` (8 for Llama 3.1).
-        low_freq_factor, high_freq_factor: the band edges, ``L0/low`` and ``L0/high`` in
+        low_freq_factor: the band edges, ``L0/low`` and ``L0/high`` in
+        high_freq_factor: see ``low_freq_factor``.
             wavelength (``low < high``).
         original_max_len: ``L0`` (8192 for Llama 3.1).
     """
@@ -538,8 +541,9 @@ class LongRoPEScaling(RopeScaling):
     ``select="by_length"``. Lists and tuples of numbers are stored as tuples of floats.
 
     Args:
-        short_factor, long_factor: ``r/2`` finite positive factors each (the length is checked
+        short_factor: ``r/2`` finite positive factors each (the length is checked
             against the rotary width when the frequencies are computed).
+        long_factor: see ``short_factor``.
         original_max_len: ``L0``; beyond it the long list applies.
         factor: the context scale ``s >= 1`` (read by the default attention factor).
         attention_factor: an explicit factor on cos and sin (default ``sqrt(1 + ln s / ln L0)``).

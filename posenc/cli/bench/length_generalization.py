@@ -114,10 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="training steps per task model (default 250; --full 1000)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="task batch (default 32)")
-    parser.add_argument("--lr", type=positive_float, default=3e-3)
-    parser.add_argument("--dim", type=positive_int, default=64)
-    parser.add_argument("--depth", type=positive_int, default=2)
-    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate (default: %(default)s)")
+    parser.add_argument("--dim", type=positive_int, default=64, help="model width (default: %(default)s)")
+    parser.add_argument("--depth", type=positive_int, default=2, help="layers (default: %(default)s)")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (default: %(default)s)")
     parser.add_argument("--eval-examples", type=positive_int, default=128, help="test instances per split (default 128)")
     parser.add_argument("--lm-steps", type=positive_int, default=None,
                         help="training steps per byte LM (default 200; --full 1000)")
