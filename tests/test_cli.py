@@ -82,7 +82,7 @@ def test_unavailable_subcommand_module_exits_2_and_leaves_others_working(monkeyp
     monkeypatch.setitem(cli.COMMANDS, "demo", ("posenc._no_such_module_", "demo"))
     assert cli.main(["demo", "--anything", "goes"]) == 2
     err = capsys.readouterr().err
-    assert "posenc demo: not available" in err and "posenc._no_such_module_" in err
+    assert "posenc demo: error: not available" in err and "posenc._no_such_module_" in err
     # The broken module is only imported for its own subcommand.
     assert cli.main(["list"]) == 0
     # Building the full parser (every subcommand) still works.
@@ -94,7 +94,7 @@ def test_new_group_entries_become_subcommands(monkeypatch, capsys):
     assert cli.main(["train", "--help"]) == 0
     assert "seq" in capsys.readouterr().out
     assert cli.main(["train", "seq"]) == 2
-    assert "posenc train seq: not available" in capsys.readouterr().err
+    assert "posenc train seq: error: not available" in capsys.readouterr().err
 
 
 def test_command_path():

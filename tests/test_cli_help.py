@@ -43,3 +43,25 @@ def test_every_default_is_shown_once(path):
             assert DEFAULT.search(text), f"posenc {' '.join(path)} {flag} has default {action.default!r} but " \
                                          f"its help does not show it: {text!r}"
     assert "default: True" not in parser.format_help() and "default: False" not in parser.format_help()
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--parts", "audio"],
+    ["demo", "--ts-dataset", "Nope"],
+    ["bench", "graph-pe", "--nodes", "3", "--edges", "10"],
+    ["bench", "timeseries", "--datasets", "Nope"],
+    ["bench", "attention", "--seq-len", "8", "--seq-lens", "8,16"],
+    ["bench", "resolution", "--encodings", "rope4d"],
+    ["bench", "spline", "--models", "splin"],
+    ["bench", "extrapolation", "--encodings", "rop"],
+    ["extend", "/nonexistent-run", "--method", "pi"],
+    ["train", "seq", "--encoding", "rop"],
+    ["train", "vision", "--encoding", "graphormer"],
+    ["train", "timeseries", "--encoding", "tap+erpe"],
+    ["train", "graph", "--dataset", "csl", "--encoding", "lapp"],
+])
+def test_every_error_is_one_line_starting_with_prog_error(argv, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    prog = "posenc " + " ".join(argv[:2] if argv[0] in ("bench", "train") else argv[:1])
+    assert len(err) == 1 and err[0].startswith(f"{prog}: error: "), err

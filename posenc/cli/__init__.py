@@ -116,7 +116,7 @@ def _unavailable(command: str, module: str, exc: BaseException) -> Handler:
     reason = f"{type(exc).__name__}: {exc}"
 
     def handler(args: argparse.Namespace) -> int:
-        print(f"{command}: not available: module {module} could not be imported ({reason})", file=sys.stderr)
+        print(f"{command}: error: not available: module {module} could not be imported ({reason})", file=sys.stderr)
         return 2
 
     return handler
