@@ -3,6 +3,7 @@ reports, the outputs are written, bad arguments exit 2."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -58,9 +59,10 @@ def test_bench_models_tiny_eager(tmp_path):
     assert cli.main(argv) == 0
     data = json.loads((tmp_path / "models.json").read_text())
     pairs = [(r["pair"], r["impl"]) for r in data["rows"]]
-    assert ("lm/rope", "posenc") in pairs and ("lm/rope", "x-transformers") in pairs
+    peers = importlib.util.find_spec("x_transformers") is not None  # the bench extra; CI's test extra lacks it
+    assert ("lm/rope", "posenc") in pairs and (("lm/rope", "x-transformers") in pairs) == peers
     assert ("gps/rwse", "posenc") in pairs and ("gps/rwse", "torch_geometric") in pairs
     for row in data["rows"]:
         assert row["error"] is None, row["error"]
         assert row["ms"] > 0 and row["peak_mb"] >= 0 and row["graph_breaks"] is None
-    assert all(r["vs_peer"] > 0 for r in data["rows"] if r["impl"] == "posenc")
+    assert all(r["vs_peer"] > 0 for r in data["rows"] if r["impl"] == "posenc" and (peers or r["pair"].startswith("gps")))
