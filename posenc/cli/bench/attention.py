@@ -73,7 +73,6 @@ from ..options import FEATURE_MAPS
 from ...common.catalog import entries, suggest
 from ...common.registry import ModelDims, build
 from ...common.report import Progress, format_table
-from . import smithy_rows
 from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
@@ -112,6 +111,9 @@ PEERS: dict[str, tuple[str, str]] = {
 }
 PEER_ENCODINGS = ("rope", "alibi")
 
+
+# the encodings of the AttentionSmithy row set (:mod:`.smithy_rows`, imported when its rows are built)
+SMITHY_ENCODINGS = ("none", "rope", "alibi", "t5", "fire")
 
 @dataclass(frozen=True)
 class AttentionBenchConfig:
@@ -172,7 +174,7 @@ class AttentionBenchConfig:
     def rows(self) -> tuple[str, ...]:
         """The posenc rows after the baseline: "none" and the selected encodings."""
         if self.encodings is None:
-            return smithy_rows.SMITHY_ENCODINGS if self.smithy else DEFAULT_ENCODINGS
+            return SMITHY_ENCODINGS if self.smithy else DEFAULT_ENCODINGS
         return self.encodings
 
     @property
@@ -299,6 +301,8 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
             for n in config.rows if _has_parameters(config, n)
         ]
     if config.smithy:  # replaces the generic peer rows
+        from . import smithy_rows
+
         if not smithy_rows.available():
             notes.append("attention-smithy is not installed (pip install 'posenc[smithy]'); the --smithy rows are skipped")
             return rows
@@ -463,6 +467,8 @@ def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
             "is alive at once"
         )
     if config.smithy:
+        from . import smithy_rows
+
         notes += smithy_rows.summary(rows)
     if not base:
         notes.append(f"the baseline row failed ({by_name[BASELINE].error}); no ratios")
@@ -793,7 +799,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--smithy", action="store_true",
         help="the AttentionSmithy row set: its MultiheadAttention with its own method and with PosencAttentionMethod, "
-             f"beside posenc's own, for {','.join(smithy_rows.SMITHY_ENCODINGS)} (or --encodings)",
+             f"beside posenc's own, for {','.join(SMITHY_ENCODINGS)} (or --encodings)",
     )
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out x-transformers and AttentionSmithy rows")
     parser.add_argument(

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ...common.registry import ModelDims, build
 
-SMITHY_ENCODINGS = ("none", "rope", "alibi", "t5", "fire")
+from .attention import SMITHY_ENCODINGS  # noqa: E402  (one list, kept where --help reads it)
 SMITHY = "attention-smithy"
 BRIDGED = "attention-smithy+posenc"
 
