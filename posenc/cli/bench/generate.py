@@ -58,7 +58,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..argtypes import device_name, int_list, nonnegative_int, positive_int, seed_value
+from ..argtypes import device_name, int_list, nonnegative_int, out_directory, positive_int, seed_value
 from ...common.registry import available, get
 from ...common.report import Progress, format_table, write_atomic, write_json
 from .load import background_load, describe, format_load_average, load_average
@@ -602,12 +602,6 @@ def _encodings(text: str) -> tuple[str, ...]:
     return names
 
 
-def _out_dir(text: str) -> str:
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench generate``."""
     d = GenerateBenchConfig()
@@ -631,7 +625,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--background-load", dest="background_processes", action="store_const", const=1, default=0,
                         help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON")
-    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+    parser.add_argument("--out", type=out_directory, default=None, metavar="DIR",
                         help="write generate.txt, generate.json and generate.png into DIR")
     parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..argtypes import nonnegative_int, positive_int, seed_value
+from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
 from ...common.report import Progress, format_table, write_atomic, write_json
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
@@ -472,12 +472,6 @@ def _models(text: str) -> tuple[str, ...]:
     return names
 
 
-def _out_dir(text: str) -> str:
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ModelsBenchConfig()
     parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
@@ -491,7 +485,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip torch.compile (graph breaks and compiled speed-up): the slow part of the run")
     parser.add_argument("--background-load", dest="background_processes", action="store_const", const=1, default=0,
                         help="run one busy process for the whole run; noted in the header and JSON")
-    parser.add_argument("--out", type=_out_dir, default=None, metavar="DIR", help="write models.txt and models.json into DIR")
+    parser.add_argument("--out", type=out_directory, default=None, metavar="DIR", help="write models.txt and models.json into DIR")
     parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
 
