@@ -212,15 +212,18 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
     assert "PARTIAL" in (out / "length_generalization.txt").read_text()
 
     # 2. killed: the next unit raises after two more, and a half-written line is left behind
-    real, calls = lg.run_task_unit, []
+    real, real_lm, calls = lg.run_task_unit, lg.run_lm_unit, []
 
-    def dying(*a, **k):
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        calls.append(1)
-        return real(*a, **k)
+    def dying(run):  # task and LM units alternate by seed: count both
+        def unit(*a, **k):
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            calls.append(1)
+            return run(*a, **k)
+        return unit
 
-    monkeypatch.setattr(lg, "run_task_unit", dying)
+    monkeypatch.setattr(lg, "run_task_unit", dying(real))
+    monkeypatch.setattr(lg, "run_lm_unit", dying(real_lm))
     assert _bench(out) == 130  # Ctrl-C: the command line says "interrupted"
     partial = '{"unit": "task/copy/rope/1", "conf'
     with open(out / "units.jsonl", "a") as f:
@@ -234,13 +237,15 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
     # 3. the rerun does only the rest
     ran = []
     monkeypatch.setattr(lg, "run_task_unit", lambda *a, **k: ran.append(a[1].name) or real(*a, **k))
+    monkeypatch.setattr(lg, "run_lm_unit", real_lm)
     capsys.readouterr()
     assert _bench(out) == 0
     assert "dropped 1 unreadable line" in capsys.readouterr().out
     lines = (out / "units.jsonl").read_text().splitlines()
     assert lines[:3] == first and len(lines) == TOTAL
     assert len({json.loads(line)["unit"] for line in lines}) == TOTAL  # nothing done twice
-    assert len(ran) == 8 - 5  # task units left after the 5 finished ones
+    finished_tasks = sum(1 for line in log.lines if line["kind"] == "task")
+    assert len(ran) == 8 - finished_tasks  # only the task units not among the 5 finished ones
     data, tasks, lm = _scores(out)
     assert data["complete"] and tasks == tasks_whole and lm == lm_whole
 

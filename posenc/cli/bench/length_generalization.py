@@ -265,21 +265,21 @@ def run_lm_unit(args: argparse.Namespace, label: str, seed: int, texts: tuple[st
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
-    """Every unit of the run: ``(unit id, config key, spec)``, tasks first, seed-major within a
-    task so that a partial run has every encoding at its first seeds."""
+    """Every unit of the run: ``(unit id, config key, spec)``, seed-major: every task model and
+    byte LM at the first seed, then at the next, so that a partial (long, ``--full``) run already
+    has every cell at its first seeds."""
     from ...seq.length_tasks import length_suite
 
     seeds = [args.seed + k for k in range(args.seeds)]
-    units = []
-    for name in args.tasks:
-        suite = length_suite(name, args.train_len)
-        key = _task_key(args, suite)
-        for seed in seeds:
-            for label in args.encodings:
-                units.append((f"task/{name}/{label}/{seed}", key, {"kind": "task", "suite": suite, "task": name,
-                                                                   "encoding": label, "seed": seed}))
+    suites = [(name, length_suite(name, args.train_len)) for name in args.tasks]
+    keys = {name: _task_key(args, suite) for name, suite in suites}
     lm_key = _lm_key(args)
+    units = []
     for seed in seeds:
+        for name, suite in suites:
+            for label in args.encodings:
+                units.append((f"task/{name}/{label}/{seed}", keys[name], {"kind": "task", "suite": suite, "task": name,
+                                                                        "encoding": label, "seed": seed}))
         for label in args.lm_encodings:
             units.append((f"lm/{label}/{seed}", lm_key, {"kind": "lm", "encoding": label, "seed": seed}))
     return units
