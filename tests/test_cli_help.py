@@ -9,7 +9,7 @@ import pytest
 
 from posenc import cli
 
-DEFAULT = re.compile(r"[(;,] *default[: ]")
+DEFAULT = re.compile(r"(?:^|[(;,]) *default[: ]")
 
 
 def _command_paths() -> list[tuple[str, ...]]:

@@ -527,3 +527,18 @@ def test_bench_smithy_rows_build_run_and_summarise():
             Row("attention-smithy+posenc t5", "attention-smithy+posenc", ms=2.2)]
     (line,) = smithy_rows.summary(rows)
     assert "= 1.10" in line and "= 3.64" in line
+
+
+def test_bench_smithy_rows_follow_encodings():
+    from posenc.cli.bench.attention import AttentionBenchConfig, candidates
+
+    config = AttentionBenchConfig(seq_len=8, batch=1, heads=2, head_dim=8, smithy=True, encodings=("rope", "kerple", "erpe"))
+    names = {c.name for c in candidates(config, [])}
+    assert {"attention-smithy rope", "attention-smithy kerple"} <= names  # its own rotary; posenc's KERPLE as a strategy
+    assert "attention-smithy erpe" not in names  # after the softmax: no strategy reaches it
+    assert {f"attention-smithy+posenc {n}" for n in ("rope", "kerple", "erpe")} <= names
+    assert not any(n.endswith((" none", " alibi", " t5", " fire")) for n in names)
+    x = torch.randn(1, 8, 16)
+    for cand in candidates(config, []):
+        if cand.name.startswith("attention-smithy"):
+            assert cand.factory()(x).shape == x.shape

@@ -58,7 +58,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 # help text that already names its default ("(default: 4)", "(default 4; none: 1)")
-_SAYS_DEFAULT = re.compile(r"[(;,] *default[: ]")
+_SAYS_DEFAULT = re.compile(r"(?:^|[(;,]) *default[: ]")
 
 
 def shows_default(action: argparse.Action) -> bool:

@@ -306,7 +306,7 @@ def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate
         if not smithy_rows.available():
             notes.append("attention-smithy is not installed (pip install 'posenc[smithy]'); the --smithy rows are skipped")
             return rows
-        return rows + smithy_rows.candidates(c, h, config.seq_len, Candidate)
+        return rows + smithy_rows.candidates(c, h, config.seq_len, Candidate, tuple(config.rows))
     if not config.peers:
         return rows
     units = {"x-transformers": XTransformersAttention, "attention-smithy": AttentionSmithyAttention}

@@ -32,6 +32,7 @@ from ...common.registry import ModelDims, build
 
 from .attention import SMITHY_ENCODINGS  # noqa: E402  (one list, kept where --help reads it)
 SMITHY = "attention-smithy"
+OWN_STRATEGIES = ("none", "rope", "alibi")  # the rows AttentionSmithy's own strategies serve
 BRIDGED = "attention-smithy+posenc"
 
 
@@ -60,8 +61,6 @@ class SmithyUnit(nn.Module):
 
         from ...integrations.attention_smithy import PosencAttentionMethod, strategies
 
-        if encoding not in SMITHY_ENCODINGS:
-            raise ValueError(f"--smithy rows are {', '.join(SMITHY_ENCODINGS)}; got {encoding!r}")
         if bridged:
             method = PosencAttentionMethod(_encoding(encoding, dim, num_heads, seq_len), is_causal_masking=True)
             self.manager = NumericEmbeddingManager([])
@@ -70,6 +69,7 @@ class SmithyUnit(nn.Module):
             method = StandardAttentionMethod(is_causal_masking=True)
             own = {"rope": lambda: [RotaryPositionEmbedding(dim // num_heads)],
                    "alibi": lambda: [ALiBiPositionEmbedding(num_heads)], "none": lambda: []}
+            assert set(own) == set(OWN_STRATEGIES)
             made = own[encoding]() if encoding in own else strategies(_encoding(encoding, dim, num_heads, seq_len))
             self.manager = NumericEmbeddingManager(made)
             self.kernel_path = "math"
@@ -85,12 +85,24 @@ def available() -> bool:
     return importlib.util.find_spec("attention_smithy") is not None
 
 
-def candidates(dim: int, heads: int, seq_len: int, make: Callable) -> list:
-    """The AttentionSmithy rows (``make(name, impl, factory)`` builds the bench's Candidate)."""
-    rows = []
-    for impl, bridged in ((SMITHY, False), (BRIDGED, True)):
-        rows += [make(f"{impl} {enc}", impl, functools.partial(SmithyUnit, dim, heads, seq_len, enc, bridged))
-                 for enc in SMITHY_ENCODINGS]
+def smithy_can_run(name: str, dim: int, heads: int, seq_len: int) -> bool:
+    """Whether AttentionSmithy's own method can run ``name``: its own strategies, or posenc's as strategies."""
+    if name in OWN_STRATEGIES:
+        return True
+    from ...integrations.attention_smithy import expressible
+
+    return expressible(_encoding(name, dim, heads, seq_len)) is None
+
+
+def candidates(dim: int, heads: int, seq_len: int, make: Callable,
+               encodings: tuple[str, ...] = SMITHY_ENCODINGS) -> list:
+    """The AttentionSmithy rows for ``encodings`` (``make(name, impl, factory)`` builds the bench's
+    Candidate): ``attention-smithy NAME`` where its own method can run NAME (see
+    :func:`smithy_can_run`), ``attention-smithy+posenc NAME`` for every one."""
+    rows = [make(f"{SMITHY} {enc}", SMITHY, functools.partial(SmithyUnit, dim, heads, seq_len, enc, False))
+            for enc in encodings if smithy_can_run(enc, dim, heads, seq_len)]
+    rows += [make(f"{BRIDGED} {enc}", BRIDGED, functools.partial(SmithyUnit, dim, heads, seq_len, enc, True))
+             for enc in encodings]
     return rows
 
 
@@ -98,7 +110,7 @@ def summary(rows) -> list[str]:
     """Per encoding: bridged / posenc's own module and AttentionSmithy's method / bridged."""
     ms = {r.name: r.ms for r in rows if r.ms is not None}
     lines = []
-    for enc in SMITHY_ENCODINGS:
+    for enc in dict.fromkeys(r.name.removeprefix(f"{BRIDGED} ") for r in rows if r.impl == BRIDGED):
         own, smithy, bridged = ms.get(enc), ms.get(f"{SMITHY} {enc}"), ms.get(f"{BRIDGED} {enc}")
         if bridged is None:
             continue
