@@ -47,9 +47,9 @@ LIGHT = [
     (["bench", "attention", "--help"], 0),
     (["bench", "attention", "--encodings", "alibj"], 2),
     (["bench", "attention", "--seq-len", "0"], 2),
+    (["extend", "--help"], 0),
+    (["extend", "/nonexistent-run", "--method", "yran"], 2),
 ]
-# posenc extend --help still imports torch: its --method choices come from posenc.seq.context, and
-# importing any posenc.seq module runs posenc/seq/__init__.py, which imports the encodings.
 
 
 def _probe(argv: list[str]) -> tuple[int, bool]:
@@ -89,6 +89,13 @@ def test_the_feature_map_names_match_linear_attention():
     from posenc.common.linear_attention import FEATURE_MAPS as LIVE
 
     assert FEATURE_MAPS == LIVE
+
+
+def test_the_context_methods_match_posenc_seq_context():
+    from posenc.cli.options import CONTEXT_METHOD_ALIASES, CONTEXT_METHODS
+    from posenc.seq.context import METHOD_ALIASES, METHODS
+
+    assert CONTEXT_METHODS == METHODS and CONTEXT_METHOD_ALIASES == METHOD_ALIASES
 
 
 @pytest.mark.parametrize("wrong, right", [("rop", "rope"), ("alibj", "alibi"), ("sinusoidl", "sinusoidal")])

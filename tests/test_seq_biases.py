@@ -229,7 +229,13 @@ def test_dense_path_bias_is_evaluated_in_row_chunks(name, monkeypatch):
         rows.append(len(q_idx))
         return original(self, batch, heads, q_idx, kv_idx, dtype)
 
+    def recording_offsets(self, values, s, e, kv_end):
+        rows.append(e - s)
+        return original_block(self, values, s, e, kv_end)
+
+    original_block = kernels._OffsetBias.block
     monkeypatch.setattr(PairwiseBias, "dense", recording)
+    monkeypatch.setattr(kernels._OffsetBias, "block", recording_offsets)  # T5 and KERPLE over consecutive positions
     monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 8 * 2 * 4 * 64)
     monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
     q = torch.randn(2, 4, 64, 8, requires_grad=True)
@@ -385,3 +391,65 @@ def test_fire_inference_lookup_equals_the_mlp():
         assert not lookup.requires_grad
         torch.testing.assert_close(lookup.dense(1, 4, idx, idx), training.dense(1, 4, idx, idx).detach(),
                                    rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "kerple_power", "t5_bidirectional"])
+@pytest.mark.parametrize("layout", ["self", "cache", "bidirectional"])
+def test_offset_blocks_equal_the_per_element_bias(name, layout):
+    """Over consecutive positions a bias of the offset alone is cut from its diagonals
+    (``_OffsetBias``); outputs and every gradient (q, k, v, the encoding's parameters) equal the
+    per-element blocks of the general path, in float64, with a causal mask (square and KV-cache
+    shaped) and without one."""
+    if layout == "bidirectional" and name not in ("t5_bidirectional",):
+        pytest.skip("causal-only encodings")
+    if layout != "bidirectional" and name == "t5_bidirectional":
+        pytest.skip("covered by the causal T5 rows")
+    torch.manual_seed(0)
+    if name == "t5_bidirectional":
+        enc = posenc.build("t5", dims=DIMS, bidirectional=True)
+    elif name == "kerple_power":
+        enc = posenc.build("kerple", dims=DIMS, variant="power")
+    else:
+        enc = posenc.build(name, dims=DIMS)
+    enc = enc.double()
+    tq, tk = (24, 40) if layout == "cache" else (40, 40)
+    q = torch.randn(2, 4, tq, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 4, tk, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 4, tk, 8, dtype=torch.float64, requires_grad=True)
+    kv_pos = torch.arange(tk)[None] + 5
+    q_pos = kv_pos[:, tk - tq:]
+    mask = None if layout == "bidirectional" else posenc.AttentionMask(causal=True)
+    bias = enc.score_bias(q, k, q_pos, kv_pos)
+    start = kernels.consecutive_offset(bias, mask, q_pos, kv_pos, tq, tk)
+    assert start == -(tk - tq)  # kv_pos[0] - q_pos[0]
+    params = [p for p in enc.parameters() if p.requires_grad]
+    results = []
+    for offset_start in (start, None):
+        bias = enc.score_bias(q, k, q_pos, kv_pos)
+        out = kernels.dense_path(q, k, v, mask, bias, 8 ** -0.5, chunk=7, offset_start=offset_start)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum(),
+                                    [q, k, v, *params], allow_unused=True)
+        results.append((out, grads))
+    (out_a, grads_a), (out_b, grads_b) = results
+    torch.testing.assert_close(out_a, out_b, rtol=1e-12, atol=1e-12)
+    for ga, gb in zip(grads_a, grads_b):
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
+    if name in ("t5", "kerple", "t5_bidirectional", "kerple_power"):
+        assert params and any(g is not None and g.abs().sum() > 0 for g in grads_a[3:])
+
+
+def test_offset_blocks_only_for_consecutive_shared_positions():
+    enc = posenc.build("t5", dims=DIMS)
+    q = torch.randn(1, 4, 8, 8)
+    pos = torch.arange(8)[None]
+    causal = posenc.AttentionMask(causal=True)
+    bias = enc.score_bias(q, q, pos, pos)
+    assert kernels.consecutive_offset(bias, causal, pos, pos, 8, 8) == 0
+    gappy = torch.tensor([[0, 1, 2, 4, 5, 6, 7, 8]])
+    assert kernels.consecutive_offset(enc.score_bias(q, q, gappy, gappy), causal, gappy, gappy, 8, 8) is None
+    padded = posenc.AttentionMask(causal=True, key_valid=torch.ones(1, 8, dtype=torch.bool))
+    assert kernels.consecutive_offset(bias, padded, pos, pos, 8, 8) is None
+    fire = posenc.build("fire", dims=DIMS)  # normalised by the query position: not an offset alone
+    assert kernels.consecutive_offset(fire.score_bias(q, q, pos, pos), causal, pos, pos, 8, 8) is None

@@ -30,6 +30,10 @@ from .errors import unknown_name
 
 # the linear-attention feature maps (posenc.common.linear_attention.FEATURE_MAPS, named here without torch)
 FEATURE_MAPS = ("elu", "favor")
+# the context-extension methods and their other names (posenc.seq.context.METHODS and
+# METHOD_ALIASES, named here without torch: ``posenc extend --help`` answers at once)
+CONTEXT_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
+CONTEXT_METHOD_ALIASES = {"default": "none", "pi": "linear", "dynamic": "dynamic_ntk"}
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
                     "on the input or on q and k run on it, and SPE runs only on it")

@@ -121,15 +121,19 @@ def run(prepared: PreparedCall) -> Tensor:
         return run_linear(q, k, v, call.feature_map, mask, plan.chunk_rows or LINEAR_CHUNK_ROWS)
     if plan.path == "math":
         return kernels.math_path(q, k, v, mask, terms, scale, plan.chunk_rows)
+    start = None
+    if plan.path == "dense" or plan.offset_values:  # a bias of the offset alone over consecutive positions
+        start = kernels.consecutive_offset(terms.bias, mask, call.q_pos, call.kv_pos, call.q_len, call.kv_len)
     if plan.offset_values:
         q, k = q.contiguous(), k.contiguous()  # compacted once for both terms
         # out [B, Hq, Tq, D] and the log-sum-exp of each row [B, Hq, Tq]
-        out, lse = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, return_lse=True)
+        out, lse = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, return_lse=True,
+                                      offset_start=start)
         out = out + kernels.offset_value_term(q, k, terms.bias, lse, call.encoding.offset_values(), scale)
     elif plan.path == "flex":
         out = kernels.flex_path(q, k, v, mask, terms.bias, scale)
     elif plan.path == "dense":
-        out = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows)
+        out = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, offset_start=start)
     else:
         out = kernels.sdpa_path(q, k, v, mask, scale)
     if plan.prob_bias:

@@ -175,12 +175,15 @@ def _chunk_backward_with_bias_grad(
     scale: float,
     live: Tensor | None,
     grad_lse: Tensor | None = None,
+    score_grad_shape: tuple[int, ...] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor | None]]:
     """Attention backward for one chunk of query rows, written out so that the score gradient
     ``dS`` is at hand: it is also the gradient of the bias, passed on to the tensors it was built
     from. ``P = exp(S - lse)``, ``dS = P * (dO V^T - rowsum(dO * O) + dlse)``. ``block`` is the masked
     bias of the chunk; ``live`` the same bias unmasked, still attached to ``learned`` (None when
-    nothing is learned); ``grad_lse`` the gradient of the chunk's log-sum-exp, if it is used."""
+    nothing is learned); ``grad_lse`` the gradient of the chunk's log-sum-exp, if it is used.
+    ``score_grad_shape``: instead of gradients of ``learned``, return ``[dS summed to this shape]``
+    (the caller takes the bias gradient from there)."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale + block.to(work)
@@ -196,7 +199,9 @@ def _chunk_backward_with_bias_grad(
     gv = torch.matmul(probs.transpose(-1, -2), grad_out)
     del probs
     grads: tuple = ()
-    if learned:
+    if score_grad_shape is not None:
+        grads = (d_scores.sum_to_size(score_grad_shape),)
+    elif learned:
         grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
     return gq, gk, gv, list(grads)
 
@@ -211,6 +216,75 @@ def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float)
     lse = torch.logsumexp(scores, dim=-1)  # [B, H, rows]
     out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(work))  # [B, H, rows, D]
     return out.to(q.dtype), lse
+
+
+def consecutive_offset(
+    bias: PairwiseBias | None, mask: AttentionMask | None, q_pos: Tensor, kv_pos: Tensor, q_len: int, kv_len: int
+) -> int | None:
+    """``kv_pos[0] - q_pos[0]`` when ``bias`` can be laid out on diagonals (see
+    :class:`_OffsetBias`): it has ``by_offset``, the positions are integer runs of consecutive
+    values shared by the batch, and the mask is none or causal only with every query seeing a
+    key. None otherwise (the general per-element path)."""
+    if bias is None or bias.by_offset is None or bias.per_batch or torch.compiler.is_compiling():
+        return None
+    if mask is not None and (mask.key_valid is not None or mask.q_segments is not None or mask.window is not None
+                             or (mask.causal and q_len > kv_len)):
+        return None
+    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
+        return None
+    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or q_len == 0 or kv_len == 0:
+        return None
+    q0, k0 = q_pos[0, 0], kv_pos[0, 0]
+    if not (torch.equal(q_pos[0], q0 + _indices(q_len, q_pos.device))
+            and torch.equal(kv_pos[0], k0 + _indices(kv_len, kv_pos.device))):
+        return None
+    return int(k0 - q0)
+
+
+class _OffsetBias:
+    """A bias of the offset alone over consecutive positions, as one row of values per head.
+
+    ``values [H or 1, Tq + Tk - 1]``: column ``m`` is the bias where ``j - i = m - (Tq - 1)``
+    (query index ``i``, key index ``j``), a causal mask folded in as ``-inf``. The block of query
+    rows ``s:e`` and keys ``:kv_end`` is a window of it: ``values.unfold`` gives row ``w`` as
+    ``values[w : w + kv_end]``, which is query ``Tq - 1 - w``'s row, so the rows are that window
+    read backwards (one copy; no index tensor, no per-element gather, no mask tensor). Its
+    gradient goes back along the diagonals (unfold's backward) to ``values`` and from there, once
+    per call, to the tensors ``by_offset`` read.
+    """
+
+    def __init__(self, bias: PairwiseBias, start: int, q_len: int, kv_len: int, causal: bool, device) -> None:
+        self.bias, self.q_len, self.kv_len, self.causal = bias, q_len, kv_len, causal
+        self.offsets = torch.arange(start - q_len + 1, start + kv_len, device=device)  # [Tq + Tk - 1]
+
+    def values(self, dtype: torch.dtype) -> Tensor:
+        if dtype in (torch.float16, torch.bfloat16):  # a float32 bias beside half inputs (see _bias_block)
+            dtype = torch.float32
+        values = self.bias.by_offset(self.offsets).to(dtype)  # [H or 1, Tq + Tk - 1]
+        if self.causal:  # key j visible from query i when j - i <= Tk - Tq, i.e. column m <= Tk - 1
+            hidden = _indices(values.shape[-1], values.device) > self.kv_len - 1
+            values = values.masked_fill(hidden, float("-inf"))
+        return values
+
+    def block(self, values: Tensor, s: int, e: int, kv_end: int) -> Tensor:
+        """``[1, H or 1, e - s, kv_end]``: the bias of query rows ``s:e`` over keys ``:kv_end``."""
+        tq = self.q_len
+        return values.unfold(-1, kv_end, 1)[:, tq - e: tq - s].flip(-2).unsqueeze(0)
+
+    def values_grad(self, grad_block: Tensor, width: int, s: int, e: int) -> Tensor:
+        """The gradient of ``values [H or 1, width]`` from the gradient of one block
+        ``[1, H or 1, rows, kv_end]``: the sum along each diagonal. The rows, back in window order
+        and padded to ``kv_end + rows + 1`` columns, read as rows of ``kv_end + rows`` put row ``w``
+        ``w`` columns to the right; a sum over the rows is then the sum over each diagonal (one
+        copy; unfold's own backward is several times slower)."""
+        g = grad_block[0].flip(-2)  # [H or 1, rows, kv_end], row w = window w
+        heads, rows, kv_end = g.shape
+        wide = kv_end + rows
+        skewed = F.pad(g, (0, rows + 1)).flatten(1)[:, : rows * wide].view(heads, rows, wide)
+        out = g.new_zeros(heads, width)
+        first = self.q_len - e  # the window of the block's last row
+        out[:, first: first + wide - 1] = skewed.sum(1)[:, : wide - 1]
+        return out
 
 
 class _ChunkedBiasAttention(torch.autograd.Function):
@@ -229,7 +303,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, chunk, *learned):
+    def forward(ctx, q, k, v, bias, mask, scale, chunk, offsets, *learned):
         ctx.set_materialize_grads(False)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
@@ -237,11 +311,15 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         out = q.new_empty(q.shape)  # [B, H, Tq, D]
         lse = q.new_empty((b, h, tq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
         idx = _indices(max(tq, tk), q.device)
+        values = None if offsets is None else offsets.values(q.dtype)  # [H or 1, Tq + Tk - 1]
 
         def run(chunk_rows: tuple[int, int, int]) -> None:
             s, e, kv_end = chunk_rows
             # block [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
-            block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
+            if values is not None:  # every row sees a key (consecutive_offset checked it)
+                block, row_any = offsets.block(values, s, e, kv_end), None
+            else:
+                block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
             o, chunk_lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
             del block
             out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)  # chunks own disjoint rows
@@ -251,6 +329,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             pass
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.bias, ctx.mask, ctx.scale, ctx.chunk, ctx.learned = bias, mask, scale, chunk, learned
+        ctx.offsets = offsets
         return out, lse
 
     @staticmethod
@@ -259,7 +338,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
-        wanted = [i for i, need in enumerate(ctx.needs_input_grad[7:]) if need]
+        wanted = [i for i, need in enumerate(ctx.needs_input_grad[8:]) if need]
         learned = [ctx.learned[i] for i in wanted]
         learned_grads: list[Tensor | None] = [None] * len(ctx.learned)
         b, h, tq, _ = q.shape
@@ -268,28 +347,42 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         fused_backward = q.device.type == "cpu"
         dq = torch.empty_like(q)
         idx = _indices(max(tq, tk), q.device)
+        offsets, values, values_live = ctx.offsets, None, None
+        if offsets is not None:
+            if learned:  # the values once, attached; the chunks give the gradient of a detached copy
+                with torch.enable_grad():
+                    values_live = offsets.values(q.dtype)  # [H or 1, Tq + Tk - 1]
+                values = values_live.detach()
+            else:
+                values = offsets.values(q.dtype)
 
         def run(chunk_rows: tuple[int, int, int]):
             """One chunk's gradients: writes its rows of dq, returns ``(kv_end, dk part, dv part, learned grads)``."""
             s, e, kv_end = chunk_rows
             live = None
             chunk_grad_lse = None if grad_lse is None else grad_lse[:, :, s:e]
-            if learned:  # evaluate the bias once, attached to the tensors that need its gradient
-                with torch.enable_grad():
-                    live = bias.dense(b, h, idx[s:e], idx[:kv_end])  # [B or 1, H, rows, kv_end]
-            block, row_any = _bias_block(
-                bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype,
-                block=None if live is None else live.detach(),
-            )
+            if values is not None:
+                block, row_any = offsets.block(values, s, e, kv_end), None  # [1, H or 1, rows, kv_end]
+            else:
+                if learned:  # evaluate the bias once, attached to the tensors that need its gradient
+                    with torch.enable_grad():
+                        live = bias.dense(b, h, idx[s:e], idx[:kv_end])  # [B or 1, H, rows, kv_end]
+                block, row_any = _bias_block(
+                    bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype,
+                    block=None if live is None else live.detach(),
+                )
             g = grad_out[:, :, s:e]  # [B, H, rows, D]
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
             grads: list[Tensor | None] = []
             if learned or chunk_grad_lse is not None or not fused_backward:
                 gq, gk, gv, grads = _chunk_backward_with_bias_grad(
-                    learned, block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e],
-                    lse[:, :, s:e], g, scale, live, chunk_grad_lse,
+                    learned if values_live is None else [], block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
+                    out[:, :, s:e], lse[:, :, s:e], g, scale, live, chunk_grad_lse,
+                    score_grad_shape=None if values_live is None else block.shape,
                 )
+                if values_live is not None:
+                    grads = [offsets.values_grad(grads[0].to(values.dtype), values.shape[-1], s, e)]
             else:
                 gq, gk, gv = cpu_flash_backward(
                     g, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], out[:, :, s:e], lse[:, :, s:e], block, scale,
@@ -300,10 +393,15 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         # Last chunk first: with a causal mask it spans every key, so its gradients become dk, dv
         # without a zero-filled buffer beside them. Parts are added in this fixed order.
         dk = dv = None
+        grad_values = None
         for kv_end, gk, gv, grads in chunk_pool.ordered_map(run, reversed(list(_row_chunks(tq, tk, chunk, causal)))):
-            for i, grad in zip(wanted, grads):
-                if grad is not None:
-                    learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
+            if values_live is not None:
+                if grads and grads[0] is not None:
+                    grad_values = grads[0] if grad_values is None else grad_values + grads[0]
+            else:
+                for i, grad in zip(wanted, grads):
+                    if grad is not None:
+                        learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
             if dk is None and kv_end == tk:
                 dk, dv = gk.to(k.dtype), gv.to(v.dtype)
                 continue
@@ -312,16 +410,21 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             dk[:, :, :kv_end] += gk
             dv[:, :, :kv_end] += gv
             del gk, gv
-        return (dq, dk, dv, None, None, None, None, *learned_grads)
+        if values_live is not None and grad_values is not None:
+            for i, grad in zip(wanted, torch.autograd.grad(values_live, learned, grad_values, allow_unused=True)):
+                learned_grads[i] = grad
+        return (dq, dk, dv, None, None, None, None, None, *learned_grads)
 
 
 def dense_path(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float,
-    chunk: int | None = None, return_lse: bool = False,
+    chunk: int | None = None, return_lse: bool = False, offset_start: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """A score bias handed to a fused kernel, ``chunk`` query rows at a time (default: the
     :func:`chunk_rows` budget). ``return_lse``: also the differentiable log-sum-exp ``[B, H, Tq]``
-    of each query row's scores. ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
+    of each query row's scores. ``offset_start``: :func:`consecutive_offset` of the call, when not
+    None the bias blocks are cut from its ``by_offset`` values. ``q [B, Hq, Tq, D]``,
+    ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
     # Compact once (and save the compact copies for the backward, so the views' storage can go):
     # q, k, v usually arrive as transposed views of the projections, and every chunk's backward
@@ -333,7 +436,10 @@ def dense_path(
     if chunk is None:
         per_batch = bool(learned) or bias.per_batch or (mask is not None and mask.per_batch)
         chunk = chunk_rows(b if per_batch else 1, h, k.shape[2], tq)
-    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, *learned)
+    offsets = None
+    if offset_start is not None:
+        offsets = _OffsetBias(bias, offset_start, tq, k.shape[2], mask is not None and mask.causal, q.device)
+    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
     return (out, lse) if return_lse else out
 
 

@@ -73,12 +73,18 @@ class PairwiseBias:
         learned: tensors ``fn`` reads that may require a gradient. A bias whose learned tensors
             need no gradient can be handed to fused kernels as a constant.
         name: what the bias is, for error messages.
+        by_offset: the same bias as a function of the position offset ``kv_pos - q_pos`` alone,
+            for a bias that depends on nothing else (ALiBi, T5, KERPLE): ``by_offset(offsets)``
+            takes an integer tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from
+            ``learned``. Over consecutive positions the chunked kernel then evaluates it once per
+            call and cuts each block from its diagonals (no gather per element, no mask tensor).
     """
 
     fn: PairFn
     per_batch: bool = False
     learned: tuple[Tensor, ...] = field(default=())
     name: str = "bias"
+    by_offset: Callable[[Tensor], Tensor] | None = None
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if not self.per_batch:
@@ -244,5 +250,15 @@ def sum_of_biases(*biases: PairwiseBias | None) -> PairwiseBias | None:
             total = total + x(b, h, q_idx, kv_idx)
         return total
 
+    by_offset = None
+    if all(x.by_offset is not None for x in present):
+
+        def by_offset(offsets: Tensor) -> Tensor:
+            total = present[0].by_offset(offsets)
+            for x in present[1:]:
+                total = total + x.by_offset(offsets)
+            return total
+
     return PairwiseBias(fn, per_batch=any(x.per_batch for x in present),
-                        learned=tuple(t for x in present for t in x.learned), name=" + ".join(x.name for x in present))
+                        learned=tuple(t for x in present for t in x.learned), name=" + ".join(x.name for x in present),
+                        by_offset=by_offset)

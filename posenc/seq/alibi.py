@@ -135,4 +135,7 @@ class ALiBi(PositionEncoding):
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(torch.float32)
             return alibi_penalty(dist, slopes[h], symmetric=symmetric)
 
-        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="ALiBi")
+        def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
+            return alibi_penalty((-offsets).to(torch.float32), slopes[:, None], symmetric=symmetric)
+
+        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="ALiBi", by_offset=by_offset)

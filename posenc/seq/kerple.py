@@ -109,7 +109,10 @@ class KERPLE(PositionEncoding):
             def gathered(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
                 return rel[take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo, h]
 
-            return PairwiseBias(gathered, per_batch=per_batch, learned=(rel,), name="KERPLE")
+            def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
+                return rel[-offsets - lo].T
+
+            return PairwiseBias(gathered, per_batch=per_batch, learned=(rel,), name="KERPLE", by_offset=by_offset)
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(work).abs()

@@ -133,4 +133,8 @@ class T5Bias(PositionEncoding):
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return rel[h, take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo]
 
-        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias")
+        def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] within lo..hi -> [H, R]
+            return rel[:, offsets - lo]
+
+        return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias",
+                            by_offset=by_offset)

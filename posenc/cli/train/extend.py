@@ -30,10 +30,10 @@ PROG = "posenc extend"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...seq.context import METHOD_ALIASES, METHODS
+    from ..options import CONTEXT_METHOD_ALIASES, CONTEXT_METHODS
 
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by posenc train seq --out (a text run)")
-    parser.add_argument("--method", required=True, choices=(*METHODS, *METHOD_ALIASES),
+    parser.add_argument("--method", required=True, choices=(*CONTEXT_METHODS, *CONTEXT_METHOD_ALIASES),
                         help="context extension (pi = linear; none = plain RoPE, i.e. raw extrapolation)")
     parser.add_argument("--factor", type=positive_float, default=None, help="context scale s >= 1 (default 4; none: 1)")
     parser.add_argument("--option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
