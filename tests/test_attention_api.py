@@ -10,7 +10,7 @@ import torch
 import posenc
 from posenc.common import kernels
 from posenc.common.attention import attend
-from posenc.common.plan import make_plan
+from posenc.common.planning import PlanInputs, decide
 from posenc.seq.alibi import ALiBi
 from posenc.seq.rope import RotaryEncoding
 from posenc.seq.sinusoidal import SinusoidalEncoding
@@ -40,7 +40,7 @@ NEEDS = posenc.common.AttentionNeeds
 def _plan(needs=NEEDS(), backend="auto", device=CPU, mask=None, **kw):
     args = dict(PLAN_SIZES, needs_grad=True)
     args.update(kw)
-    return make_plan(needs, mask=mask, device=device, backend=backend, **args)
+    return decide(PlanInputs(needs, mask=mask, device=device, backend=backend, **args))
 
 
 def test_auto_picks_the_fastest_allowed_path():
