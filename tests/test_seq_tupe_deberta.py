@@ -174,6 +174,40 @@ def test_deberta_forward_backward_against_reference(backend, causal, log_buckets
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("backend", ["dense", "math"])
+@pytest.mark.parametrize("log_buckets", [False, True])
+@pytest.mark.parametrize("causal,q_len,offset,heads_kv", [(True, 300, 0, H), (False, 300, 7, H), (True, 60, 0, 1), (True, 5, 0, H)])
+def test_deberta_over_consecutive_positions_matches_reference_across_key_blocks(
+    monkeypatch, backend, log_buckets, causal, q_len, offset, heads_kv,
+):
+    """Positions shared by the batch take the skewed p2c path (no bucket table); with small chunks
+    and 300 keys a block spans several key windows, clamped ones included (span 8); five rows (a
+    cached decoding step) take the per-row product."""
+    from posenc.common import kernels
+
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 4 * 64 * 300)  # blocks of about 64 rows
+    kv_len = 300
+    enc = DeBERTa(C, H, span=8, log_buckets=log_buckets, max_position=64).double()
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    k, v = (torch.randn(B, heads_kv, kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+            for _ in range(2))
+    kv_pos = torch.arange(kv_len).unsqueeze(0)
+    q_pos = (kv_len - q_len + torch.arange(q_len) + offset).unsqueeze(0)
+    mask = posenc.AttentionMask(causal=True) if causal else None
+    allowed = None
+    if causal:
+        allowed = (kv_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1) - offset).expand(B, q_len, kv_len)
+    out = posenc.attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=mask, backend=backend)
+    expected = deberta_reference(enc, q, k, v, q_pos.expand(B, -1), kv_pos.expand(B, -1), allowed)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-9)
+    go = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    inputs = [q, k, v] + params_of(enc)
+    for name, g, w in zip(["q", "k", "v", "pos_k", "pos_q", "rel"], torch.autograd.grad(out, inputs, go),
+                          torch.autograd.grad(expected, inputs, go)):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
+
+
 def test_deberta_cached_decoding_matches_full_forward():
     torch.manual_seed(0)
     enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=4)

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from . import chunk_pool
 from .masks import AttentionMask
-from .pairwise import PairwiseBias
+from .pairwise import PairwiseBias, shared_run_offset
 
 # Default chunking (the plan may choose otherwise): query rows such that one [B, H, rows, Tk]
 # block holds about this many elements, and at least _MIN_CHUNK_ROWS rows. Small enough to stay
@@ -230,15 +230,9 @@ def consecutive_offset(
     if mask is not None and (mask.key_valid is not None or mask.q_segments is not None or mask.window is not None
                              or (mask.causal and q_len > kv_len)):
         return None
-    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
+    if q_len == 0 or kv_len == 0:
         return None
-    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or q_len == 0 or kv_len == 0:
-        return None
-    q0, k0 = q_pos[0, 0], kv_pos[0, 0]
-    if not (torch.equal(q_pos[0], q0 + _indices(q_len, q_pos.device))
-            and torch.equal(kv_pos[0], k0 + _indices(kv_len, kv_pos.device))):
-        return None
-    return int(k0 - q0)
+    return shared_run_offset(q_pos, kv_pos)
 
 
 class _OffsetBias:

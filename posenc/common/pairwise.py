@@ -54,6 +54,20 @@ def rows_times_table(rows: Tensor, table: Tensor) -> Tensor:
     return out.view(h, b, r, -1).transpose(0, 1)
 
 
+def shared_run_offset(q_pos: Tensor, kv_pos: Tensor) -> int | None:
+    """``kv_pos[0] - q_pos[0]`` when both are integer runs of consecutive values shared by the
+    batch (``[1, T]``), so that ``kv_pos[j] - q_pos[i]`` is that offset plus ``j - i``; else None."""
+    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
+        return None
+    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or q_pos.numel() == 0 or kv_pos.numel() == 0:
+        return None
+    q0, k0 = q_pos[0, 0], kv_pos[0, 0]
+    if not (torch.equal(q_pos[0], q0 + torch.arange(q_pos.shape[1], device=q_pos.device, dtype=q_pos.dtype))
+            and torch.equal(kv_pos[0], k0 + torch.arange(kv_pos.shape[1], device=kv_pos.device, dtype=kv_pos.dtype))):
+        return None
+    return int(k0 - q0)
+
+
 def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     """``table[b, idx]`` for a ``[B or 1, T, ...]`` tensor (positions, segment ids, key validity),
     where a batch of one serves every ``b``. Works densely and inside FlexAttention."""
