@@ -66,3 +66,45 @@ def test_bench_models_tiny_eager(tmp_path):
         assert row["error"] is None, row["error"]
         assert row["ms"] > 0 and row["peak_mb"] >= 0 and row["graph_breaks"] is None
     assert all(r["vs_peer"] > 0 for r in data["rows"] if r["impl"] == "posenc" and (peers or r["pair"].startswith("gps")))
+
+
+_FAKE_AUTHORS_MODEL = '''
+import torch
+from torch import nn
+from Models.helper import width
+
+
+class ConvTran(nn.Module):
+    def __init__(self, config, num_classes):
+        super().__init__()
+        _, channels, _ = config["Data_shape"]
+        assert config["Fix_pos_encode"] == "tAPE" and config["Rel_pos_encode"] == "eRPE"
+        self.out = nn.Linear(channels, num_classes * width())
+
+    def forward(self, x):
+        return self.out(x.mean(-1))[:, : self.out.out_features // width()]
+'''
+
+
+def test_bench_models_convtran_peer_comes_from_a_named_checkout(tmp_path, capsys):
+    """The peer row imports Models/model.py from --convtran-repo (a stand-in here: the authors'
+    repository is not in the test environment), and leaves sys.path and sys.modules as they were."""
+    import sys
+
+    repo = tmp_path / "ConvTran"
+    (repo / "Models").mkdir(parents=True)
+    (repo / "Models" / "helper.py").write_text("def width():\n    return 1\n")
+    (repo / "Models" / "model.py").write_text(_FAKE_AUTHORS_MODEL)
+    path_before = list(sys.path)
+    out = tmp_path / "out"
+    argv = ["bench", "models", "--models", "convtran", "--convtran-repo", str(repo), "--repeats", "1", "--warmup", "0",
+            "--no-compile", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 0
+    rows = {r["impl"]: r for r in json.loads((out / "models.json").read_text())["rows"]}
+    assert set(rows) == {"posenc", "authors"} and all(r["error"] is None and r["ms"] > 0 for r in rows.values())
+    assert rows["posenc"]["vs_peer"] > 0
+    assert sys.path == path_before and not any(k.split(".")[0] == "Models" for k in sys.modules)
+
+    assert cli.main(["bench", "models", "--models", "convtran", "--convtran-repo", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: convtran_repo must be a checkout" in err[0] and "nowhere" in err[0]

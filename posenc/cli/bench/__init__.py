@@ -44,7 +44,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "models": (
         "posenc.cli.bench.models",
-        "training steps/s and peak memory of posenc's reference models against x-transformers, timm and PyG, "
+        "training steps/s and peak memory of posenc's reference models against x-transformers, timm, PyG and "
+        "the ConvTran authors' modules, "
         "with torch.compile graph breaks and speed-up (table, JSON)",
     ),
     "graph-pe": (

@@ -25,9 +25,14 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     written here from PyG's ``GPSConv`` (``GINEConv`` local, multi-head attention global) with the
     same RWSE features through a linear layer; random graphs batched as PyG does.
 
-The ConvTran-style classifier (:mod:`posenc.timeseries.convtran`) has no peer here: no installed
-package ships the authors' modules, and a re-implementation written for a benchmark would measure
-itself, not a peer; it is listed in the notes.
+``convtran``
+    :class:`posenc.timeseries.ConvTranClassifier` (``tape+erpe``, ConvTran's sizes: width 16, 8
+    heads, feed-forward 256) against the authors' ``ConvTran`` module (Foumani et al. 2023,
+    github.com/Navidfoumani/ConvTran, MIT) with ``Fix_pos_encode="tAPE"`` and
+    ``Rel_pos_encode="eRPE"``; cross-entropy on random series ``[B, C, T]``. No package ships
+    the authors' modules, so the peer row needs ``--convtran-repo DIR``, a checkout of that
+    repository: its ``Models/model.py`` is imported from there (the repository's own code runs;
+    name only a checkout you trust). Without it the pair has the posenc row alone.
 
 Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (rows of a
 pair interleaved round robin, see :mod:`.timing`), steps/s, peak memory of one step (see
@@ -58,7 +63,8 @@ from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, time_interleaved
 
-MODELS = ("lm", "vit", "gps")
+MODELS = ("lm", "vit", "gps", "convtran")
+DEFAULT_MODELS = ("lm", "vit", "gps")
 LM_ENCODINGS = ("rope", "alibi", "none")
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
@@ -69,7 +75,7 @@ PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometr
 class ModelsBenchConfig:
     """Sizes of each pair and the run's settings."""
 
-    models: tuple[str, ...] = MODELS
+    models: tuple[str, ...] = DEFAULT_MODELS
     batch: int = 8
     seq_len: int = 256
     lm_dim: int = 256
@@ -87,6 +93,11 @@ class ModelsBenchConfig:
     gps_depth: int = 4
     gps_heads: int = 4
     rwse_steps: int = 8
+    series: int = 16  # ConvTran: series per step, their channels and length
+    series_channels: int = 3
+    series_len: int = 150
+    classes: int = 4
+    convtran_repo: str | None = None
     repeats: int = 5
     warmup: int = 1
     compile: bool = True
@@ -107,6 +118,9 @@ class ModelsBenchConfig:
                                  (self.gps_dim, self.gps_heads, "gps")):
             if dim % heads:
                 raise ValueError(f"{what}: dim ({dim}) must be divisible by heads ({heads})")
+        if self.convtran_repo is not None and not (Path(self.convtran_repo) / "Models" / "model.py").is_file():
+            raise ValueError(f"convtran_repo must be a checkout of github.com/Navidfoumani/ConvTran (with "
+                             f"Models/model.py); got {self.convtran_repo!r}")
         if self.img_size % self.patch:
             raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
 
@@ -260,6 +274,45 @@ def pyg_gps(cfg: ModelsBenchConfig) -> Unit:
     return Unit(model, lambda m: m(batch), lambda out: F.mse_loss(out, y))
 
 
+def _series(cfg: ModelsBenchConfig) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(cfg.series, cfg.series_channels, cfg.series_len, generator=g)
+    return x, torch.randint(0, cfg.classes, (cfg.series,), generator=g)
+
+
+def posenc_convtran(cfg: ModelsBenchConfig) -> Unit:
+    from ...timeseries.convtran import ConvTranClassifier
+
+    model = ConvTranClassifier(cfg.series_channels, cfg.classes, cfg.series_len, encoding="tape+erpe")
+    x, y = _series(cfg)
+    return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
+
+
+def authors_convtran(cfg: ModelsBenchConfig) -> Unit:
+    """The authors' ``ConvTran`` imported from a checkout of their repository (its modules import
+    each other as ``Models.*``, so the checkout is on ``sys.path`` while they load)."""
+    repo = str(Path(cfg.convtran_repo).resolve())
+    saved_path, saved_modules = list(sys.path), {k: v for k, v in sys.modules.items() if k.split(".")[0] == "Models"}
+    sys.path.insert(0, repo)
+    for name in saved_modules:  # another package called Models must not stand in for theirs
+        del sys.modules[name]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model_module = importlib.import_module("Models.model")
+    finally:
+        sys.path[:] = saved_path
+        for name in [k for k in sys.modules if k.split(".")[0] == "Models"]:
+            del sys.modules[name]
+        sys.modules.update(saved_modules)
+    config = {"Data_shape": (cfg.series, cfg.series_channels, cfg.series_len), "emb_size": 16, "num_heads": 8,
+              "dim_ff": 256, "Fix_pos_encode": "tAPE", "Rel_pos_encode": "eRPE", "dropout": 0.01,
+              "num_labels": cfg.classes}
+    model = model_module.ConvTran(config, num_classes=cfg.classes)
+    x, y = _series(cfg)
+    return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
+
+
 def _installed(dist: str) -> bool:
     try:
         importlib.metadata.version(dist)
@@ -290,7 +343,15 @@ def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
     if "gps" in cfg.models:
         out.append(Candidate("gps/rwse", "GPS", "posenc", lambda: posenc_gps(cfg)))
         out.append(Candidate("gps/rwse", "GPSConv stack", "torch_geometric", lambda: pyg_gps(cfg)))
-    notes.append("ConvTran-style classifier: no peer (no installed package ships the authors' modules)")
+    if "convtran" in cfg.models:
+        out.append(Candidate("convtran/tape+erpe", "ConvTranClassifier", "posenc", lambda: posenc_convtran(cfg)))
+        if cfg.convtran_repo is not None:
+            out.append(Candidate("convtran/tape+erpe", "ConvTran", "authors", lambda: authors_convtran(cfg)))
+        else:
+            notes.append("convtran: no peer row without --convtran-repo DIR (a checkout of the authors' repository; "
+                         "no package ships their modules)")
+    else:
+        notes.append("ConvTran-style classifier not run: add convtran to --models (its peer needs --convtran-repo DIR)")
     return out
 
 
@@ -442,7 +503,8 @@ def render(result: ModelsResult) -> str:
         f"training steps (AdamW), CPU {c['threads']} threads: lm B={c['batch']} T={c['seq_len']} dim={c['lm_dim']} "
         f"depth={c['lm_depth']} heads={c['lm_heads']}; vit {c['img_size']}px/{c['patch']} dim={c['vit_dim']} "
         f"depth={c['vit_depth']} heads={c['vit_heads']} B={c['batch']}; gps {c['graphs']} graphs x {c['nodes']} nodes "
-        f"dim={c['gps_dim']} depth={c['gps_depth']}",
+        f"dim={c['gps_dim']} depth={c['gps_depth']}; convtran B={c['series']} C={c['series_channels']} "
+        f"T={c['series_len']}",
         f"background load: {c['background_load']}; load average at the end: {format_load_average(c['load_average'])}",
         "vs peer: posenc ms / peer ms (target <= 1.10); breaks: torch._dynamo.explain graph breaks of the forward; "
         "compiled x: eager ms / compiled ms",
@@ -475,10 +537,13 @@ def _models(text: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ModelsBenchConfig()
     parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
-                        help=f"pairs to run (default: {','.join(MODELS)})")
+                        help=f"pairs to run, of {','.join(MODELS)} (default: {','.join(DEFAULT_MODELS)})")
     parser.add_argument("--batch", type=positive_int, default=d.batch, help="LM sequences / images per step (default: %(default)s)")
     parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="LM tokens (default: %(default)s)")
     parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="graphs per GPS batch (default: %(default)s)")
+    parser.add_argument("--convtran-repo", default=None, metavar="DIR",
+                        help="a checkout of github.com/Navidfoumani/ConvTran: the convtran pair's peer row imports "
+                             "its Models/model.py (that repository's code runs; default: no peer row)")
     parser.add_argument("--repeats", type=positive_int, default=d.repeats, help="timed rounds (default: %(default)s)")
     parser.add_argument("--warmup", type=nonnegative_int, default=d.warmup, help="untimed rounds (default: %(default)s)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
@@ -494,7 +559,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = ModelsBenchConfig(models=tuple(args.models), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
                                 repeats=args.repeats, warmup=args.warmup, compile=args.compile, seed=args.seed,
-                                background_processes=args.background_processes)
+                                background_processes=args.background_processes, convtran_repo=args.convtran_repo)
     except ValueError as exc:
         print(f"posenc bench models: error: {exc}", file=sys.stderr)
         return 2
