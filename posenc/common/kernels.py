@@ -423,8 +423,13 @@ def dense_path(
     # Compact once (and save the compact copies for the backward, so the views' storage can go):
     # q, k, v usually arrive as transposed views of the projections, and every chunk's backward
     # matmuls would otherwise copy its keys and values again.
-    q = q.contiguous()  # [B, Hq, Tq, D]
-    k, v = _repeat_kv(k, groups).contiguous(), _repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
+    # Without gradients nothing is saved, and a copy would cost a cached decoding step the whole
+    # KV cache per layer (its keys are a slice of a longer buffer): the kernels read views as they are.
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        q = q.contiguous()  # [B, Hq, Tq, D]
+        k, v = _repeat_kv(k, groups).contiguous(), _repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
+    else:
+        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
     if chunk is None:
