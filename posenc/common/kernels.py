@@ -420,21 +420,21 @@ def dense_path(
     None the bias blocks are cut from its ``by_offset`` values. ``q [B, Hq, Tq, D]``,
     ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
-    # Compact once (and save the compact copies for the backward, so the views' storage can go):
-    # q, k, v usually arrive as transposed views of the projections, and every chunk's backward
-    # matmuls would otherwise copy its keys and values again.
-    # Without gradients nothing is saved, and a copy would cost a cached decoding step the whole
-    # KV cache per layer (its keys are a slice of a longer buffer): the kernels read views as they are.
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        q = q.contiguous()  # [B, Hq, Tq, D]
-        k, v = _repeat_kv(k, groups).contiguous(), _repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
-    else:
-        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
     if chunk is None:
         per_batch = bool(learned) or bias.per_batch or (mask is not None and mask.per_batch)
         chunk = chunk_rows(b if per_batch else 1, h, k.shape[2], tq)
+    # Compact once when the tensors are read more than once (saved for the backward, whose chunk
+    # matmuls would each copy the views again, or read by several chunks): q, k, v usually arrive
+    # as transposed views of the projections. A single chunk without gradients (a cached decoding
+    # step) reads the views as they are: its keys are a slice of the KV cache's longer buffer, and
+    # a copy would cost every step the whole cache in every layer.
+    if tq > chunk or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        q = q.contiguous()  # [B, Hq, Tq, D]
+        k, v = _repeat_kv(k, groups).contiguous(), _repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
+    else:
+        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     offsets = None
     if offset_start is not None:
         offsets = _OffsetBias(bias, offset_start, tq, k.shape[2], mask is not None and mask.causal, q.device)
