@@ -154,3 +154,30 @@ def test_bad_input():
         GPS(3, 1, task="edge")
     with pytest.raises(TypeError, match="lap: unknown argument"):
         GPS(3, 1, encoding="lap", encoding_options={"walk_length": 3})
+
+
+def test_num_graphs_is_checked_and_pools_empty_trailing_graphs():
+    g = Batch.from_data_list([_with_pe(_graph(5, 0)), _with_pe(_graph(6, 1))])
+    model = _model("rwse").eval()
+    args = (g.x, g.edge_index)
+    kw = dict(batch=g.batch, edge_attr=g.edge_attr, positions=g[RWSE_ATTR])
+    out = model(*args, **kw)
+    torch.testing.assert_close(model(*args, **kw, num_graphs=2), out)
+    assert torch.equal(model.forward_data(g), out)  # forward_data passes Batch.num_graphs
+    # a third, empty graph: mean pooling gives it a zero row, the head maps that like any other
+    three = model(*args, **kw, num_graphs=3)
+    torch.testing.assert_close(three[:2], out)
+    assert three.shape == (3, 5)
+    with pytest.raises(ValueError, match="num_graphs must be an int >= the largest graph id \\+ 1 \\(2\\), got 1"):
+        model(*args, **kw, num_graphs=1)
+
+
+def test_compiled_forward_has_no_graph_break():
+    # The value checks of the graph input read data (host syncs); under torch.compile they are
+    # skipped so that a GPS forward given num_graphs is one graph.
+    g = Batch.from_data_list([_with_pe(_graph(5, 0)), _with_pe(_graph(6, 1))])
+    model = _model("rwse").eval()
+    info = torch._dynamo.explain(model)(g.x, g.edge_index, batch=g.batch, edge_attr=g.edge_attr,
+                                        positions=g[RWSE_ATTR], num_graphs=2)
+    assert info.graph_break_count == 0, [b.reason for b in info.break_reasons]
+    assert info.graph_count == 1

@@ -8,6 +8,11 @@ Conventions (those of PyTorch Geometric): ``edge_index`` is a ``long`` tensor ``
 (source, target) pairs in ``[0, num_nodes)``; an undirected graph lists each edge in both
 directions; a batch vector ``[N]`` gives the graph id of each node, sorted ascending (as in a PyG
 ``Batch``).
+
+Under ``torch.compile`` the checks that read tensor values (index ranges, sortedness, edges
+between graphs) are skipped: each would be a host sync and a graph break in every compiled
+forward. Run the model once eagerly on your data to have them; the shape and dtype checks
+always run.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def check_edge_index(edge_index: Tensor, num_nodes: int, *, name: str = "edge_in
         raise TypeError(f"{name} must have dtype torch.long (int64), got {edge_index.dtype}")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(f"{name} must have shape [2, num_edges], got {tuple(edge_index.shape)}")
-    if edge_index.numel() == 0:
+    if edge_index.numel() == 0 or torch.compiler.is_compiling():
         return
     low, high = int(edge_index.min()), int(edge_index.max())
     if low < 0:
@@ -59,7 +64,7 @@ def check_edge_weight(edge_weight: Tensor | None, num_edges: int, *, name: str =
         raise TypeError(f"{name} must be a floating-point tensor [num_edges], got {what}")
     if edge_weight.shape != (num_edges,):
         raise ValueError(f"{name} must have shape [num_edges={num_edges}], got {tuple(edge_weight.shape)}")
-    if num_edges and not bool(torch.isfinite(edge_weight).all() and (edge_weight >= 0).all()):
+    if num_edges and not torch.compiler.is_compiling() and not bool(torch.isfinite(edge_weight).all() and (edge_weight >= 0).all()):
         raise ValueError(f"{name} must hold finite, non-negative weights")
 
 
@@ -72,6 +77,11 @@ def check_batch(batch: Tensor, num_graphs: int | None = None, *, name: str = "ba
         raise TypeError(f"{name} must have dtype torch.long (int64), got {batch.dtype}")
     if batch.dim() != 1:
         raise ValueError(f"{name} must have shape [num_nodes], got {tuple(batch.shape)}")
+    if torch.compiler.is_compiling():
+        # The value checks and the graph count read the data; a compiled caller passes num_graphs.
+        if num_graphs is None:
+            return int(batch.max()) + 1 if batch.numel() else 0
+        return num_graphs
     seen = int(batch.max()) + 1 if batch.numel() else 0
     if batch.numel():
         if int(batch.min()) < 0:
@@ -89,6 +99,8 @@ def check_batch(batch: Tensor, num_graphs: int | None = None, *, name: str = "ba
 
 def check_same_graph(edge_index: Tensor, batch: Tensor, *, name: str = "edge_index") -> None:
     """Every edge joins two nodes of the same graph of ``batch``."""
+    if torch.compiler.is_compiling():
+        return
     if edge_index.numel() and bool((batch[edge_index[0]] != batch[edge_index[1]]).any()):
         col = int((batch[edge_index[0]] != batch[edge_index[1]]).nonzero()[0])
         u, v = edge_index[:, col].tolist()

@@ -173,6 +173,7 @@ class GPS(nn.Module, PretrainedMixin):
         batch: Tensor | None = None,
         edge_attr: Tensor | None = None,
         positions: Tensor | None = None,
+        num_graphs: int | None = None,
     ) -> Tensor:
         """Run the model on a batch of graphs given as one disjoint union (PyG's convention).
 
@@ -184,6 +185,9 @@ class GPS(nn.Module, PretrainedMixin):
             positions: ``[N, F]`` per-node structure for the encoding (precomputed LapPE / RWSE
                 features for an input hook, the encoding's node description for attention hooks);
                 required when the model has an encoding, ignored otherwise.
+            num_graphs: the number of graphs (PyG's ``Batch.num_graphs``), at least the largest
+                id in ``batch`` + 1; None reads it from ``batch``, a host sync (and under
+                ``torch.compile`` a graph break) per forward.
         """
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.in_dim:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -191,7 +195,8 @@ class GPS(nn.Module, PretrainedMixin):
         n = x.shape[0]
         if batch is None:
             batch = torch.zeros(n, dtype=torch.long, device=x.device)
-        check_batch(batch)
+            num_graphs = (1 if n else 0) if num_graphs is None else num_graphs
+        num_graphs = check_batch(batch, num_graphs)
         if batch.shape != (n,):
             raise ValueError(f"batch must be a long tensor [num_nodes={n}]; got {tuple(batch.shape)} {batch.dtype}")
         # Here, not inside PyG's message passing: an index past num_nodes (or a negative one, or an
@@ -219,7 +224,6 @@ class GPS(nn.Module, PretrainedMixin):
         for layer in self.layers:
             h = layer(h, edge_index, mask=mask, edge_attr=e, positions=attn_pos)
         if self.task == "graph":
-            num_graphs = int(batch.max()) + 1 if n else 0
             h = self.pool(h, batch, num_graphs)
         return self.head(h)
 
@@ -231,6 +235,7 @@ class GPS(nn.Module, PretrainedMixin):
             data.x, data.edge_index, batch=getattr(data, "batch", None),
             edge_attr=data.edge_attr if self.edge_dim is not None else None,
             positions=node_positions(data, self.encoding) if self.encoding is not None else None,
+            num_graphs=getattr(data, "num_graphs", None),
         )
 
 

@@ -128,14 +128,17 @@ def integer_coords(coords: Tensor, what: str) -> Tensor:
     return coords.long()
 
 
+# Run eagerly under torch.compile: the extent sets sizes (a resampled table), so it must be read
+# off the data; one graph break per forward instead of one per scalar read.
+@torch.compiler.disable
 def coord_extent(coords: Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(minima, sizes)`` per axis: the bounding box of integer ``coords [..., n]`` (a host
     sync, the price of following any grid); all zeros when there are no coordinates."""
     n = coords.shape[-1]
     if coords.numel() == 0:
         return (0,) * n, (0,) * n
-    lo = coords.reshape(-1, n).amin(0).tolist()
-    hi = coords.reshape(-1, n).amax(0).tolist()
+    flat = coords.reshape(-1, n)
+    lo, hi = torch.stack((flat.amin(0), flat.amax(0))).tolist()  # one sync, not two
     return tuple(int(v) for v in lo), tuple(int(h - l + 1) for l, h in zip(lo, hi))
 
 

@@ -237,7 +237,7 @@ def posenc_gps(cfg: ModelsBenchConfig) -> Unit:
     model = GPS(16, 1, dim=cfg.gps_dim, depth=cfg.gps_depth, num_heads=cfg.gps_heads, edge_dim=8, encoding="rwse",
                 encoding_options={"walk_length": cfg.rwse_steps})
     return Unit(model, lambda m: m(batch.x, batch.edge_index, batch=batch.batch, edge_attr=batch.edge_attr,
-                                      positions=batch.random_walk_pe), lambda out: F.mse_loss(out, y))
+                                      positions=batch.random_walk_pe, num_graphs=batch.num_graphs), lambda out: F.mse_loss(out, y))
 
 
 class PyGGPS(nn.Module):
