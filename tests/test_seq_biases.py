@@ -391,6 +391,35 @@ def test_fire_inference_lookup_equals_the_mlp():
         assert not lookup.requires_grad
         torch.testing.assert_close(lookup.dense(1, 4, idx, idx), training.dense(1, 4, idx, idx).detach(),
                                    rtol=1e-12, atol=1e-12)
+    m = enc.mlp
+    want = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, pos, pos)
+    torch.testing.assert_close(training.dense(1, 4, idx, idx).detach(), want.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_fire_training_gradients_equal_the_mlp_reference():
+    """The CPU chunks evaluate the MLP in its piecewise-linear form with a written-out backward;
+    the gradients of c, the threshold and the MLP are those of the MLP itself (float64)."""
+    torch.manual_seed(1)
+    enc = FIRE(4, init_threshold=20.0).double()
+    with torch.no_grad():
+        enc.c.fill_(0.3)
+    q = torch.zeros(2, 4, 30, 8, dtype=torch.float64)
+    pos = torch.arange(30)[None] * 2 + torch.tensor([[0], [5]])  # per batch row: the per_batch layout
+    idx = torch.arange(30)
+    upstream = torch.randn(2, 4, 30, 30, dtype=torch.float64)
+    params = [enc.c, enc.l_mult, *enc.mlp.parameters()]
+    got_value = enc.score_bias(q, q, pos, pos).dense(2, 4, idx, idx)
+    got = torch.autograd.grad(got_value, params, upstream)
+    m = enc.mlp
+    want_value = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, pos, pos)
+    want = torch.autograd.grad(want_value, params, upstream)
+    torch.testing.assert_close(got_value, want_value, rtol=1e-12, atol=1e-12)
+    for name, g, w in zip(["c", "l_mult", "w1", "b1", "w2", "b2"], got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda text, n=name: f"{n}: {text}")
+    # element-wise calls (FlexAttention's scalar indices) keep the MLP itself: the same function
+    b, h = torch.tensor(1), torch.tensor(2)
+    element = enc.score_bias(q, q, pos, pos)(b, h, torch.tensor(17), torch.tensor(4))
+    torch.testing.assert_close(element, want_value[1, 2, 17, 4], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name, layout", [

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
 
 _EPS = 1e-6
@@ -96,6 +96,13 @@ class FIRE(PositionEncoding):
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
+            if is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1:
+                # A block for every head (the CPU chunks): the MLP in its piecewise-linear form,
+                # a segment lookup and a multiply-add per pair, instead of a [pairs, width] hidden
+                # layer twice (forward, backward). Its slopes and offsets carry the gradients of
+                # the MLP; the slope, the gradient of x (c, l_mult). Exact, as the MLP is continuous.
+                breaks, slope, offset = self._piecewise_linear()
+                return _segment_affine(x, breaks, slope, offset)
             hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
             out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
             return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
@@ -108,12 +115,61 @@ class FIRE(PositionEncoding):
         ``offset [M + 1, H]``; segment ``s`` = number of breakpoints ``<= x``. ReLU is
         continuous, so a breakpoint belongs to either side (exact, up to rounding)."""
         with torch.no_grad():
-            w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
-            w2, b2 = self.mlp[2].weight, self.mlp[2].bias
-            breaks = torch.sort(-b[w != 0] / w[w != 0]).values
+            return self._piecewise_linear()
+
+    def _piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`piecewise_linear`, with ``slope`` and ``offset`` attached to the MLP's
+        parameters when gradients are on (the segments themselves are constants: moving a
+        breakpoint does not change the continuous function at a point away from it)."""
+        w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
+        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+        with torch.no_grad():
+            wd, bd = w.detach(), b.detach()
+            breaks = torch.sort(-bd[wd != 0] / wd[wd != 0]).values
             if breaks.numel() == 0:
                 points = torch.zeros(1, dtype=w.dtype, device=w.device)
             else:  # one point inside each segment
                 points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
-            active = (points[:, None] * w + b > 0).to(w.dtype)  # [M + 1, width]
-            return breaks.contiguous(), (active * w) @ w2.t(), (active * b) @ w2.t() + b2
+            active = (points[:, None] * wd + bd > 0).to(w.dtype)  # [M + 1, width]
+        return breaks.contiguous(), (active * w) @ w2.t(), (active * b) @ w2.t() + b2
+
+
+def _segment_affine(x: Tensor, breaks: Tensor, slope: Tensor, offset: Tensor) -> Tensor:
+    """``x [B or 1, 1, rows, keys]`` -> ``slope[s, h] * x + offset[s, h]`` as ``[B or 1, H, rows, keys]``,
+    ``s`` the segment of ``x`` among ``breaks [M]`` (``slope, offset [M + 1, H]``); differentiable
+    in ``x``, ``slope`` and ``offset``."""
+    return _SegmentAffine.apply(x, breaks, slope, offset)
+
+
+class _SegmentAffine(torch.autograd.Function):
+    """:func:`_segment_affine` with its backward written out: the slope and offset gradients are
+    per-segment sums (a ``bincount`` per head over the pairs), not the scatter into a zero-filled
+    ``[pairs, 2H]`` buffer that autograd's backward of the row lookup makes."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, breaks: Tensor, slope: Tensor, offset: Tensor) -> Tensor:
+        heads = slope.shape[1]
+        xw = x[:, 0].to(slope.dtype)  # [B or 1, rows, keys]
+        seg = torch.searchsorted(breaks, xw.reshape(-1), right=True).view(xw.shape)
+        rows = F.embedding(seg, torch.cat((slope, offset), dim=1))  # [B or 1, rows, keys, 2H]
+        out = torch.addcmul(rows[..., heads:], rows[..., :heads], xw.unsqueeze(-1))  # [B or 1, rows, keys, H]
+        ctx.save_for_backward(xw, seg, slope)
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return out.permute(0, 3, 1, 2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        xw, seg, slope = ctx.saved_tensors
+        segments, heads = slope.shape
+        grad = grad.to(slope.dtype).sum_to_size(xw.shape[0], heads, *xw.shape[1:])  # [B or 1, H, rows, keys]
+        index = seg.reshape(-1)
+        g_x = g_slope = g_offset = None
+        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+            per_head = grad.transpose(0, 1).reshape(heads, -1)  # [H, pairs]
+            weighted = (grad * xw.unsqueeze(1)).transpose(0, 1).reshape(heads, -1)
+            g_offset = torch.stack([torch.bincount(index, weights=g, minlength=segments) for g in per_head], 1)
+            g_slope = torch.stack([torch.bincount(index, weights=g, minlength=segments) for g in weighted], 1)
+        if ctx.needs_input_grad[0]:
+            g_x = torch.einsum("bhrk,brkh->brk", grad, F.embedding(seg, slope)).unsqueeze(1)
+            g_x = g_x.sum_to_size(ctx.x_shape).to(ctx.x_dtype)
+        return g_x, None, g_slope, g_offset
