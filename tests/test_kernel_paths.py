@@ -12,6 +12,7 @@ import torch
 import posenc
 from posenc.common import kernels
 from posenc.common.attention import attend
+from posenc.common.masks import AttentionMask
 from posenc.common.pairwise import take
 from posenc.seq.alibi import ALiBi
 from posenc.seq.rope import RotaryEncoding
@@ -534,3 +535,30 @@ def test_rows_times_table_equals_the_broadcast_matmul_with_gradients(table_heads
     assert out.shape == (2, 3, 4, 4)
     torch.testing.assert_close(out, torch.matmul(rows, table), rtol=0, atol=1e-12)
     assert torch.autograd.gradcheck(rows_times_table, (rows, table))
+
+
+@pytest.mark.parametrize("sizes", [[5, 5, 5], [3, 7, 1, 4], [6], [2, 3, 2]])
+def test_packed_segments_attend_per_run_as_the_dense_mask(sizes):
+    """A packed row of contiguous segments (a PyG batch) runs SDPA per run (one batched call when
+    every run has one length); values and gradients equal the masked float64 reference. Ids that
+    come back after another segment ([0, 0, 1, 1, 0]) are not runs: the dense mask serves them."""
+    from posenc.common.kernels import _packed_runs, sdpa_path
+
+    torch.manual_seed(0)
+    ids = [0, 1, 0] if sizes == [2, 3, 2] else list(range(len(sizes)))
+    seg = torch.cat([torch.full((n,), i) for i, n in zip(ids, sizes)])[None]
+    t = seg.shape[1]
+    q, k, v = (torch.randn(1, 2, t, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = AttentionMask.packed(seg)
+    runs = _packed_runs(mask, 1, t, t)
+    if sizes == [2, 3, 2]:
+        assert runs is None
+    else:
+        assert runs == [(a, a + n) for a, n in zip([sum(sizes[:i]) for i in range(len(sizes))], sizes)]
+    out = sdpa_path(q, k, v, mask, 0.5)
+    allowed = seg[0][:, None] == seg[0][None, :]
+    ref = torch.softmax((q @ k.transpose(-1, -2) * 0.5).masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -108,6 +108,49 @@ def _indices(n: int, device) -> Tensor:
     return torch.arange(n, device=device)
 
 
+_MAX_PACKED_RUNS = 4096  # more runs than this: one masked call beats that many small ones
+
+
+def _packed_runs(mask: AttentionMask, batch: int, q_len: int, kv_len: int) -> list[tuple[int, int]] | None:
+    """``[(start, stop), ...]``: the runs of one packed batch row whose segments are contiguous
+    (a PyG batch: each graph's nodes together), when the mask is those segments alone over the
+    same queries and keys; None otherwise (the dense mask). Each run then attends only to itself,
+    so the ``T x T`` mask and the work on pairs across runs are never made (a host sync, so not
+    under ``torch.compile``)."""
+    if (mask.q_segments is None or mask.kv_segments is not mask.q_segments or mask.causal or mask.window is not None
+            or mask.key_valid is not None or batch != 1 or q_len != kv_len or q_len == 0
+            or torch.compiler.is_compiling()):
+        return None
+    seg = mask.q_segments[0]
+    change = torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1
+    bounds = [0, *change.tolist(), q_len]
+    if len(bounds) - 1 > _MAX_PACKED_RUNS:
+        return None
+    runs = list(zip(bounds[:-1], bounds[1:]))
+    if len(runs) > 1 and torch.unique(seg[torch.tensor([a for a, _ in runs], device=seg.device)]).numel() != len(runs):
+        return None  # a segment id in two places: not contiguous runs
+    return runs
+
+
+def _sdpa_per_run(q: Tensor, k: Tensor, v: Tensor, runs: list[tuple[int, int]], scale: float, gqa: bool) -> Tensor:
+    """SDPA on each run of a packed row alone, runs of one length batched together; ``[1, H, T, D]``."""
+    if len(runs) == 1:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    by_length: dict[int, list[int]] = {}
+    for a, b in runs:
+        by_length.setdefault(b - a, []).append(a)
+    if len(by_length) == 1:  # every run of one length: a batch of runs, one call
+        (n, starts), = by_length.items()
+        if starts == list(range(0, q.shape[2], n)):
+            def split(t: Tensor) -> Tensor:  # [1, H, G * n, D] -> [G, H, n, D]
+                return t[0].unflatten(1, (len(starts), n)).transpose(0, 1)
+            out = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=scale, enable_gqa=gqa)
+            return out.transpose(0, 1).flatten(1, 2).unsqueeze(0)
+    parts = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], scale=scale, enable_gqa=gqa)
+             for a, b in runs]
+    return torch.cat(parts, dim=2)
+
+
 def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale: float) -> Tensor:
     """Masks only: SDPA's fused kernels (``is_causal`` when the mask is a plain causal square)."""
     gqa = q.shape[1] != k.shape[1]
@@ -116,6 +159,9 @@ def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if mask.only_causal(tq, tk):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    runs = _packed_runs(mask, q.shape[0], tq, tk)
+    if runs is not None:
+        return _sdpa_per_run(q, k, v, runs, scale, gqa)
     if mask.only_key_padding:
         allowed = mask.key_valid[:, None, None, :]  # [B, 1, 1, Tk]: no T x T tensor
     else:

@@ -143,12 +143,18 @@ class DeBERTa(PositionEncoding):
     def _parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``Kr / sqrt(d)`` ``[H, 2k, d]`` (c2p is ``q_t . Kr / sqrt(d)`` with ``q_t = q/sqrt(3)``) and
         the p2c table bucket-major, ``Qr k^T / sqrt(3d)`` ``[B, H, 2k, Tk]``."""
+        k, kr, qr = self._scaled_relative(q, k)
+        return kr, torch.matmul(qr, k.transpose(-1, -2))
+
+    def _scaled_relative(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(k, Kr / sqrt(d), Qr / sqrt(3d))``: the keys repeated to the query heads (GQA) and
+        the relative tables ``[H, 2k, d]``, scaled here rather than a ``[B, H, 2k, Tk]`` product."""
         d = self.head_dim
         if q.shape[1] != k.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
-        qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))  # scaled here: [H, 2k, d], not [B, H, 2k, Tk]
-        return kr, torch.matmul(qr, k.transpose(-1, -2))
+        qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))
+        return k, kr, qr
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
@@ -160,11 +166,7 @@ class DeBERTa(PositionEncoding):
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
-        d = self.head_dim
-        if q.shape[1] != k.shape[1]:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))  # [H, 2k, d]
-        qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))  # [H, 2k, d]
+        k, kr, qr = self._scaled_relative(q, k)  # kr, qr [H, 2k, d]
         q_rows = SharedGradTable(q)
         kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
         offset = shared_run_offset(q_pos, kv_pos)
@@ -262,10 +264,12 @@ def _layout(bucket_of: Tensor, q_len: int, start: int, rows: int, keys: int):
     return constant, windowed
 
 
-def _one_hot(buckets: Tensor) -> tuple[Tensor, Tensor]:
-    """The distinct buckets of a run ``[U]`` and its keys' one-hot ``[keys, U]`` (a run of
-    constant keys mostly has one bucket: the span's clamp)."""
+def _run_buckets(buckets: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The distinct buckets of a run ``[U]`` and its keys' one-hot ``[keys, U]``, None when
+    ``U == 1`` (a run of constant keys mostly has one bucket: the span's clamp)."""
     distinct, inverse = torch.unique_consecutive(buckets, return_inverse=True)
+    if distinct.numel() == 1:
+        return distinct, None
     return distinct, torch.nn.functional.one_hot(inverse, distinct.numel())
 
 
@@ -304,9 +308,9 @@ class _SkewedPositionToContent(torch.autograd.Function):
         out = k.new_empty((b, h, rows, n))
         constant, windowed = _layout(bucket_of, q_len, start, rows, n)
         for first, stop, buckets in constant:  # one product per key, the same for every row
-            distinct, hot = _one_hot(buckets)
+            distinct, hot = _run_buckets(buckets)
             products = torch.matmul(k[:, :, first:stop], qr[:, distinct].transpose(-1, -2))  # [B, H, keys, U]
-            values = products[..., 0] if distinct.numel() == 1 else (products * hot.to(products.dtype)).sum(-1)
+            values = products[..., 0] if hot is None else (products * hot.to(products.dtype)).sum(-1)
             out[..., first:stop] = values.unsqueeze(2).expand(b, h, rows, -1)
         for first, blocks, width in windowed:
             idx = _window_buckets(bucket_of, q_len, start, rows, first, blocks, width)
@@ -328,8 +332,10 @@ class _SkewedPositionToContent(torch.autograd.Function):
         d_k = torch.empty_like(k) if ctx.needs_input_grad[1] else None
         constant, windowed = _layout(bucket_of, q_len, start, rows, n)
         for first, stop, buckets in constant:
-            distinct, hot = _one_hot(buckets)
-            d_products = grad[..., first:stop].sum(2).unsqueeze(-1) * hot.to(grad.dtype)  # [B, H, keys, U]
+            distinct, hot = _run_buckets(buckets)
+            d_products = grad[..., first:stop].sum(2).unsqueeze(-1)  # [B, H, keys, 1]
+            if hot is not None:
+                d_products = d_products * hot.to(grad.dtype)  # [B, H, keys, U]
             if d_k is not None:
                 d_k[:, :, first:stop] = torch.matmul(d_products, qr[:, distinct])
             if d_qr is not None:
