@@ -480,3 +480,21 @@ def test_offset_blocks_only_for_consecutive_shared_positions():
     assert kernels.consecutive_offset(bias, padded, pos, pos, 8, 8) is None
     fire = posenc.build("fire", dims=DIMS)  # normalised by the query position: not an offset alone
     assert kernels.consecutive_offset(fire.score_bias(q, q, pos, pos), causal, pos, pos, 8, 8) is None
+
+
+@pytest.mark.parametrize("flat_units", ["none", "some", "all"])
+def test_fire_piecewise_linear_form_is_the_mlp_on_the_whole_line(flat_units):
+    """Units with w1 = 0 (constant relu(b1)) have no breakpoint (inf, never reached): the form is
+    the MLP everywhere, also past the last breakpoint and with every unit flat."""
+    torch.manual_seed(0)
+    enc = FIRE(4).double()
+    with torch.no_grad():
+        if flat_units == "all":
+            enc.mlp[0].weight.zero_()
+        elif flat_units == "some":
+            enc.mlp[0].weight[::3] = 0.0
+    x = torch.linspace(-2, 3, 1001, dtype=torch.float64)
+    breaks, slope, offset = enc.piecewise_linear()
+    assert breaks.shape == (32,) and slope.shape == offset.shape == (33, 4)
+    seg = torch.searchsorted(breaks, x, right=True)
+    torch.testing.assert_close(slope[seg] * x[:, None] + offset[seg], enc.mlp(x[:, None]), rtol=1e-12, atol=1e-12)

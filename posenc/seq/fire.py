@@ -111,8 +111,9 @@ class FIRE(PositionEncoding):
 
     def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
-        segments between the sorted ReLU breakpoints ``-b1/w1``: ``breaks [M]``, ``slope`` and
-        ``offset [M + 1, H]``; segment ``s`` = number of breakpoints ``<= x``. ReLU is
+        segments between the sorted ReLU breakpoints ``-b1/w1``: ``breaks [M]`` (``M`` the
+        hidden width; ``inf`` for a unit with ``w1 = 0``), ``slope`` and ``offset [M + 1, H]``;
+        segment ``s`` = number of breakpoints ``<= x``. ReLU is
         continuous, so a breakpoint belongs to either side (exact, up to rounding)."""
         with torch.no_grad():
             return self._piecewise_linear()
@@ -125,13 +126,13 @@ class FIRE(PositionEncoding):
         w2, b2 = self.mlp[2].weight, self.mlp[2].bias
         with torch.no_grad():
             wd, bd = w.detach(), b.detach()
-            breaks = torch.sort(-bd[wd != 0] / wd[wd != 0]).values
-            if breaks.numel() == 0:
-                points = torch.zeros(1, dtype=w.dtype, device=w.device)
-            else:  # one point inside each segment
-                points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
-            active = (points[:, None] * wd + bd > 0).to(w.dtype)  # [M + 1, width]
-        return breaks.contiguous(), (active * w) @ w2.t(), (active * b) @ w2.t() + b2
+            flat = wd == 0  # a unit with w1 = 0 is the constant relu(b1): its breakpoint is never reached
+            breaks = torch.where(flat, torch.inf, -bd / wd).sort().values  # [width], the inf ones last
+            # One point inside each segment (inf past the last finite breakpoint: the same signs).
+            # Fixed sizes, no boolean indexing: this runs per call, at every decoding step.
+            points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
+            active = torch.where(flat, bd > 0, points[:, None] * wd + bd > 0).to(w.dtype)  # [width + 1, width]
+        return breaks, (active * w) @ w2.t(), (active * b) @ w2.t() + b2
 
 
 def _segment_affine(x: Tensor, breaks: Tensor, slope: Tensor, offset: Tensor) -> Tensor:
