@@ -121,31 +121,20 @@ def _packed_runs(mask: AttentionMask, batch: int, q_len: int, kv_len: int) -> li
             or mask.key_valid is not None or batch != 1 or q_len != kv_len or q_len == 0
             or torch.compiler.is_compiling()):
         return None
-    seg = mask.q_segments[0]
-    change = torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1
-    bounds = [0, *change.tolist(), q_len]
-    if len(bounds) - 1 > _MAX_PACKED_RUNS:
-        return None
-    runs = list(zip(bounds[:-1], bounds[1:]))
-    if len(runs) > 1 and torch.unique(seg[torch.tensor([a for a, _ in runs], device=seg.device)]).numel() != len(runs):
-        return None  # a segment id in two places: not contiguous runs
-    return runs
+    ids, counts = torch.unique_consecutive(mask.q_segments[0], return_counts=True)
+    if ids.numel() > _MAX_PACKED_RUNS or (ids.numel() > 1 and torch.unique(ids).numel() != ids.numel()):
+        return None  # too many runs, or a segment id in two places: not contiguous runs
+    stops = torch.cumsum(counts, 0).tolist()
+    return list(zip([0, *stops[:-1]], stops))
 
 
 def _sdpa_per_run(q: Tensor, k: Tensor, v: Tensor, runs: list[tuple[int, int]], scale: float, gqa: bool) -> Tensor:
     """SDPA on each run of a packed row alone, runs of one length batched together; ``[1, H, T, D]``."""
-    if len(runs) == 1:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-    by_length: dict[int, list[int]] = {}
-    for a, b in runs:
-        by_length.setdefault(b - a, []).append(a)
-    if len(by_length) == 1:  # every run of one length: a batch of runs, one call
-        (n, starts), = by_length.items()
-        if starts == list(range(0, q.shape[2], n)):
-            def split(t: Tensor) -> Tensor:  # [1, H, G * n, D] -> [G, H, n, D]
-                return t[0].unflatten(1, (len(starts), n)).transpose(0, 1)
-            out = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=scale, enable_gqa=gqa)
-            return out.transpose(0, 1).flatten(1, 2).unsqueeze(0)
+    if len({b - a for a, b in runs}) == 1:  # runs of one length tile the row: a batch of runs, one call
+        def split(t: Tensor) -> Tensor:  # [1, H, G * n, D] -> [G, H, n, D]
+            return t[0].unflatten(1, (len(runs), -1)).transpose(0, 1)
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=scale, enable_gqa=gqa)
+        return out.transpose(0, 1).flatten(1, 2).unsqueeze(0)
     parts = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], scale=scale, enable_gqa=gqa)
              for a, b in runs]
     return torch.cat(parts, dim=2)
