@@ -77,13 +77,11 @@ def check_batch(batch: Tensor, num_graphs: int | None = None, *, name: str = "ba
         raise TypeError(f"{name} must have dtype torch.long (int64), got {batch.dtype}")
     if batch.dim() != 1:
         raise ValueError(f"{name} must have shape [num_nodes], got {tuple(batch.shape)}")
-    if torch.compiler.is_compiling():
-        # The value checks and the graph count read the data; a compiled caller passes num_graphs.
-        if num_graphs is None:
-            return int(batch.max()) + 1 if batch.numel() else 0
-        return num_graphs
-    seen = int(batch.max()) + 1 if batch.numel() else 0
-    if batch.numel():
+    # Under compile the value checks are skipped, and the graph count is read from the data only
+    # when num_graphs is not given (a compiled caller passes it).
+    compiling = torch.compiler.is_compiling()
+    seen = int(batch.max()) + 1 if batch.numel() and not (compiling and num_graphs is not None) else 0
+    if batch.numel() and not compiling:
         if int(batch.min()) < 0:
             raise ValueError(f"{name} has a negative graph id {int(batch.min())}; ids must be >= 0")
         if bool((batch[1:] < batch[:-1]).any()):
