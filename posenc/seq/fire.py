@@ -94,6 +94,8 @@ class FIRE(PositionEncoding):
 
             return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
 
+        segments = self._segments()  # constants of this call: once, not per block of rows
+
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
             if is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1:
@@ -101,7 +103,7 @@ class FIRE(PositionEncoding):
                 # a segment lookup and a multiply-add per pair, instead of a [pairs, width] hidden
                 # layer twice (forward, backward). Its slopes and offsets carry the gradients of
                 # the MLP; the slope, the gradient of x (c, l_mult). Exact, as the MLP is continuous.
-                breaks, slope, offset = self._piecewise_linear()
+                breaks, slope, offset = self._piecewise_linear(segments)
                 return _segment_affine(x, breaks, slope, offset)
             hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
             out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
@@ -118,20 +120,26 @@ class FIRE(PositionEncoding):
         with torch.no_grad():
             return self._piecewise_linear()
 
-    def _piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`piecewise_linear`, with ``slope`` and ``offset`` attached to the MLP's
-        parameters when gradients are on (the segments themselves are constants: moving a
-        breakpoint does not change the continuous function at a point away from it)."""
-        w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
-        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+    def _segments(self) -> tuple[Tensor, Tensor]:
+        """``breaks [M]`` and ``active [M + 1, M]`` (which hidden units are on in each segment):
+        constants of the current parameters (moving a breakpoint does not change the continuous
+        function at a point away from it)."""
         with torch.no_grad():
-            wd, bd = w.detach(), b.detach()
-            flat = wd == 0  # a unit with w1 = 0 is the constant relu(b1): its breakpoint is never reached
-            breaks = torch.where(flat, torch.inf, -bd / wd).sort().values  # [width], the inf ones last
+            w, b = self.mlp[0].weight[:, 0].detach(), self.mlp[0].bias.detach()
+            flat = w == 0  # a unit with w1 = 0 is the constant relu(b1): its breakpoint is never reached
+            breaks = torch.where(flat, torch.inf, -b / w).sort().values  # [width], the inf ones last
             # One point inside each segment (inf past the last finite breakpoint: the same signs).
             # Fixed sizes, no boolean indexing: this runs per call, at every decoding step.
             points = torch.cat((breaks[:1] - 1, (breaks[1:] + breaks[:-1]) / 2, breaks[-1:] + 1))
-            active = torch.where(flat, bd > 0, points[:, None] * wd + bd > 0).to(w.dtype)  # [width + 1, width]
+            active = torch.where(flat, b > 0, points[:, None] * w + b > 0).to(w.dtype)  # [width + 1, width]
+        return breaks, active
+
+    def _piecewise_linear(self, segments: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`piecewise_linear` on ``segments`` (:meth:`_segments`; None computes them), with
+        ``slope`` and ``offset`` attached to the MLP's parameters when gradients are on."""
+        breaks, active = self._segments() if segments is None else segments
+        w, b = self.mlp[0].weight[:, 0], self.mlp[0].bias
+        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
         return breaks, (active * w) @ w2.t(), (active * b) @ w2.t() + b2
 
 
@@ -155,14 +163,14 @@ class _SegmentAffine(torch.autograd.Function):
         rows = F.embedding(seg, torch.cat((slope, offset), dim=1))  # [B or 1, rows, keys, 2H]
         out = torch.addcmul(rows[..., heads:], rows[..., :heads], xw.unsqueeze(-1))  # [B or 1, rows, keys, H]
         ctx.save_for_backward(xw, seg, slope)
-        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.x_dtype = x.dtype
         return out.permute(0, 3, 1, 2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         xw, seg, slope = ctx.saved_tensors
         segments, heads = slope.shape
-        grad = grad.to(slope.dtype).sum_to_size(xw.shape[0], heads, *xw.shape[1:])  # [B or 1, H, rows, keys]
+        grad = grad.to(slope.dtype)  # [B or 1, H, rows, keys]
         index = seg.reshape(-1)
         g_x = g_slope = g_offset = None
         if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
@@ -171,6 +179,5 @@ class _SegmentAffine(torch.autograd.Function):
             g_offset = torch.stack([torch.bincount(index, weights=g, minlength=segments) for g in per_head], 1)
             g_slope = torch.stack([torch.bincount(index, weights=g, minlength=segments) for g in weighted], 1)
         if ctx.needs_input_grad[0]:
-            g_x = torch.einsum("bhrk,brkh->brk", grad, F.embedding(seg, slope)).unsqueeze(1)
-            g_x = g_x.sum_to_size(ctx.x_shape).to(ctx.x_dtype)
+            g_x = torch.einsum("bhrk,brkh->brk", grad, F.embedding(seg, slope)).unsqueeze(1).to(ctx.x_dtype)
         return g_x, None, g_slope, g_offset
