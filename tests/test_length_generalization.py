@@ -270,3 +270,23 @@ def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert cli.main(["bench", "length-generalization", "--no-progress", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_jobs_give_the_same_units_as_one_process(tmp_path, monkeypatch, capsys):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers get one thread each: the same arithmetic as here
+    try:
+        assert _bench(tmp_path / "serial") == 0
+        assert _bench(tmp_path / "jobs", "--jobs", "2", "--max-units", "7") == 0
+        assert len((tmp_path / "jobs" / "units.jsonl").read_text().splitlines()) == 7
+        assert _bench(tmp_path / "jobs", "--jobs", "3") == 0  # and resumes like a serial run
+    finally:
+        torch.set_num_threads(threads)
+    serial = {json.loads(line)["unit"]: json.loads(line) for line in (tmp_path / "serial" / "units.jsonl").open()}
+    lines = [json.loads(line) for line in (tmp_path / "jobs" / "units.jsonl").open()]
+    assert len(lines) == TOTAL and {item["unit"] for item in lines} == set(serial)
+    for item in lines:
+        mine = serial[item["unit"]]
+        assert item["train_loss"] == mine["train_loss"]
+        assert item.get("exact_match") == mine.get("exact_match") and item.get("bpb") == mine.get("bpb")
+    assert _scores(tmp_path / "jobs")[1:] == _scores(tmp_path / "serial")[1:]

@@ -33,6 +33,11 @@ running the same command again skips the units already in it (of the same config
 continues; ``--max-units N`` stops after N new units (a run in pieces). The tables, heat map,
 JSON and claims are rewritten from the log after every run, marked partial until all units are in.
 
+**Parallel units**: ``--jobs N`` trains N units at once in worker processes (each with 1/N of
+this process's torch threads); this process alone writes the log, a line per unit as it
+finishes, so a killed run resumes the same way. Units are independent and seeded, so the
+results do not depend on ``N`` (up to the float summation order of the thread count).
+
 Outputs (with ``--out``): ``length_generalization.txt`` (a table per task, the LM table, the
 claims), ``length_generalization.json``, ``length_generalization.png`` (heat map: encodings x
 tasks, mean OOD exact match) and ``units.jsonl``.
@@ -41,8 +46,10 @@ tasks, mean OOD exact match) and ``units.jsonl``.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -129,6 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-tokens", type=positive_int, default=4096, help="byte LM: tokens scored per length")
     parser.add_argument("--max-units", type=positive_int, default=None,
                         help="stop after this many new units (rerun the same command to continue)")
+    parser.add_argument("--jobs", type=positive_int, default=1,
+                        help="units trained at once in worker processes, each with 1/N of the torch threads "
+                             "(default 1: in this process)")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for the results and units.jsonl (needed to resume)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress")
@@ -264,6 +274,63 @@ def run_lm_unit(args: argparse.Namespace, label: str, seed: int, texts: tuple[st
             "eval_s": round(time.perf_counter() - t0 - train_s, 2), "bpb": {str(n): v for n, v in bpb.items()}}
 
 
+_TEXTS: tuple[str, str] | None = None  # the byte-LM corpus, read once per process
+
+
+def run_unit(args: argparse.Namespace, spec: dict) -> dict:
+    """One unit of :func:`_plan` -> its result (in this process or a worker)."""
+    global _TEXTS
+    if spec["kind"] == "task":
+        return run_task_unit(args, spec["suite"], spec["encoding"], spec["seed"])
+    if _TEXTS is None:
+        from ...seq.data import pydoc_corpus, split_text
+
+        _TEXTS = split_text(pydoc_corpus())
+    return run_lm_unit(args, spec["encoding"], spec["seed"], _TEXTS)
+
+
+def _timed_unit(args: argparse.Namespace, spec: dict) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    return run_unit(args, spec), time.perf_counter() - t0
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _run_in_workers(args: argparse.Namespace, todo: list, finish) -> None:
+    """``--jobs``: at most ``args.jobs`` units in flight, handed out in plan order (so a stopped run
+    has the first seeds first); each result is logged by this process as it arrives."""
+    threads = max(1, torch.get_num_threads() // args.jobs)
+    # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
+    pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(threads,))
+    pending = iter(todo)
+    running: dict = {}
+    try:
+        for unit in pending:
+            running[pool.submit(_timed_unit, args, unit[2])] = unit
+            if len(running) == args.jobs:
+                break
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                uid, key, spec = running.pop(future)
+                result, seconds = future.result()
+                finish(uid, key, spec, result, seconds)
+                unit = next(pending, None)
+                if unit is not None:
+                    running[pool.submit(_timed_unit, args, unit[2])] = unit
+    except BaseException:
+        # Ctrl-C or a failed unit: the units still training are lost either way, so stop them now
+        # rather than wait for them (what is logged stays logged)
+        for process in list((pool._processes or {}).values()):  # no public terminate before Python 3.14
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def _plan(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
     """Every unit of the run: ``(unit id, config key, spec)``, seed-major: every task model and
     byte LM at the first seed, then at the next, so that a partial (long, ``--full``) run already
@@ -299,33 +366,29 @@ def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tupl
         others = sum(1 for item in log.lines if planned.get(item["unit"]) != item["config"])
         if others:
             say(f"note: {others} line(s) of {log.path} belong to another configuration or selection; not used")
-    texts = None
-    ran = 0
     todo = [u for u in plan if u[0] not in done]
     if done and todo:
         say(f"resuming: {len(done)} of {len(plan)} units already in {log.path}")
-    for count, (uid, key, spec) in enumerate(todo, 1):
-        if args.max_units is not None and ran >= args.max_units:
-            say(f"stopped after {ran} new units (--max-units {args.max_units}); {len(todo) - ran} left: run the same "
-                "command again to continue")
-            break
-        t0 = time.perf_counter()
-        if spec["kind"] == "task":
-            result = run_task_unit(args, spec["suite"], spec["encoding"], spec["seed"])
-        else:
-            if texts is None:
-                from ...seq.data import pydoc_corpus, split_text
+    if args.max_units is not None and len(todo) > args.max_units:
+        say(f"stopping after {args.max_units} new units (--max-units {args.max_units}); {len(todo) - args.max_units} "
+            "left: run the same command again to continue")
+        todo = todo[:args.max_units]
 
-                texts = split_text(pydoc_corpus())
-            result = run_lm_unit(args, spec["encoding"], spec["seed"], texts)
+    def finish(uid: str, key: str, spec: dict, result: dict, seconds: float) -> None:
         item = {"unit": uid, "config": key, "kind": spec["kind"], "encoding": spec["encoding"], "seed": spec["seed"],
                 **({"task": spec["task"]} if spec["kind"] == "task" else {}), **result}
         if log is not None:
             log.append(item)
         done[uid] = item
-        ran += 1
         if not args.no_progress:
-            print(f"[{len(done)}/{len(plan)}] {uid}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"[{len(done)}/{len(plan)}] {uid}: {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    if args.jobs == 1 or len(todo) <= 1:
+        for uid, key, spec in todo:
+            t0 = time.perf_counter()
+            finish(uid, key, spec, run_unit(args, spec), time.perf_counter() - t0)
+    else:
+        _run_in_workers(args, todo, finish)
     results = [done[uid] for uid, _, _ in plan if uid in done]
     return results, len(results) == len(plan)
 
