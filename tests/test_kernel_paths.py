@@ -199,9 +199,9 @@ class LearnedRelative(posenc.PositionEncoding):
 
     hooks = frozenset({posenc.Hook.SCORE_BIAS})
 
-    def __init__(self, table):
+    def __init__(self, table, by_offset=False):
         super().__init__()
-        self.table = table
+        self.table, self.offsets = table, by_offset
 
     def score_bias(self, q, k, q_pos, kv_pos):
         table = self.table
@@ -210,20 +210,39 @@ class LearnedRelative(posenc.PositionEncoding):
             off = take(q_pos, b, qi) - take(kv_pos, b, ki)
             return table[h, off.clamp(-11, 11) + 11]
 
-        return posenc.PairwiseBias(fn, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(table,))
+        def by_offset(offsets):  # kv - q -> [H, R]
+            return table[:, (-offsets).clamp(-11, 11) + 11]
+
+        return posenc.PairwiseBias(fn, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(table,),
+                                   by_offset=by_offset if self.offsets else None)
 
 
-@pytest.mark.parametrize("backend", ["dense", "math"])
+# chunk budgets for a bias shared by the batch (B=3, H=4, 12 keys): 3 chunks of 4 rows, each
+# through the batch one element at a time; one chunk of 12 rows, one element at a time; one
+# chunk, the batch in groups of 2 and 1
+SHARED_BUDGETS = [H * 4 * 12, B * H * 4 * 12, 2 * H * 12 * 12]
+
+
+LEARNED_PATHS = [("math", None), ("dense", None), *(("dense", budget) for budget in SHARED_BUDGETS)]
+
+
+@pytest.mark.parametrize("by_offset", [False, True], ids=["fn", "by_offset"])
+@pytest.mark.parametrize("backend,budget", LEARNED_PATHS, ids=[f"{b}-{n}" for b, n in LEARNED_PATHS])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_learned_bias_gradients_match_reference(case, backend):
-    """A bias that needs a gradient: the chunked explicit backward gives q, k, v and table gradients."""
+def test_learned_bias_gradients_match_reference(case, backend, budget, by_offset, monkeypatch):
+    """A bias that needs a gradient: the chunked explicit backward gives q, k, v and table
+    gradients, whether the bias is evaluated per block or cut from its diagonals, for every way
+    of chunking the rows and grouping the batch."""
+    if budget is not None:
+        monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", budget)
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(H, 23, dtype=torch.float64, generator=gen, requires_grad=True)
     q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
     k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
     v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
     q_pos, kv_pos = case.positions()
-    out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=LearnedRelative(table), mask=case.mask(), backend=backend)
+    enc = LearnedRelative(table, by_offset=by_offset)
+    out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
     offsets = (q_pos[:, :, None] - kv_pos[:, None, :]).clamp(-11, 11) + 11  # [B|1, Tq, Tk]
     expected = ref.attention(q, k, v, case.allowed(), score_bias=table[:, offsets].permute(1, 0, 2, 3))
     torch.testing.assert_close(out, expected, rtol=1e-7, atol=1e-9)

@@ -218,26 +218,54 @@ def _chunk_backward_with_bias_grad(
     bias of the chunk; ``live`` the same bias unmasked, still attached to ``learned`` (None when
     nothing is learned); ``grad_lse`` the gradient of the chunk's log-sum-exp, if it is used.
     ``score_grad_shape``: instead of gradients of ``learned``, return ``[dS summed to this shape]``
-    (the caller takes the bias gradient from there)."""
+    (the caller takes the bias gradient from there).
+
+    A bias shared by the batch (``block [1, H, rows, keys]``) is chunked for one batch element
+    (see :func:`dense_path`); the batch then goes through in groups whose ``[g, H, rows, keys]``
+    buffers keep to the chunk budget, and ``dS`` is summed over the groups. Each buffer is
+    written once by the operation that makes it: the bias minus the log-sum-exp, then
+    ``scale * Q K^T`` added by the matmul itself (``baddbmm``), exponentiated in place; ``dO V^T``
+    minus ``delta`` the same way, times ``P`` in place."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + block.to(work)
-    probs = torch.exp(scores - lse.to(work).unsqueeze(-1))
-    del scores
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    block = block.to(work)
+    b, h, rows, d = q.shape
+    keys = k.shape[2]
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # [B, H, rows, 1]
     if grad_lse is not None:  # d lse_i / d S_ij = P_ij
         delta = delta - grad_lse.to(work).unsqueeze(-1)
-    # dS in place in the dO V^T buffer: the same values, two [B, H, rows, keys] buffers fewer alive.
-    d_scores = torch.matmul(grad_out, v.transpose(-1, -2)).sub_(delta).mul_(probs)
-    gq = torch.matmul(d_scores, k) * scale
-    gk = torch.matmul(d_scores.transpose(-1, -2), q) * scale
-    gv = torch.matmul(probs.transpose(-1, -2), grad_out)
-    del probs
+    lse = lse.to(work).unsqueeze(-1)  # [B, H, rows, 1]
+    shared = block.shape[0] == 1
+    group = max(1, min(b, _CHUNK_ELEMENTS // max(1, h * rows * keys))) if shared else b
+    gq, gk, gv = torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape)
+    score_grad = None
+    for g0 in range(0, b, group):
+        g1 = min(b, g0 + group)
+        n = (g1 - g0) * h
+        q3, k3, v3, do3 = (t[g0:g1].reshape(n, -1, d) for t in (q, k, v, grad_out))  # views where contiguous
+        probs = q.new_empty((g1 - g0, h, rows, keys))
+        torch.sub(block if shared else block[g0:g1], lse[g0:g1], out=probs)
+        p3 = probs.view(n, rows, keys).baddbmm_(q3, k3.transpose(1, 2), alpha=scale).exp_()
+        # dS in the dO V^T buffer: [n, rows, keys]
+        ds3 = torch.baddbmm(delta[g0:g1].reshape(n, rows, 1), do3, v3.transpose(1, 2), beta=-1).mul_(p3)
+        gq[g0:g1] = torch.bmm(ds3, k3).mul_(scale).view(g1 - g0, h, rows, d)
+        gk[g0:g1] = torch.bmm(ds3.transpose(1, 2), q3).mul_(scale).view(g1 - g0, h, keys, d)
+        gv[g0:g1] = torch.bmm(p3.transpose(1, 2), do3).view(g1 - g0, h, keys, d)
+        del probs, p3
+        if score_grad_shape is not None or learned:
+            part = ds3.view(g1 - g0, h, rows, keys)
+            if shared:  # one sum over each group's batch, added up over the groups
+                part = part.sum(0, keepdim=True)
+            score_grad = part if score_grad is None else score_grad.add_(part)  # (one group when not shared)
+        del ds3
     grads: tuple = ()
-    if score_grad_shape is not None:
-        grads = (d_scores.sum_to_size(score_grad_shape),)
-    elif learned:
-        grads = torch.autograd.grad(live, learned, d_scores.sum_to_size(live.shape).to(live.dtype), allow_unused=True)
+    if score_grad is not None:
+        target = score_grad_shape if score_grad_shape is not None else live.shape
+        score_grad = score_grad.sum_to_size(target)
+        if score_grad_shape is not None:
+            grads = (score_grad,)
+        else:
+            grads = torch.autograd.grad(live, learned, score_grad.to(live.dtype), allow_unused=True)
     return gq, gk, gv, list(grads)
 
 
@@ -458,7 +486,10 @@ def dense_path(
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
     if chunk is None:
-        per_batch = bool(learned) or bias.per_batch or (mask is not None and mask.per_batch)
+        # A bias shared by the batch is one [1, H, rows, Tk] block per chunk: the fused kernel and
+        # the explicit backward (which goes through the batch in groups of that size) both keep
+        # to the budget, and fewer, taller chunks mean fewer dk, dv parts to add up.
+        per_batch = bias.per_batch or (mask is not None and mask.per_batch)
         chunk = chunk_rows(b if per_batch else 1, h, k.shape[2], tq)
     # Compact once when the tensors are read more than once (saved for the backward, whose chunk
     # matmuls would each copy the views again, or read by several chunks): q, k, v usually arrive
