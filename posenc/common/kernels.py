@@ -100,6 +100,15 @@ def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int, math: bool 
     return max(1, min(max(q_len, 1), max(_MIN_CHUNK_ROWS, rows)))
 
 
+def dense_chunk_rows(batch: int, heads: int, kv_len: int, q_len: int, per_batch: bool) -> int:
+    """Query rows per chunk of the dense path. A bias and mask that differ along the batch are a
+    ``[B, H, rows, Tk]`` block per chunk; one shared by the batch is ``[1, H, rows, Tk]``, learned
+    or not: the fused kernel reads it broadcast, and the explicit backward of a learned bias goes
+    through the batch in groups of that size. Taller chunks mean fewer ``dk, dv`` parts to add
+    up and larger matmuls (T5 at B=4, T=1024: 1.36x -> 1.27x bare SDPA)."""
+    return chunk_rows(batch if per_batch else 1, heads, kv_len, q_len)
+
+
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
@@ -237,7 +246,7 @@ def _chunk_backward_with_bias_grad(
     lse = lse.to(work).unsqueeze(-1)  # [B, H, rows, 1]
     shared = block.shape[0] == 1
     group = max(1, min(b, _CHUNK_ELEMENTS // max(1, h * rows * keys))) if shared else b
-    gq, gk, gv = torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape)
+    gq, gk, gv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous: written by bmm
     score_grad = None
     for g0 in range(0, b, group):
         g1 = min(b, g0 + group)
@@ -248,9 +257,9 @@ def _chunk_backward_with_bias_grad(
         p3 = probs.view(n, rows, keys).baddbmm_(q3, k3.transpose(1, 2), alpha=scale).exp_()
         # dS in the dO V^T buffer: [n, rows, keys]
         ds3 = torch.baddbmm(delta[g0:g1].reshape(n, rows, 1), do3, v3.transpose(1, 2), beta=-1).mul_(p3)
-        gq[g0:g1] = torch.bmm(ds3, k3).mul_(scale).view(g1 - g0, h, rows, d)
-        gk[g0:g1] = torch.bmm(ds3.transpose(1, 2), q3).mul_(scale).view(g1 - g0, h, keys, d)
-        gv[g0:g1] = torch.bmm(p3.transpose(1, 2), do3).view(g1 - g0, h, keys, d)
+        torch.bmm(ds3, k3, out=gq[g0:g1].view(n, rows, d)).mul_(scale)
+        torch.bmm(ds3.transpose(1, 2), q3, out=gk[g0:g1].view(n, keys, d)).mul_(scale)
+        torch.bmm(p3.transpose(1, 2), do3, out=gv[g0:g1].view(n, keys, d))
         del probs, p3
         if score_grad_shape is not None or learned:
             part = ds3.view(g1 - g0, h, rows, keys)
@@ -486,11 +495,7 @@ def dense_path(
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
     if chunk is None:
-        # A bias shared by the batch is one [1, H, rows, Tk] block per chunk: the fused kernel and
-        # the explicit backward (which goes through the batch in groups of that size) both keep
-        # to the budget, and fewer, taller chunks mean fewer dk, dv parts to add up.
-        per_batch = bias.per_batch or (mask is not None and mask.per_batch)
-        chunk = chunk_rows(b if per_batch else 1, h, k.shape[2], tq)
+        chunk = dense_chunk_rows(b, h, k.shape[2], tq, bias.per_batch or (mask is not None and mask.per_batch))
     # Compact once when the tensors are read more than once (saved for the backward, whose chunk
     # matmuls would each copy the views again, or read by several chunks): q, k, v usually arrive
     # as transposed views of the projections. A single chunk without gradients (a cached decoding

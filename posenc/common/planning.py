@@ -197,8 +197,8 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
             )
 
     def dense(reason: str, **extra) -> Plan:
-        per_batch = bias_learned or bias_per_batch or (mask is not None and mask.per_batch)
-        rows = kernels.chunk_rows(batch if per_batch else 1, heads, kv_len, q_len)
+        rows = kernels.dense_chunk_rows(batch, heads, kv_len, q_len,
+                                        bias_per_batch or (mask is not None and mask.per_batch))
         return Plan("dense", reason, rows, prob_bias=prob_bias, **extra)
 
     def math(reason: str) -> Plan:
