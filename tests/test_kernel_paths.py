@@ -208,6 +208,8 @@ class LearnedRelative(posenc.PositionEncoding):
 
         def fn(b, h, qi, ki):
             off = take(q_pos, b, qi) - take(kv_pos, b, ki)
+            if table.shape[0] == 1:  # one table for every head: a [B, 1, rows, keys] block
+                return table[0][off.clamp(-11, 11) + 11]
             return table[h, off.clamp(-11, 11) + 11]
 
         def by_offset(offsets):  # kv - q -> [H, R]
@@ -217,26 +219,26 @@ class LearnedRelative(posenc.PositionEncoding):
                                    by_offset=by_offset if self.offsets else None)
 
 
-# chunk budgets for a bias shared by the batch (B=3, H=4, 12 keys): 3 chunks of 4 rows, each
-# through the batch one element at a time; one chunk of 12 rows, one element at a time; one
-# chunk, the batch in groups of 2 and 1
-SHARED_BUDGETS = [H * 4 * 12, B * H * 4 * 12, 2 * H * 12 * 12]
-
-
+# (chunk budget, backward group budget) for a bias shared by the batch (B=3, H=4, 12 keys):
+# 3 chunks of 4 rows, one head at a time / heads in pairs; one chunk of 12 rows, the batch in
+# groups of 2 and 1; one chunk, the whole batch at once
+SHARED_BUDGETS = [(H * 4 * 12, 1), (H * 4 * 12, 2 * 4 * 12), (B * H * 4 * 12, 2 * H * 12 * 12), (2 * H * 12 * 12, 1 << 19)]
 LEARNED_PATHS = [("math", None), ("dense", None), *(("dense", budget) for budget in SHARED_BUDGETS)]
 
 
+@pytest.mark.parametrize("table_heads", [H, 1])
 @pytest.mark.parametrize("by_offset", [False, True], ids=["fn", "by_offset"])
 @pytest.mark.parametrize("backend,budget", LEARNED_PATHS, ids=[f"{b}-{n}" for b, n in LEARNED_PATHS])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_learned_bias_gradients_match_reference(case, backend, budget, by_offset, monkeypatch):
+def test_learned_bias_gradients_match_reference(case, backend, budget, by_offset, table_heads, monkeypatch):
     """A bias that needs a gradient: the chunked explicit backward gives q, k, v and table
-    gradients, whether the bias is evaluated per block or cut from its diagonals, for every way
-    of chunking the rows and grouping the batch."""
+    gradients, whether the bias is evaluated per block or cut from its diagonals, per head or one
+    for every head, for every way of chunking the rows and grouping the batch and heads."""
     if budget is not None:
-        monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", budget)
+        monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", budget[0])
+        monkeypatch.setattr(kernels, "_BACKWARD_GROUP_ELEMENTS", budget[1])
     gen = torch.Generator().manual_seed(0)
-    table = torch.randn(H, 23, dtype=torch.float64, generator=gen, requires_grad=True)
+    table = torch.randn(table_heads, 23, dtype=torch.float64, generator=gen, requires_grad=True)
     q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
     k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
     v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)

@@ -49,6 +49,11 @@ from .pairwise import PairwiseBias, shared_run_offset
 # parallel regions, which cost most when another process holds a core) small.
 _CHUNK_ELEMENTS = 1 << 20
 _MIN_CHUNK_ROWS = 16
+# The explicit backward of a learned bias goes through a chunk's batch and heads in groups of
+# about this many score elements (it keeps two such buffers, P and dS): half the chunk budget,
+# so that they stay closer to cache (T5 at T=1024: 128-row chunks with 4-head groups, fewer
+# dk, dv parts to add than 64-row chunks, the same buffers).
+_BACKWARD_GROUP_ELEMENTS = 1 << 19
 # The math path keeps a chunk's scores, probabilities and whatever its score transform builds
 # (CAPE's MLP activations: several times the scores) alive through the chunk, where the dense
 # path hands its block to the fused kernel: 3/4 of the budget (at T=1024, B*H=32: 24 rows, not
@@ -229,12 +234,13 @@ def _chunk_backward_with_bias_grad(
     ``score_grad_shape``: instead of gradients of ``learned``, return ``[dS summed to this shape]``
     (the caller takes the bias gradient from there).
 
-    A bias shared by the batch (``block [1, H, rows, keys]``) is chunked for one batch element
-    (see :func:`dense_path`); the batch then goes through in groups whose ``[g, H, rows, keys]``
-    buffers keep to the chunk budget, and ``dS`` is summed over the groups. Each buffer is
-    written once by the operation that makes it: the bias minus the log-sum-exp, then
-    ``scale * Q K^T`` added by the matmul itself (``baddbmm``), exponentiated in place; ``dO V^T``
-    minus ``delta`` the same way, times ``P`` in place."""
+    A bias shared by the batch (``block [1, H or 1, rows, keys]``) is chunked for one batch
+    element (see :func:`dense_chunk_rows`); the chunk then goes through the batch and heads in
+    groups (:func:`_backward_groups`) whose buffers keep to ``_BACKWARD_GROUP_ELEMENTS``, and
+    ``dS`` is summed over the batch. Each buffer is written once by the operation that makes it:
+    the bias minus the log-sum-exp, then ``scale * Q K^T`` added by the matmul itself
+    (``baddbmm``), exponentiated in place; ``dO V^T`` minus ``delta`` the same way, times ``P`` in
+    place; ``dq, dk, dv`` straight from the matmuls."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, k, v, out, grad_out = (t.to(work) for t in (q, k, v, out, grad_out))
     block = block.to(work)
@@ -244,28 +250,40 @@ def _chunk_backward_with_bias_grad(
     if grad_lse is not None:  # d lse_i / d S_ij = P_ij
         delta = delta - grad_lse.to(work).unsqueeze(-1)
     lse = lse.to(work).unsqueeze(-1)  # [B, H, rows, 1]
-    shared = block.shape[0] == 1
-    group = max(1, min(b, _CHUNK_ELEMENTS // max(1, h * rows * keys))) if shared else b
+    shared, one_head = block.shape[0] == 1, block.shape[1] == 1
+    wants_score_grad = score_grad_shape is not None or bool(learned)
     gq, gk, gv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous: written by bmm
     score_grad = None
-    for g0 in range(0, b, group):
-        g1 = min(b, g0 + group)
-        n = (g1 - g0) * h
-        q3, k3, v3, do3 = (t[g0:g1].reshape(n, -1, d) for t in (q, k, v, grad_out))  # views where contiguous
-        probs = q.new_empty((g1 - g0, h, rows, keys))
-        torch.sub(block if shared else block[g0:g1], lse[g0:g1], out=probs)
+    for b0, b1, h0, h1 in _backward_groups(b, h, rows * keys, shared):
+        n = (b1 - b0) * (h1 - h0)
+        # [n, rows or keys, D]: views where the slices are contiguous in (batch, head)
+        q3, k3, v3, do3 = (t[b0:b1, h0:h1].reshape(n, -1, d) for t in (q, k, v, grad_out))
+        bias = block if one_head else block[:, h0:h1]
+        probs = q.new_empty((b1 - b0, h1 - h0, rows, keys))
+        torch.sub(bias if shared else bias[b0:b1], lse[b0:b1, h0:h1], out=probs)
         p3 = probs.view(n, rows, keys).baddbmm_(q3, k3.transpose(1, 2), alpha=scale).exp_()
         # dS in the dO V^T buffer: [n, rows, keys]
-        ds3 = torch.baddbmm(delta[g0:g1].reshape(n, rows, 1), do3, v3.transpose(1, 2), beta=-1).mul_(p3)
-        torch.bmm(ds3, k3, out=gq[g0:g1].view(n, rows, d)).mul_(scale)
-        torch.bmm(ds3.transpose(1, 2), q3, out=gk[g0:g1].view(n, keys, d)).mul_(scale)
-        torch.bmm(p3.transpose(1, 2), do3, out=gv[g0:g1].view(n, keys, d))
+        ds3 = torch.baddbmm(delta[b0:b1, h0:h1].reshape(n, rows, 1), do3, v3.transpose(1, 2), beta=-1).mul_(p3)
+        torch.bmm(ds3, k3, out=gq[b0:b1, h0:h1].view(n, rows, d)).mul_(scale)
+        torch.bmm(ds3.transpose(1, 2), q3, out=gk[b0:b1, h0:h1].view(n, keys, d)).mul_(scale)
+        torch.bmm(p3.transpose(1, 2), do3, out=gv[b0:b1, h0:h1].view(n, keys, d))
         del probs, p3
-        if score_grad_shape is not None or learned:
-            part = ds3.view(g1 - g0, h, rows, keys)
-            if shared:  # one sum over each group's batch, added up over the groups
-                part = part.sum(0, keepdim=True)
-            score_grad = part if score_grad is None else score_grad.add_(part)  # (one group when not shared)
+        if wants_score_grad:
+            part = ds3.view(b1 - b0, h1 - h0, rows, keys)
+            if not shared:  # one group: the whole chunk
+                score_grad = part
+            else:
+                part = part.sum(0, keepdim=True) if b1 - b0 > 1 else part
+                if one_head:
+                    part = part.sum(1, keepdim=True)
+                    score_grad = part if score_grad is None else score_grad.add_(part)
+                else:
+                    if score_grad is None:
+                        score_grad = q.new_empty((1, h, rows, keys))
+                    if b0 == 0:  # the first batch element of these heads: written, not added
+                        score_grad[:, h0:h1] = part
+                    else:
+                        score_grad[:, h0:h1] += part
         del ds3
     grads: tuple = ()
     if score_grad is not None:
@@ -276,6 +294,23 @@ def _chunk_backward_with_bias_grad(
         else:
             grads = torch.autograd.grad(live, learned, score_grad.to(live.dtype), allow_unused=True)
     return gq, gk, gv, list(grads)
+
+
+def _backward_groups(batch: int, heads: int, pairs: int, shared: bool) -> list[tuple[int, int, int, int]]:
+    """``(b0, b1, h0, h1)`` ranges that cover a chunk's ``batch x heads`` in the explicit
+    backward, each with at most ``_BACKWARD_GROUP_ELEMENTS`` score elements (``pairs`` per
+    head), or one when ``rows x keys`` alone is more. Several batch elements per group only with
+    every head, so each group is contiguous in ``[B, H, ...]``; the batch and heads in order, so
+    the score gradient's first write of each head comes from batch element 0. A bias that
+    differs along the batch (``shared`` False) is a block of the whole batch already: one group."""
+    if not shared:
+        return [(0, batch, 0, heads)]
+    per_group = max(1, _BACKWARD_GROUP_ELEMENTS // max(1, pairs))  # (batch, head) pairs per group
+    if per_group >= heads:
+        step = min(batch, per_group // heads)
+        return [(b0, min(batch, b0 + step), 0, heads) for b0 in range(0, batch, step)]
+    step = per_group
+    return [(b0, b0 + 1, h0, min(heads, h0 + step)) for b0 in range(batch) for h0 in range(0, heads, step)]
 
 
 def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float) -> tuple[Tensor, Tensor]:
