@@ -236,7 +236,7 @@ def test_dense_path_bias_is_evaluated_in_row_chunks(name, monkeypatch):
     original_block = kernels._OffsetBias.block
     monkeypatch.setattr(PairwiseBias, "dense", recording)
     monkeypatch.setattr(kernels._OffsetBias, "block", recording_offsets)  # T5 and KERPLE over consecutive positions
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 8 * 2 * 4 * 64)
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 8 * 4 * 64)  # 8 rows of a bias shared by the batch (and of one per batch: _MIN_CHUNK_ROWS)
     monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
     q = torch.randn(2, 4, 64, 8, requires_grad=True)
     pos = torch.arange(64)[None]
