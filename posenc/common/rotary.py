@@ -53,24 +53,41 @@ def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, *, attention_factor: flo
     return cos, sin
 
 
+def _pairs(x: Tensor, r: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two members of each rotated pair of ``x``'s first ``r`` features, as views."""
+    if interleaved:
+        return x[..., 0:r:2], x[..., 1:r:2]
+    return x[..., : r // 2], x[..., r // 2 : r]
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """The rotation, written into one output buffer: four element-wise kernels (one ``mul`` and
+    one ``addcmul_`` per half), not the nine of the expression, which matters most where ``x`` is
+    small (a decoding step). Not differentiable itself (``out=``): :class:`_Rotary` wraps it."""
     # The result keeps x's memory layout (empty_like preserves strides): q and k usually arrive
     # as transposed views of the projections, like v, and SDPA's fused kernel is faster when q,
     # k and v share one layout than when q and k are compact and v is not.
     r = 2 * cos.shape[-1]
     out = torch.empty_like(x)
-    if interleaved:
-        x0, x1 = x[..., 0:r:2], x[..., 1:r:2]
-        out[..., 0:r:2] = x0 * cos - x1 * sin
-        out[..., 1:r:2] = x1 * cos + x0 * sin
-    else:
-        h = r // 2
-        x0, x1 = x[..., :h], x[..., h:r]
-        out[..., :h] = x0 * cos - x1 * sin
-        out[..., h:r] = x1 * cos + x0 * sin
+    x0, x1 = _pairs(x, r, interleaved)
+    o0, o1 = _pairs(out, r, interleaved)
+    torch.mul(x0, cos, out=o0).addcmul_(x1, sin, value=-1)
+    torch.mul(x1, cos, out=o1).addcmul_(x0, sin)
     if r < x.shape[-1]:
         out[..., r:] = x[..., r:]
     return out
+
+
+def _rotate_differentiable(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`_rotate` as an expression autograd differentiates in every input (learned angles)."""
+    r = 2 * cos.shape[-1]
+    x0, x1 = _pairs(x, r, interleaved)
+    first, second = x0 * cos - x1 * sin, x1 * cos + x0 * sin
+    if interleaved:
+        rotated = torch.stack((first, second), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((first, second), dim=-1)
+    return rotated if r == x.shape[-1] else torch.cat((rotated, x[..., r:]), dim=-1)
 
 
 class _Rotary(torch.autograd.Function):
@@ -103,9 +120,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> T
     if 2 * half > x.shape[-1]:
         raise ValueError(f"rotary tables cover {2 * half} features but x has only {x.shape[-1]} (shape {tuple(x.shape)})")
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if cos.requires_grad or sin.requires_grad:
-        # Learned frequencies (RoPE-Mixed): let autograd differentiate the angles too.
-        return _rotate(x, cos, sin, interleaved)
+    if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        return _rotate(x, cos, sin, interleaved)  # inference: no autograd node to build
+    if cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+        # Learned frequencies (RoPE-Mixed): let autograd differentiate the angles too. Under
+        # torch.compile the expression is what inductor fuses (dynamo refuses out= into views).
+        return _rotate_differentiable(x, cos, sin, interleaved)
     return _Rotary.apply(x, cos, sin, interleaved)
 
 
