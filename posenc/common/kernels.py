@@ -158,7 +158,7 @@ def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale
     """Masks only: SDPA's fused kernels (``is_causal`` when the mask is a plain causal square)."""
     gqa = q.shape[1] != k.shape[1]
     tq, tk = q.shape[2], k.shape[2]
-    if mask is None or mask.is_empty:
+    if mask is None or mask.hides_nothing(tq):  # (a decoding step: no mask to build)
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if mask.only_causal(tq, tk):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
@@ -195,7 +195,7 @@ def _bias_block(
     if dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype) if block is None else block.to(dtype)
-    allowed = None if mask is None else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
+    allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
         return block, None
     row_any = allowed.any(dim=-1, keepdim=True)
@@ -362,7 +362,7 @@ class _OffsetBias:
         if dtype in (torch.float16, torch.bfloat16):  # a float32 bias beside half inputs (see _bias_block)
             dtype = torch.float32
         values = self.bias.by_offset(self.offsets).to(dtype)  # [H or 1, Tq + Tk - 1]
-        if self.causal:  # key j visible from query i when j - i <= Tk - Tq, i.e. column m <= Tk - 1
+        if self.causal and self.q_len > 1:  # key j visible from query i when j - i <= Tk - Tq, i.e. column m <= Tk - 1
             hidden = _indices(values.shape[-1], values.device) > self.kv_len - 1
             values = values.masked_fill(hidden, float("-inf"))
         return values
@@ -386,6 +386,22 @@ class _OffsetBias:
         first = self.q_len - e  # the window of the block's last row
         out[:, first: first + wide - 1] = skewed.sum(1)[:, : wide - 1]
         return out
+
+
+def _forward_rows(
+    q: Tensor, k: Tensor, v: Tensor, bias: PairwiseBias, mask: AttentionMask | None, offsets: "_OffsetBias | None",
+    values: Tensor | None, idx: Tensor, s: int, e: int, kv_end: int, scale: float,
+) -> tuple[Tensor, Tensor]:
+    """Query rows ``s:e`` against keys ``:kv_end`` with their bias block (cut from ``values`` of
+    ``offsets``, or evaluated): ``(out [B, H, rows, D], lse [B, H, rows])``, rows that see no key
+    zeroed."""
+    b, h, tq, _ = q.shape
+    if values is not None:  # every row sees a key (consecutive_offset checked it)
+        block, row_any = offsets.block(values, s, e, kv_end), None  # [1, H or 1, rows, kv_end]
+    else:  # [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
+        block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, k.shape[2], q.dtype)
+    o, lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
+    return (o if row_any is None else o.masked_fill(~row_any, 0.0)), lse
 
 
 class _ChunkedBiasAttention(torch.autograd.Function):
@@ -416,14 +432,8 @@ class _ChunkedBiasAttention(torch.autograd.Function):
 
         def run(chunk_rows: tuple[int, int, int]) -> None:
             s, e, kv_end = chunk_rows
-            # block [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
-            if values is not None:  # every row sees a key (consecutive_offset checked it)
-                block, row_any = offsets.block(values, s, e, kv_end), None
-            else:
-                block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, tk, q.dtype)
-            o, chunk_lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
-            del block
-            out[:, :, s:e] = o if row_any is None else o.masked_fill(~row_any, 0.0)  # chunks own disjoint rows
+            o, chunk_lse = _forward_rows(q, k, v, bias, mask, offsets, values, idx, s, e, kv_end, scale)
+            out[:, :, s:e] = o  # chunks own disjoint rows
             lse[:, :, s:e] = chunk_lse
 
         for _ in chunk_pool.ordered_map(run, _row_chunks(tq, tk, chunk, causal)):
@@ -542,9 +552,16 @@ def dense_path(
     else:
         k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
     offsets = None
+    tk = k.shape[2]
     if offset_start is not None:
-        offsets = _OffsetBias(bias, offset_start, tq, k.shape[2], mask is not None and mask.causal, q.device)
-    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
+        offsets = _OffsetBias(bias, offset_start, tq, tk, mask is not None and mask.causal, q.device)
+    if tq <= chunk and not learned and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        # One chunk, no gradients (a cached decoding step, inference): the kernel on the whole
+        # call, without the autograd node and the chunk machinery around it.
+        values = None if offsets is None else offsets.values(q.dtype)
+        out, lse = _forward_rows(q, k, v, bias, mask, offsets, values, _indices(max(tq, tk), q.device), 0, tq, tk, scale)
+    else:
+        out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
     return (out, lse) if return_lse else out
 
 

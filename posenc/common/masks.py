@@ -99,6 +99,14 @@ class AttentionMask:
         """True when only ``key_valid`` is set: a ``[B, 1, 1, Tk]`` mask then suffices."""
         return self.key_valid is not None and not self.causal and self.q_segments is None and self.window is None
 
+    def hides_nothing(self, q_len: int) -> bool:
+        """True when every query sees every key: no mask at all, or a causal mask alone over one
+        query row (bottom-right aligned: the last position sees the whole prefix, as in each
+        step of cached decoding)."""
+        return self.is_empty or (
+            self.causal and q_len == 1 and self.key_valid is None and self.q_segments is None and self.window is None
+        )
+
     def only_causal(self, q_len: int, kv_len: int) -> bool:
         """True when the mask is exactly SDPA's ``is_causal=True`` (top-left aligned, square)."""
         return self.causal and q_len == kv_len and self.key_valid is None and self.q_segments is None and self.window is None

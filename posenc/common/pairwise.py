@@ -61,11 +61,16 @@ def shared_run_offset(q_pos: Tensor, kv_pos: Tensor) -> int | None:
         return None
     if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or q_pos.numel() == 0 or kv_pos.numel() == 0:
         return None
-    q0, k0 = q_pos[0, 0], kv_pos[0, 0]
-    if not (torch.equal(q_pos[0], q0 + torch.arange(q_pos.shape[1], device=q_pos.device, dtype=q_pos.dtype))
-            and torch.equal(kv_pos[0], k0 + torch.arange(kv_pos.shape[1], device=kv_pos.device, dtype=kv_pos.dtype))):
+    q0, k0 = int(q_pos[0, 0]), int(kv_pos[0, 0])
+    if not (_is_run(q_pos[0], q0) and _is_run(kv_pos[0], k0)):
         return None
-    return int(k0 - q0)
+    return k0 - q0
+
+
+def _is_run(pos: Tensor, start: int) -> bool:
+    """``pos [T]`` is ``start, start + 1, ...`` (one element always is: a decoding step's query)."""
+    n = pos.shape[0]
+    return n == 1 or torch.equal(pos, torch.arange(start, start + n, device=pos.device, dtype=pos.dtype))
 
 
 def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:

@@ -57,7 +57,13 @@ def t5_relative_buckets(
     code and Hugging Face ``T5Attention._relative_position_bucket``."""
     _check_buckets(num_buckets, max_distance, bidirectional)
     check_static_positions("relative_position", relative_position, integer=True)
-    r = relative_position.long()
+    return _buckets(relative_position.long(), bidirectional, num_buckets, max_distance)
+
+
+def _buckets(r: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """:func:`t5_relative_buckets` of checked ``long`` relative positions (the encoding's own
+    ``arange``, once per call: at every decoding step in every layer, where the checks cost more
+    than the buckets)."""
     if bidirectional:
         half = num_buckets // 2
         base = (r > 0).long() * half
@@ -127,8 +133,8 @@ class T5Bias(PositionEncoding):
         # table through this small tensor.
         lo = int(kv_pos.min()) - int(q_pos.max())
         hi = int(kv_pos.max()) - int(q_pos.min())
-        rel = t5_bias(torch.arange(lo, hi + 1, device=self.table.device), self.table,
-                      bidirectional=self.bidirectional, max_distance=self.max_distance)  # [H, R]
+        offsets = torch.arange(lo, hi + 1, device=self.table.device)
+        rel = self.table[_buckets(offsets, self.bidirectional, self.num_buckets, self.max_distance)].T  # [H, R]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return rel[h, take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo]
