@@ -448,3 +448,21 @@ def test_masks_and_calls_print_readably():
     assert repr(posenc.AttentionMask(causal=True, key_valid=valid, window=3)) == (
         "AttentionMask(causal=True, key_valid=[2, 7], window=3)")
     assert repr(posenc.AttentionMask()) == "AttentionMask()"
+
+
+def test_a_causal_mask_over_one_query_row_hides_nothing(monkeypatch):
+    """A decoding step (one query, causal, bottom-right aligned) sees every key: no mask is built,
+    and the result equals attention without a mask; any other mask still counts."""
+    assert posenc.AttentionMask(causal=True).hides_nothing(1) and posenc.AttentionMask().hides_nothing(5)
+    assert not posenc.AttentionMask(causal=True).hides_nothing(2)
+    assert not posenc.AttentionMask(causal=True, window=3).hides_nothing(1)
+    assert not posenc.AttentionMask(causal=True, key_valid=torch.ones(1, 6, dtype=torch.bool)).hides_nothing(1)
+    q, k, v = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append((kw.get("attn_mask"), kw.get("is_causal", False))) or real(*a, **kw))
+    out = posenc.attend(q, k, v, q_pos=torch.tensor([[5]]), kv_pos=torch.arange(6)[None], mask=posenc.AttentionMask(causal=True),
+                        backend="sdpa")
+    assert seen == [(None, False)]
+    torch.testing.assert_close(out, real(q, k, v))
