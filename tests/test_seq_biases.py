@@ -375,8 +375,13 @@ def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(m
     assert calls == [1]
 
 
-def test_fire_inference_lookup_equals_the_mlp():
-    """The piecewise-linear form used at inference is the same function as the MLP."""
+@pytest.mark.parametrize("direct_pairs", [0, 1 << 14], ids=["piecewise", "direct"])
+def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
+    """Both forms used at inference, the piecewise-linear lookup (many pairs) and the MLP
+    evaluated directly (a few: a decoding step), are the same function as the MLP."""
+    import posenc.seq.fire as fire_module
+
+    monkeypatch.setattr(fire_module, "_DIRECT_PAIRS", direct_pairs)
     torch.manual_seed(0)
     enc = FIRE(4, init_threshold=20.0).double()
     with torch.no_grad():

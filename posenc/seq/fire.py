@@ -31,6 +31,10 @@ from ..common.pairwise import PairwiseBias, is_dense_block, take
 from ..common.registry import register
 
 _EPS = 1e-6
+# Up to this many (query, key) pairs in a call without gradients, the MLP is evaluated directly:
+# its piecewise-linear form costs about 0.5 ms to build (per call, so per layer and decoding
+# step), the MLP about 30 ns a pair more than the lookup.
+_DIRECT_PAIRS = 1 << 14
 
 
 @register(
@@ -83,8 +87,28 @@ class FIRE(PositionEncoding):
         normalized = self.normalized_distance
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
         learned = (self.c, self.l_mult, *self.mlp.parameters())
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in learned)):
-            # Inference: the same MLP in its exact piecewise-linear form, a lookup per pair.
+        def mlp(x: Tensor, h: Tensor, every_head: bool = False) -> Tensor:
+            """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
+            order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``."""
+            hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
+            out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
+            if every_head:
+                return out.squeeze(1).movedim(-1, 1)
+            return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
+
+        inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in learned))
+        pairs = max(q_pos.shape[0], kv_pos.shape[0]) * q_pos.shape[-1] * kv_pos.shape[-1]
+        if inference and pairs <= _DIRECT_PAIRS:
+            # A few pairs (a cached decoding step: one query row): the MLP on them costs less than
+            # building its piecewise-linear form.
+            def direct(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
+                every_head = is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1
+                return mlp(x, h, every_head)
+
+            return PairwiseBias(direct, per_batch=per_batch, name="FIRE")
+        if inference:
+            # The same MLP in its exact piecewise-linear form, a lookup per pair.
             breaks, slope, offset = self.piecewise_linear()
 
             def lookup(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -105,9 +129,7 @@ class FIRE(PositionEncoding):
                 # the MLP; the slope, the gradient of x (c, l_mult). Exact, as the MLP is continuous.
                 breaks, slope, offset = self._piecewise_linear(segments)
                 return _segment_affine(x, breaks, slope, offset)
-            hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
-            out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
-            return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
+            return mlp(x, h)
 
         return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE")
 
