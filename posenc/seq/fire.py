@@ -90,7 +90,8 @@ class FIRE(PositionEncoding):
         def mlp(x: Tensor, h: Tensor, every_head: bool = False) -> Tensor:
             """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
             order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``."""
-            hidden = F.relu(F.linear(x.unsqueeze(-1).to(first.weight.dtype), first.weight, first.bias))
+            # one input feature: the first layer is a multiply-add per unit, not a K=1 matmul
+            hidden = torch.addcmul(first.bias, x.unsqueeze(-1).to(first.weight.dtype), first.weight[:, 0]).relu()
             out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
             if every_head:
                 return out.squeeze(1).movedim(-1, 1)
