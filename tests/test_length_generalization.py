@@ -265,6 +265,7 @@ def test_another_configuration_is_not_reused(tmp_path, capsys):
     (["--tasks", "flipflop", "--train-len", "1"], "--train-len 1"),
     (["--dim", "10", "--heads", "3"], "--dim (10) must be divisible by --heads (3)"),
     (["--lm-eval-lens", "10000000"], "--lm-eval-lens 10000000"),
+    (["--jobs", "0"], "--jobs"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert cli.main(["bench", "length-generalization", "--no-progress", *argv]) == 2
