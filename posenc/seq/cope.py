@@ -58,13 +58,18 @@ class CoPE(PositionEncoding):
     ) -> Tensor:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"CoPE was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
-        gates = torch.sigmoid(scores)
+        gates = torch.sigmoid(scores)  # [B, H, Tq, Tk]
         if allowed is not None:
-            gates = gates * allowed
-        pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
+            gates = gates.masked_fill(~allowed, 0.0)
+        # sum_{t >= j} g_t as the row total minus the running sum before j: one cumsum instead of
+        # a cumsum between two flipped copies (the hidden keys' gates are zero, so their
+        # positions are exactly 0 as before).
+        running = gates.cumsum(-1)
+        pos = torch.sub(running[..., -1:], running).add_(gates).clamp(max=self.npos_max - 1)
         floor = pos.detach().floor()
         ceil_w = pos - floor  # differentiable: the gradient reaches the gates through it
-        logits = torch.matmul(q, self.pos_emb.to(q.dtype).t())  # [B, H, Tq, npos]
+        # the positional logits scaled like the scores, on the small [B, H, Tq, npos] table
+        logits = torch.matmul(q, self.pos_emb.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, npos]
         at_floor = logits.gather(-1, floor.long())
         at_ceil = logits.gather(-1, pos.detach().ceil().long())
-        return scores + (ceil_w * at_ceil + (1 - ceil_w) * at_floor) * self.head_dim ** -0.5
+        return torch.lerp(at_floor, at_ceil, ceil_w).add_(scores)
