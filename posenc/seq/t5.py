@@ -130,17 +130,25 @@ class T5Bias(PositionEncoding):
         check_sequence_positions(q_pos, kv_pos, integer_for="T5Bias")
         # One column per relative position that occurs, [H, R], built once per call: the pairwise
         # function is then a gather (no logarithm per pair), and its gradient flows back to the
-        # table through this small tensor.
+        # table through this small tensor. Every |r| >= max_distance shares the bucket of
+        # +-max_distance, so the columns stop there and farther offsets are clamped onto them:
+        # a decoding step at context 8192 buckets 129 offsets, not 8193, in every layer.
+        span = self.max_distance
         lo = int(kv_pos.min()) - int(q_pos.max())
         hi = int(kv_pos.max()) - int(q_pos.min())
-        offsets = torch.arange(lo, hi + 1, device=self.table.device)
+        first, last = min(max(lo, -span), span), min(max(hi, -span), span)
+        clamp = lo < first or hi > last
+        offsets = torch.arange(first, last + 1, device=self.table.device)
         rel = self.table[_buckets(offsets, self.bidirectional, self.num_buckets, self.max_distance)].T  # [H, R]
 
+        def column(r: Tensor) -> Tensor:  # relative positions within lo..hi -> columns of rel
+            return (r.clamp(first, last) if clamp else r) - first
+
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return rel[h, take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx) - lo]
+            return rel[h, column(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx))]
 
         def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] within lo..hi -> [H, R]
-            return rel[:, offsets - lo]
+            return rel[:, column(offsets)]
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias",
                             by_offset=by_offset)
