@@ -387,8 +387,10 @@ def _relative_encoding(kind: str, case: Case):
         enc = FIRE(H, mlp_width=6, init_threshold=4.0)  # a threshold inside the test lengths
     elif kind == "cape":
         enc = CAPE(16, H, 16, base="alibi", hidden=5, base_options={"symmetric": not case.causal})
-    elif kind == "cope":
-        enc = CoPE(D, max_len=12, npos_max=5)  # small table: the clamp is exercised
+    elif kind.startswith("cope"):
+        # small table: the clamp is exercised; wide: a table longer than any chunk's keys (rows
+        # past them are never read and get no gradient)
+        enc = CoPE(D, max_len=12, npos_max=40 if kind == "cope_wide" else 5)
         with torch.no_grad():
             enc.pos_emb.normal_(0, 1.0)
     elif kind.startswith("deberta"):
@@ -429,8 +431,8 @@ def _relative_reference(kind, enc, case, q, k, v):
         m = enc.mlp
         scores = ref.cape_scores(ref.content_scores(q, k), static, m[0].weight, m[0].bias, m[2].weight, m[2].bias)
         return ref.attention_from_scores(scores, v, allowed)
-    if kind == "cope":
-        scores = ref.cope_scores(ref.content_scores(q, k), q, enc.pos_emb, allowed, 5)
+    if kind.startswith("cope"):
+        scores = ref.cope_scores(ref.content_scores(q, k), q, enc.pos_emb, allowed, enc.npos_max)
         return ref.attention_from_scores(scores, v, allowed)
     if kind.startswith("deberta"):
         scores = ref.deberta_scores(q, k, enc.rel, enc.pos_q.weight, enc.pos_k.weight, enc.span, enc.log_buckets,
@@ -455,12 +457,13 @@ RELATIVE_BACKENDS = {
     "fire": ["auto", "dense", "flex", "math"],
     "cape": ["auto", "math"],  # needs the score matrix
     "cope": ["auto", "math"],
+    "cope_wide": ["auto", "math"],
     "deberta": ["auto", "dense", "flex", "math"],
     "deberta_log": ["auto", "dense", "math"],
     "erpe_vector": ["auto", "dense", "flex", "math"],
     "erpe": ["auto", "dense", "math"],
 }
-CAUSAL_ONLY_KINDS = {"fire", "cope"}
+CAUSAL_ONLY_KINDS = {"fire", "cope", "cope_wide"}
 RELATIVE_PARAMS = [
     (kind, backend, case)
     for kind, bs in RELATIVE_BACKENDS.items()

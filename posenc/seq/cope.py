@@ -63,13 +63,18 @@ class CoPE(PositionEncoding):
             gates = gates.masked_fill(~allowed, 0.0)
         # sum_{t >= j} g_t as the row total minus the running sum before j: one cumsum instead of
         # a cumsum between two flipped copies (the hidden keys' gates are zero, so their
-        # positions are exactly 0 as before).
+        # positions are exactly 0 as before). The lower clamp: rounding can take the difference a
+        # hair below 0 where a gate is tiny beside the row total.
+        # A position counts at most the keys in view, so a table row past their number is never
+        # read: the positional logits need only min(npos_max, keys + 1) rows (with causal row
+        # chunks, about half the table on average, the size of the chunk's scores).
+        npos = min(self.npos_max, scores.shape[-1] + 1)
         running = gates.cumsum(-1)
-        pos = torch.sub(running[..., -1:], running).add_(gates).clamp(max=self.npos_max - 1)
+        pos = torch.sub(running[..., -1:], running).add_(gates).clamp_(0, npos - 1)
         floor = pos.detach().floor()
         ceil_w = pos - floor  # differentiable: the gradient reaches the gates through it
         # the positional logits scaled like the scores, on the small [B, H, Tq, npos] table
-        logits = torch.matmul(q, self.pos_emb.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, npos]
+        logits = torch.matmul(q, self.pos_emb[:npos].to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, npos]
         at_floor = logits.gather(-1, floor.long())
         at_ceil = logits.gather(-1, pos.detach().ceil().long())
         return torch.lerp(at_floor, at_ceil, ceil_w).add_(scores)
