@@ -9,7 +9,11 @@ import json
 import pytest
 
 from posenc import cli
-from posenc.cli.bench.generate import GenerateBenchConfig, causal_encodings, estimate_bytes
+import torch
+
+from posenc.cli.bench.generate import (
+    Decoder, GenerateBenchConfig, causal_encodings, estimate_bytes, measure_cells_round_robin,
+)
 
 
 def test_causal_encodings_split_by_cache_support():
@@ -43,6 +47,43 @@ def test_bench_generate_rejects_bad_arguments(argv, capsys):
     assert cli.main(["bench", "generate", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and argv[0] in err
+
+
+class _LoggingDecoder(Decoder):
+    """Records its calls in a shared log; ``fail_at``: the decode step (counted over all rounds)
+    that raises."""
+
+    def __init__(self, name, log, fail_at=None):
+        super().__init__(torch.nn.Identity())
+        self.name, self.log, self.fail_at, self.steps = name, log, fail_at, 0
+
+    def prefill(self, tokens):
+        self.log.append((self.name, "prefill"))
+        return [], torch.zeros(tokens.shape[0], 4)
+
+    def step(self, token, cache):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("boom")
+        return cache + [1], torch.zeros(token.shape[0], 4)
+
+    def rewind(self, cache, length):
+        self.log.append((self.name, "round"))
+        return []
+
+
+def test_decode_rounds_run_round_robin_and_a_failing_row_leaves_the_others_running():
+    log = []
+    cfg = GenerateBenchConfig(contexts=(8,), batches=(1,), decode_tokens=2, repeats=2, warmup=1)
+    decoders = {"a": _LoggingDecoder("a", log), "b": _LoggingDecoder("b", log, fail_at=3), "c": _LoggingDecoder("c", log)}
+    cells = measure_cells_round_robin(decoders, torch.zeros(1, 8, dtype=torch.long), cfg)
+    rounds = [name for name, what in log if what == "round"]
+    # every row's round r before any row's round r + 1; b fails in its second round and leaves
+    assert rounds == ["a", "b", "c", "a", "b", "c", "a", "c"]
+    assert [name for name, what in log if what == "prefill"] == ["a", "a", "b", "b", "c", "c"]  # prefills: row by row
+    assert "boom" in cells["b"].error and cells["b"].tokens_per_s is None
+    for name in ("a", "c"):
+        assert cells[name].error is None and len(cells[name].step_times_ms) == 2 and cells[name].tokens_per_s > 0
 
 
 def test_generate_memory_estimate_grows_linearly_with_the_context():

@@ -33,9 +33,13 @@ round starting from the same prefilled cache. ``tok/s`` counts every sequence's 
 (``B * decode_tokens / seconds``). The same loop runs for every library, so the figures compare
 the models, not the sampling code.
 
-Rows run one after another (not round robin: at 8192 tokens and batch 8 one row's cache alone is
-hundreds of MB). Before a context/batch is allocated its memory is estimated; one that would not
-fit in half the memory available is skipped with a note. ``--background-load`` runs one busy
+At each context and batch the rows' decode rounds run round robin (round ``r`` of every row, then
+round ``r + 1``), so that a machine that slows down for a minute slows every row alike: decoding at
+batch 1 is a few milliseconds per step, and rows timed one after another moved by +-25% against
+each other on a 2-core VM. That keeps every row's cache alive at once; where the estimate for all
+rows together would not fit in half the memory available (8192 tokens at batch 8 is about 1 GB a
+row), that cell's rows run one after another instead, and the notes say so. A context/batch that
+would not fit for one row is skipped with a note. ``--background-load`` runs one busy
 process for the whole run (see :mod:`.load`); the header and the JSON say so.
 """
 
@@ -369,14 +373,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) -> Cell:
-    """Prefill and decode ``tokens [B, T]``: see the module docstring."""
+def prefill_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) -> tuple[Cell, object, Tensor]:
+    """Time the prefill of ``tokens [B, T]`` (see the module docstring): the cell with its prefill
+    times, the prefilled cache and the first greedy token ``[B, 1]``."""
     b, t = tokens.shape
     device = tokens.device
     cell = Cell(t, b)
-    prefill_rounds = config.repeats if t <= LONG_CONTEXT else min(config.repeats, config.long_repeats)
+    rounds = config.repeats if t <= LONG_CONTEXT else min(config.repeats, config.long_repeats)
     cache = logits = None
-    for _ in range(prefill_rounds):
+    for _ in range(rounds):
         cache = logits = None
         gc.collect()
         _sync(device)
@@ -384,24 +389,69 @@ def measure_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) 
         cache, logits = decoder.prefill(tokens)
         _sync(device)
         cell.prefill_times_ms.append((time.perf_counter() - start) * 1e3)
-    first = logits.argmax(-1, keepdim=True)  # [B, 1]
-    for r in range(config.warmup + config.repeats):
-        cache = decoder.rewind(cache, t)
-        token = first
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(config.decode_tokens):
-            cache, step_logits = decoder.step(token, cache)
-            token = step_logits.argmax(-1, keepdim=True)
-        _sync(device)
-        elapsed = time.perf_counter() - start
-        if r >= config.warmup:
-            cell.step_times_ms.append(elapsed * 1e3 / config.decode_tokens)
+    return cell, cache, logits.argmax(-1, keepdim=True)
+
+
+def decode_round(decoder: Decoder, cache, first: Tensor, context: int, config: GenerateBenchConfig):
+    """One round of ``--decode-tokens`` greedy steps from the prefilled ``cache`` (rewound to
+    ``context`` first): ``(ms per step, cache)``."""
+    device = first.device
+    cache = decoder.rewind(cache, context)
+    token = first
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(config.decode_tokens):
+        cache, step_logits = decoder.step(token, cache)
+        token = step_logits.argmax(-1, keepdim=True)
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3 / config.decode_tokens, cache
+
+
+def finish_cell(cell: Cell) -> Cell:
+    """Medians and tokens/s from the cell's recorded times."""
     cell.prefill_ms, cell.step_ms = _median(cell.prefill_times_ms), _median(cell.step_times_ms)
-    cell.tokens_per_s = b * 1e3 / cell.step_ms if cell.step_ms else None
+    cell.tokens_per_s = cell.batch * 1e3 / cell.step_ms if cell.step_ms else None
     cell.prefill_times_ms = [round(v, 3) for v in cell.prefill_times_ms]
     cell.step_times_ms = [round(v, 4) for v in cell.step_times_ms]
     return cell
+
+
+def measure_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) -> Cell:
+    """Prefill and decode ``tokens [B, T]`` with one decoder alone: see the module docstring."""
+    cell, cache, first = prefill_cell(decoder, tokens, config)
+    for r in range(config.warmup + config.repeats):
+        ms, cache = decode_round(decoder, cache, first, tokens.shape[1], config)
+        if r >= config.warmup:
+            cell.step_times_ms.append(ms)
+    return finish_cell(cell)
+
+
+def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, config: GenerateBenchConfig) -> dict:
+    """Every decoder at ``tokens [B, T]``: prefills one after another, then the decode rounds
+    round robin (every decoder's round ``r`` before any round ``r + 1``). ``{name: Cell}``; a
+    decoder that fails gets a cell with its error and leaves the rounds."""
+    t = tokens.shape[1]
+    cells, state = {}, {}
+    for name, decoder in decoders.items():
+        try:
+            cell, cache, first = prefill_cell(decoder, tokens, config)
+            cells[name], state[name] = cell, (cache, first)
+        except Exception as exc:
+            cells[name] = Cell(t, tokens.shape[0], error=error_text(exc))
+    for r in range(config.warmup + config.repeats):
+        for name in list(state):
+            cache, first = state[name]
+            try:
+                ms, cache = decode_round(decoders[name], cache, first, t, config)
+            except Exception as exc:
+                cells[name] = Cell(t, tokens.shape[0], error=error_text(exc))
+                del state[name]
+                continue
+            state[name] = (cache, first)
+            if r >= config.warmup:
+                cells[name].step_times_ms.append(ms)
+    state.clear()
+    return {name: cell if cell.error else finish_cell(cell) for name, cell in cells.items()}
 
 
 def _peer_versions() -> dict[str, str]:
@@ -434,7 +484,7 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
     prompts = {(t, b): torch.randint(0, config.vocab, (b, t), generator=gen).to(device)
                for t, b in shapes if fits[(t, b)]}
     rows: list[Row] = []
-    bar = Progress(len(todo) * len(prompts), "decoding", enabled=progress)
+    decoders: dict[str, Decoder] = {}
     with torch.no_grad():
         for cand in todo:
             row = Row(cand.name, cand.impl)
@@ -443,26 +493,39 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
                 torch.manual_seed(config.seed)
                 decoder = cand.factory()
                 decoder.model.to(device=device, dtype=dtype)
+                decoders[cand.name] = decoder
             except Exception as exc:  # reported in the table
                 row.error = error_text(exc)
-                bar.update(len(prompts), note=cand.name)
-                continue
-            for (t, b), tokens in prompts.items():
-                try:
-                    row.cells.append(measure_cell(decoder, tokens, config))
-                except Exception as exc:
-                    row.cells.append(Cell(t, b, error=error_text(exc)))
-                gc.collect()
-                bar.update(note=f"{cand.name} T={t} B={b}")
-            del decoder
+    by_name = {row.name: row for row in rows}
+    bar = Progress(len(decoders) * len(prompts), "decoding", enabled=progress)
+    with torch.no_grad():
+        for (t, b), tokens in prompts.items():
+            together = free is None or estimate_bytes(config, t, b) * len(decoders) <= free // 2
+            if together:
+                for name, cell in measure_cells_round_robin(decoders, tokens, config).items():
+                    by_name[name].cells.append(cell)
+                bar.update(len(decoders), note=f"T={t} B={b}, rows round robin")
+            else:
+                notes.append(f"context {t} batch {b}: rows one after another (their caches together would not fit "
+                             "in half the memory available)")
+                for name, decoder in decoders.items():
+                    try:
+                        by_name[name].cells.append(measure_cell(decoder, tokens, config))
+                    except Exception as exc:
+                        by_name[name].cells.append(Cell(t, b, error=error_text(exc)))
+                    gc.collect()
+                    bar.update(note=f"{name} T={t} B={b}")
             gc.collect()
+    decoders.clear()
+    gc.collect()
     bar.close()
     cfg = asdict(config)
     cfg.update(
         encodings=config.rows, llama_intermediate_size=round(8 * config.dim / 3), torch=torch.__version__,
         threads=torch.get_num_threads(), cpu_count=os.cpu_count(), machine=platform.processor() or platform.machine(),
         background_load=describe(config.background_processes), load_average=load_average(),
-        timing="rows one after another; prefill: median of repeats (long_repeats above "
+        timing="decode rounds round robin across the rows at each context and batch (one after another where "
+               "the notes say so); prefill: median of repeats (long_repeats above "
                f"{LONG_CONTEXT} tokens); decode: median ms per step of repeats rounds after warmup",
     )
     if config.peers:
