@@ -586,3 +586,34 @@ def test_packed_segments_attend_per_run_as_the_dense_mask(sizes):
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+class RowConstantTransform(posenc.PositionEncoding):
+    """A score transform that drops the scores: ``w * q_i[0]`` on every key of row ``i``. Each row's
+    softmax is then uniform over its visible keys, whatever ``q``, ``k`` and ``w``."""
+
+    hooks = frozenset({posenc.Hook.SCORE_BIAS})
+    needs_scores = True
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(0.7, dtype=torch.float64))
+
+    def transform_scores(self, scores, q, k, q_pos, kv_pos, allowed):
+        return torch.zeros_like(scores) + self.w * q[..., :1]
+
+
+def test_math_path_takes_a_transform_that_drops_the_scores():
+    """The chunked transform backward when the transform's result does not depend on ``q.k``:
+    uniform attention over the visible keys (the running mean of v), zero gradient to q, k and w."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, 12, D, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    enc = RowConstantTransform()
+    pos = torch.arange(12)[None]
+    out = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=AttentionMask(causal=True), backend="math")
+    expected = v.cumsum(2) / torch.arange(1, 13, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+    grads = torch.autograd.grad(out, [q, k, v, enc.w], torch.randn(out.shape, dtype=torch.float64, generator=gen))
+    for name, g in zip(["q", "k", "w"], [grads[0], grads[1], grads[3]]):
+        torch.testing.assert_close(g, torch.zeros_like(g), atol=1e-12, rtol=0, msg=lambda m: f"grad {name}: {m}")
+    assert grads[2].abs().sum() > 0

@@ -897,7 +897,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
                 del probs
             targets = [raw, *(t for t in (q_leaf, k_leaf) if t.requires_grad), *wanted]
             found = list(torch.autograd.grad(scores, targets, d_scores, allow_unused=True))
-            d_raw = found.pop(0).mul_(scale)  # d(q.k) for the chunk: [B, H, rows, keys]
+            d_raw = found.pop(0)  # d(q.k) for the chunk: [B, H, rows, keys]
+            d_raw = torch.zeros_like(raw) if d_raw is None else d_raw.mul_(scale)  # None: a transform that drops the scores
             gq_extra = found.pop(0) if q_leaf.requires_grad else None
             gk_extra = found.pop(0) if k_leaf.requires_grad else None
             if need_q:
