@@ -35,6 +35,7 @@ _EPS = 1e-6
 # its piecewise-linear form costs about 0.5 ms to build (per call, so per layer and decoding
 # step), the MLP about 30 ns a pair more than the lookup.
 _DIRECT_PAIRS = 1 << 14
+_PSI_TABLE_MAX = 1 << 20  # distances looked up in a table up to this span; past it, a logarithm per pair
 
 
 @register(
@@ -120,9 +121,23 @@ class FIRE(PositionEncoding):
             return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
 
         segments = self._segments()  # constants of this call: once, not per block of rows
+        tables = self._distance_tables(q_pos, kv_pos)
+        if tables is not None:
+            # Integer positions: psi(|i - j|) looked up by distance and 1 / psi(max(L, i)) by query,
+            # both made once per call (a gather per pair instead of a logarithm and a division);
+            # the chunked backward gives their gradients, and autograd takes them to c and L once.
+            psi_of_distance, inverse_norm = tables
+
+            def distance_input(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return psi_of_distance[(take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).abs()] * take(inverse_norm, b, q_idx)
+
+            learned = (psi_of_distance, inverse_norm, *self.mlp.parameters())
+        else:
+            def distance_input(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
+            x = distance_input(b, q_idx, kv_idx)
             if is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1:
                 # A block for every head (the CPU chunks): the MLP in its piecewise-linear form,
                 # a segment lookup and a multiply-add per pair, instead of a [pairs, width] hidden
@@ -133,6 +148,21 @@ class FIRE(PositionEncoding):
             return mlp(x, h)
 
         return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE")
+
+    def _distance_tables(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor] | None:
+        """For integer positions: ``psi(n)`` for every distance ``n = 0 .. max |i - j|`` and
+        ``1 / (psi(max(L_thr, i)) + eps)`` per query position ``[B or 1, Tq]``, differentiable in
+        ``c`` and ``L_thr``; None for float positions or a span past ``_PSI_TABLE_MAX``."""
+        if q_pos.is_floating_point() or kv_pos.is_floating_point() or q_pos.numel() == 0 or kv_pos.numel() == 0:
+            return None
+        span = max(int(q_pos.max()) - int(kv_pos.min()), int(kv_pos.max()) - int(q_pos.min()), 0)
+        if span > _PSI_TABLE_MAX:
+            return None
+        work = torch.float64 if self.c.dtype == torch.float64 else torch.float32
+        c = self.c.abs().to(work)
+        psi = torch.log1p(c * torch.arange(span + 1, device=self.c.device, dtype=work))  # [span + 1]
+        norm = torch.maximum(q_pos.to(work), self.threshold.to(work))  # [B or 1, Tq]
+        return psi, 1 / (torch.log1p(c * norm) + _EPS)
 
     def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
