@@ -503,3 +503,26 @@ def test_fire_piecewise_linear_form_is_the_mlp_on_the_whole_line(flat_units):
     assert breaks.shape == (32,) and slope.shape == offset.shape == (33, 4)
     seg = torch.searchsorted(breaks, x, right=True)
     torch.testing.assert_close(slope[seg] * x[:, None] + offset[seg], enc.mlp(x[:, None]), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("buckets", [
+    [3, 3, 3, 3, 3, 3],  # one bucket for every key
+    [0, 0, 0, 1, 2, 4, 7, 7],  # runs at both ends, a varying middle
+    [0, 1, 2, 3, 4],  # no run longer than one key
+    [2, 2, 5, 5, 5],  # two runs, nothing between
+])
+def test_deberta_row_p2c_by_runs_equals_the_gather(buckets):
+    """A cached decoding row's p2c entries (matrix-vector products for the runs of one bucket at
+    either end, a gather between) equal ``k_j . Qr[bucket_j]`` key by key, values and gradients."""
+    from posenc.seq.deberta import _row_position_to_content
+
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 3, len(buckets), 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    qr = torch.randn(3, 8, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    idx = torch.tensor(buckets)
+    got = _row_position_to_content(keys, qr, idx)
+    want = (keys * qr[:, idx]).sum(-1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(want.shape, dtype=torch.float64, generator=gen)
+    for g, w in zip(torch.autograd.grad(got, [keys, qr], grad), torch.autograd.grad(want, [keys, qr], grad)):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

@@ -219,7 +219,8 @@ class DeBERTa(PositionEncoding):
                     if rows >= _MIN_SKEW_ROWS:
                         return c2p + _SkewedPositionToContent.apply(qr, keys, bucket_of, tq, start, rows)
                     m = kv_idx.reshape(1, -1) - q_idx.reshape(-1, 1) + (tq - 1)  # [rows, n]
-                    return c2p + torch.stack([(keys * qr[:, bucket_of[m[r]]]).sum(-1) for r in range(rows)], dim=2)
+                    return c2p + torch.stack([_row_position_to_content(keys, qr, bucket_of[m[r]]) for r in range(rows)],
+                                             dim=2)
             rel = q_idx - kv_idx - offset
             c = deberta_index(rel, span, log_buckets, max_position)
             p = deberta_index(-rel, span, log_buckets, max_position)
@@ -232,6 +233,24 @@ class DeBERTa(PositionEncoding):
 # Fewer query rows than this (cached decoding) take each row's p2c entries as one product of the
 # keys with their Qr rows: the skew's windows would cost more than they save.
 _MIN_SKEW_ROWS = 8
+
+
+def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tensor:
+    """One query row's p2c entries ``keys[..., j, :] . qr[:, buckets[j]]`` -> ``[B, H, n]``
+    (``keys [B, H, n, d]``, ``qr [H, 2k, d]``, ``buckets [n]`` non-decreasing along the keys).
+    The keys before the first change of bucket and after the last share one ``Qr`` row each
+    (beyond the span: most of a long cache), so they take a matrix-vector product; only the
+    keys between gather their rows."""
+    n = buckets.shape[0]
+    first, last = buckets[0], buckets[-1]
+    a = int((buckets == first).sum())  # keys 0 .. a-1 in the first bucket
+    b = n - int((buckets == last).sum()) if a < n else n  # keys b .. n-1 in the last
+    parts = [torch.matmul(keys[:, :, :a], qr[:, first].unsqueeze(-1)).squeeze(-1)]  # [B, H, a]
+    if b > a:
+        parts.append((keys[:, :, a:b] * qr[:, buckets[a:b]]).sum(-1))
+    if n > b:
+        parts.append(torch.matmul(keys[:, :, b:], qr[:, last].unsqueeze(-1)).squeeze(-1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tensor, c: Tensor) -> Tensor:
