@@ -802,14 +802,9 @@ def _math_block(
     keys])``, ``weights`` being the matrix applied to ``V``: the probabilities after dropout (with
     probability ``dropout_p``, kept entries scaled by ``1 / (1 - p)``) plus the after-softmax
     bias. ``q_rows``, ``k``, ``v`` are in the working dtype with the key heads repeated."""
-    bias, prob_bias, value_term, score_transform = terms.bias, terms.prob_bias, terms.value_term, terms.score_transform
+    prob_bias, value_term = terms.prob_bias, terms.value_term
     b, h = q_rows.shape[:2]
-    scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale  # [B, H, rows, keys]
-    if bias is not None:
-        scores = scores + bias.dense(b, h, q_idx, kv_idx, dtype=scores.dtype)
-    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, kv_len)  # [B or 1, 1, rows, keys]
-    if score_transform is not None:
-        scores = score_transform(scores, q_rows, k, rows, keys, allowed)
+    scores, allowed = _transformed_scores(q_rows, k, q_idx, kv_idx, rows, keys, q_len, kv_len, mask, terms, scale)
     if allowed is not None:
         row_any = allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
@@ -856,7 +851,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         def run(rows: tuple[int, int, int]) -> None:
             s, e, kv_end = rows
             q_c, k_c, v_c = q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end]
-            scores, allowed = _transformed_scores(q_c, k_c, idx, s, e, kv_end, tq, tk, mask, terms, scale)
+            scores, allowed = _transformed_scores(q_c, k_c, idx[s:e], idx[:kv_end], slice(s, e), slice(0, kv_end), tq,
+                                                  tk, mask, terms, scale)
             out[:, :, s:e] = torch.matmul(_masked_softmax(scores, allowed), v_c)  # chunks own disjoint rows
 
         for _ in chunk_pool.ordered_map(run, _row_chunks(tq, tk, chunk, causal)):
@@ -888,8 +884,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
                 q_leaf = q_c.detach().requires_grad_(need_q)
                 k_leaf = k_c.detach().requires_grad_(need_k)
                 raw = torch.matmul(q_c, k_c.transpose(-1, -2)).mul_(scale).requires_grad_()  # [B, H, rows, keys]
-                scores, allowed = _transformed_scores(q_leaf, k_leaf, idx, s, e, kv_end, tq, tk, mask, terms, scale,
-                                                      raw=raw)
+                scores, allowed = _transformed_scores(q_leaf, k_leaf, idx[s:e], idx[:kv_end], slice(s, e),
+                                                      slice(0, kv_end), tq, tk, mask, terms, scale, raw=raw)
             with torch.no_grad():
                 probs = _masked_softmax(scores.detach(), allowed)  # [B, H, rows, keys], as in the forward
                 gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
@@ -940,21 +936,22 @@ class _ChunkedTransformAttention(torch.autograd.Function):
 
 
 def _transformed_scores(
-    q_c: Tensor, k_c: Tensor, idx: Tensor, s: int, e: int, kv_end: int, q_len: int, kv_len: int,
+    q_rows: Tensor, k: Tensor, q_idx: Tensor, kv_idx: Tensor, rows: slice, keys: slice, q_len: int, kv_len: int,
     mask: AttentionMask | None, terms: EncodingTerms, scale: float, raw: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """``transform(scale * Q K^T + bias)`` for query rows ``s:e`` and keys ``:kv_end`` (``raw``:
-    ``scale * Q K^T`` already made), and the mask's ``allowed [B or 1, 1, rows, keys]`` (None
-    without a mask)."""
-    b, h = q_c.shape[:2]
+    """``transform(scale * Q K^T + bias)`` for the query rows ``rows`` (indices ``q_idx``) and the
+    keys ``keys`` (``kv_idx``) (``raw``: ``scale * Q K^T`` already made), and the mask's ``allowed
+    [B or 1, 1, rows, keys]`` (None without a mask). ``q_rows``, ``k`` in the working dtype with
+    the key heads repeated."""
+    b, h = q_rows.shape[:2]
     if raw is None:
-        raw = torch.matmul(q_c, k_c.transpose(-1, -2)).mul_(scale)  # [B, H, rows, keys]
+        raw = torch.matmul(q_rows, k.transpose(-1, -2)).mul_(scale)  # [B, H, rows, keys]
     scores = raw
     if terms.bias is not None:
-        scores = scores + terms.bias.dense(b, h, idx[s:e], idx[:kv_end], dtype=raw.dtype)
-    allowed = None if mask is None else mask.dense(b, idx[s:e], idx[:kv_end], q_len, kv_len)
+        scores = scores + terms.bias.dense(b, h, q_idx, kv_idx, dtype=raw.dtype)
+    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, kv_len)
     if terms.score_transform is not None:
-        scores = terms.score_transform(scores, q_c, k_c, slice(s, e), slice(0, kv_end), allowed)
+        scores = terms.score_transform(scores, q_rows, k, rows, keys, allowed)
     return scores, allowed
 
 
