@@ -416,20 +416,11 @@ def finish_cell(cell: Cell) -> Cell:
     return cell
 
 
-def measure_cell(decoder: Decoder, tokens: Tensor, config: GenerateBenchConfig) -> Cell:
-    """Prefill and decode ``tokens [B, T]`` with one decoder alone: see the module docstring."""
-    cell, cache, first = prefill_cell(decoder, tokens, config)
-    for r in range(config.warmup + config.repeats):
-        ms, cache = decode_round(decoder, cache, first, tokens.shape[1], config)
-        if r >= config.warmup:
-            cell.step_times_ms.append(ms)
-    return finish_cell(cell)
-
-
 def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, config: GenerateBenchConfig) -> dict:
-    """Every decoder at ``tokens [B, T]``: prefills one after another, then the decode rounds
-    round robin (every decoder's round ``r`` before any round ``r + 1``). ``{name: Cell}``; a
-    decoder that fails gets a cell with its error and leaves the rounds."""
+    """Every decoder at ``tokens [B, T]`` (see the module docstring): prefills one after another,
+    then the decode rounds round robin (every decoder's round ``r`` before any round ``r + 1``).
+    ``{name: Cell}``; a decoder that fails gets a cell with its error and leaves the rounds. With
+    one decoder this is that decoder's cell alone."""
     t = tokens.shape[1]
     cells, state = {}, {}
     for name, decoder in decoders.items():
@@ -450,7 +441,6 @@ def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, conf
             state[name] = (cache, first)
             if r >= config.warmup:
                 cells[name].step_times_ms.append(ms)
-    state.clear()
     return {name: cell if cell.error else finish_cell(cell) for name, cell in cells.items()}
 
 
@@ -509,10 +499,7 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
                 notes.append(f"context {t} batch {b}: rows one after another (their caches together would not fit "
                              "in half the memory available)")
                 for name, decoder in decoders.items():
-                    try:
-                        by_name[name].cells.append(measure_cell(decoder, tokens, config))
-                    except Exception as exc:
-                        by_name[name].cells.append(Cell(t, b, error=error_text(exc)))
+                    by_name[name].cells.append(measure_cells_round_robin({name: decoder}, tokens, config)[name])
                     gc.collect()
                     bar.update(note=f"{name} T={t} B={b}")
             gc.collect()
