@@ -74,9 +74,13 @@ class FIRE(PositionEncoding):
         """``L_thr = |l_mult| * init_threshold``."""
         return (self.l_mult * self.init_threshold).abs()
 
+    def _work_dtype(self) -> torch.dtype:
+        """float64 for a float64 module, else float32 (positions are converted to it)."""
+        return torch.float64 if self.c.dtype == torch.float64 else torch.float32
+
     def normalized_distance(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """``psi(|i - j|) / (psi(max(L_thr, i)) + eps)`` for broadcastable positions."""
-        work = torch.float64 if self.c.dtype == torch.float64 else torch.float32
+        work = self._work_dtype()
         c = self.c.abs()
         dist = (q_pos - kv_pos).to(work).abs()
         norm = torch.maximum(q_pos.to(work), self.threshold.to(work))
@@ -158,7 +162,7 @@ class FIRE(PositionEncoding):
         span = max(int(q_pos.max()) - int(kv_pos.min()), int(kv_pos.max()) - int(q_pos.min()), 0)
         if span > _PSI_TABLE_MAX:
             return None
-        work = torch.float64 if self.c.dtype == torch.float64 else torch.float32
+        work = self._work_dtype()
         c = self.c.abs().to(work)
         psi = torch.log1p(c * torch.arange(span + 1, device=self.c.device, dtype=work))  # [span + 1]
         norm = torch.maximum(q_pos.to(work), self.threshold.to(work))  # [B or 1, Tq]
