@@ -466,3 +466,37 @@ def test_a_causal_mask_over_one_query_row_hides_nothing(monkeypatch):
                         backend="sdpa")
     assert seen == [(None, False)]
     torch.testing.assert_close(out, real(q, k, v))
+
+
+def test_a_content_bias_holds_the_compacted_q_and_k_the_kernel_reads():
+    # DeBERTa's bias keeps q and k for its gradient. On CPU with gradients, prepare() compacts
+    # them before the bias is built, so the bias and the dense kernel share one copy of each
+    # (had the bias kept the strided views, both would stay alive through the backward).
+    import copy
+
+    from posenc.common import AttentionCall, prepare, run
+    from posenc.seq.deberta import DeBERTa
+
+    torch.manual_seed(0)
+    proj = torch.randn(2, 12, 3, 4, 8, requires_grad=True)  # [B, T, (q, k, v), H, D]
+    q, k, v = (proj[:, :, i].transpose(1, 2) for i in range(3))  # strided views, as from one projection
+    enc = DeBERTa(32, 4, span=4)
+    causal = posenc.AttentionMask(causal=True)
+    want = attend(*(t.detach().double() for t in (q, k, v)), q_pos=torch.arange(12), kv_pos=torch.arange(12),
+                  encoding=copy.deepcopy(enc).double(), mask=causal)
+    seen = {}
+    score_bias = enc.score_bias
+
+    def spy(q_in, k_in, q_pos, kv_pos):
+        seen["q"], seen["k"] = q_in, k_in
+        return score_bias(q_in, k_in, q_pos, kv_pos)
+
+    enc.score_bias = spy
+    ready = prepare(AttentionCall.checked(q, k, v, encoding=enc, mask=causal))
+    assert ready.call.q.is_contiguous() and ready.call.k.is_contiguous()
+    assert seen["q"] is ready.call.q and seen["k"] is ready.call.k
+    torch.testing.assert_close(run(ready).double(), want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # nothing is kept for a backward: the views as they are (a KV cache's slice)
+        ready = prepare(AttentionCall.checked(q, k, v, encoding=enc, mask=causal))
+    assert not ready.call.k.is_contiguous() and seen["k"] is ready.call.k
+    torch.testing.assert_close(run(ready).double(), want, rtol=1e-5, atol=1e-5)
