@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import chunk_pool
+from .amp import autocast_off
 from .masks import AttentionMask
 from .pairwise import PairwiseBias, shared_run_offset
 
@@ -444,6 +445,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         if grad_out is None:
@@ -722,6 +724,7 @@ class _RowChunks(torch.autograd.Function):
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad_out):
         if grad_out is None:
             return (None,) * (4 + ctx.n_rows + ctx.n_keys + len(ctx.others))
@@ -862,6 +865,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         if grad_out is None:

@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .amp import autocast_off
+
 PairFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -148,6 +150,7 @@ class _DeferredTableGrad(torch.autograd.Function):
         return table.new_empty(0)
 
     @staticmethod
+    @autocast_off
     def backward(ctx, _unused: Tensor):
         return ctx.sink.pop("grad", None), None
 
@@ -169,6 +172,7 @@ class _GatherColumns(torch.autograd.Function):
         return table[..., :width].gather(2, index)
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad: Tensor):
         (index,) = ctx.saved_tensors
         acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
@@ -186,6 +190,7 @@ class _SliceRows(torch.autograd.Function):
         return table[:, :, start:stop]
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad: Tensor):
         acc = _sink_buffer(ctx.sink, ctx.table_shape, ctx.table_dtype, grad.device)
         acc[:, :, ctx.start : ctx.stop] += grad.to(ctx.table_dtype)  # chunks own disjoint rows

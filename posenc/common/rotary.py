@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .amp import autocast_off
+
 PAIRINGS = ("half_split", "interleaved")
 Pairing = Literal["half_split", "interleaved"]
 
@@ -98,6 +100,7 @@ class _Rotary(torch.autograd.Function):
         return _rotate(x, cos, sin, interleaved)
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:

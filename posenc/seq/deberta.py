@@ -40,6 +40,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..common.amp import autocast_off
 from ..common.checks import (
     check_bool,
     check_int,
@@ -343,6 +344,7 @@ class _SkewedPositionToContent(torch.autograd.Function):
         return out
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad):
         qr, k = ctx.saved_tensors
         bucket_of, q_len, start, rows = ctx.args

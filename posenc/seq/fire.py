@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, is_dense_block, take
@@ -228,6 +229,7 @@ class _SegmentAffine(torch.autograd.Function):
         return out.permute(0, 3, 1, 2)
 
     @staticmethod
+    @autocast_off
     def backward(ctx, grad: Tensor):
         xw, seg, rows = ctx.saved_tensors  # rows [B or 1, rows, keys, 2H]: slope, offset of each pair
         heads = rows.shape[-1] // 2
