@@ -12,7 +12,9 @@
 #   6. this round (2026-12, second): the Hugging Face bridge in bf16 on CUDA (a Llama with ALiBi
 #      through FlexAttention, forward+backward, cached generation equal to uncached; the identity swap
 #      against HF's sdpa), the AttentionSmithy method against its StandardAttentionMethod on CUDA,
-#      and `posenc bench generate` in bf16 on CUDA at small sizes (bench models runs on the CPU only);
+#      and `posenc bench generate` in bf16 on CUDA at small sizes;
+#   7. `posenc bench models` in bf16 autocast on CUDA (eager, and the LM pair compiled), and the
+#      backward inside autocast on CUDA;
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
@@ -187,3 +189,32 @@ for name, fn in [("HF Llama with ALiBi, bf16 on CUDA: forward+backward, cached g
 PY
 python3 -m posenc.cli bench generate --device cuda --dtype bfloat16 --contexts 512,2048 --batches 1,8 --repeats 2 \
   --no-progress --out "$out/generate_bf16" 2>&1 | tail -n 30 | tee "$out/generate_bf16.txt"
+# 7. Performance round three (2026-12): the models bench on CUDA in bfloat16 autocast, eager for
+#    every pair, then the LM pair compiled (graph breaks and compiled speed-up with FlexAttention);
+#    the backward inside autocast on CUDA (posenc.common.amp) for the encodings with a custom backward.
+python3 -m posenc.cli bench models --device cuda --dtype bfloat16 --models lm,vit,gps --repeats 3 --no-compile \
+  --no-progress --out "$out/models_bf16" 2>&1 | tail -n 30 | tee "$out/models_bf16.txt"
+python3 -m posenc.cli bench models --device cuda --dtype bfloat16 --models lm --repeats 3 \
+  --no-progress --out "$out/models_bf16_compiled" 2>&1 | tail -n 30 | tee "$out/models_bf16_compiled.txt"
+python3 - <<'PY' 2>&1 | tee "$out/autocast_backward_cuda.txt"
+import torch
+from posenc.seq.models import CausalLM
+for enc in ["rope", "alibi", "t5", "kerple", "fire", "deberta", "shaw", "transformer_xl", "tupe", "cape", "cope"]:
+    try:
+        grads = []
+        for inside in (True, False):
+            torch.manual_seed(0)
+            m = CausalLM(64, 64, 2, 4, encoding=enc, max_len=256).cuda()
+            x = torch.randint(0, 64, (2, 200), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = m(x).float().logsumexp(-1).mean()
+                if inside:
+                    loss.backward()
+            if not inside:
+                loss.backward()
+            grads.append([p.grad for p in m.parameters()])
+        same = all(torch.equal(a, b) for a, b in zip(*grads))
+        print(f"{'PASS' if same else 'FAIL'} {enc}: backward inside autocast {'==' if same else '!='} after it")
+    except Exception as exc:
+        print(f"FAIL {enc}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+PY

@@ -149,3 +149,40 @@ def test_bench_models_convtran_peer_comes_from_a_named_checkout(tmp_path, capsys
     assert cli.main(["bench", "models", "--models", "convtran", "--convtran-repo", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error: convtran_repo must be a checkout" in err[0] and "nowhere" in err[0]
+
+
+def test_bench_models_bfloat16_runs_under_autocast_and_refuses_a_missing_device(tmp_path, capsys, monkeypatch):
+    """--dtype bfloat16 runs each step's forward pass under torch.autocast (the models' outputs are
+    bfloat16; weights stay float32) and says so; a bad --device or a missing CUDA is one line."""
+    from posenc.cli.bench import models as models_bench
+
+    seen = []
+    posenc_lm = models_bench.posenc_lm
+
+    def spy(cfg, encoding):
+        unit = posenc_lm(cfg, encoding)
+        apply = unit.apply
+        unit.apply = lambda m: seen.append((apply(m).dtype, next(m.parameters()).dtype)) or apply(m)
+        return unit
+
+    monkeypatch.setattr(models_bench, "posenc_lm", spy)
+    argv = ["bench", "models", "--models", "lm", "--dtype", "bfloat16", "--batch", "1", "--seq-len", "8",
+            "--repeats", "1", "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "models.json").read_text())
+    assert data["config"]["dtype"] == "bfloat16" and data["config"]["device"] == "cpu"
+    assert all(r["error"] is None and r["ms"] > 0 for r in data["rows"])
+    assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
+    assert "bfloat16 autocast on cpu" in (tmp_path / "models.txt").read_text()
+    capsys.readouterr()
+
+    assert cli.main(["bench", "models", "--device", "tpu"]) == 2
+    assert "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N; got 'auto'"):
+        models_bench.ModelsBenchConfig(device="auto")
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16; got 'float16'"):
+        models_bench.ModelsBenchConfig(dtype="float16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "models", "--models", "lm", "--device", "cuda", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["posenc bench models: error: device 'cuda' was requested but torch.cuda.is_available() is False"]

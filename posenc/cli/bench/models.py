@@ -36,7 +36,10 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
 
 Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (rows of a
 pair interleaved round robin, see :mod:`.timing`), steps/s, peak memory of one step (see
-:mod:`.memory`), the posenc row's time over its peer's. With compiling on (the default) each row
+:mod:`.memory`), the posenc row's time over its peer's. ``--device cuda`` runs every model and
+its batch there; ``--dtype bfloat16`` runs each step's forward pass and loss under
+``torch.autocast`` in bfloat16 (float32 weights and optimizer: mixed precision, as models are
+trained), the same for every row. With compiling on (the default) each row
 is also compiled with ``torch.compile`` (default inductor backend): ``graph breaks`` counts
 ``torch._dynamo.explain`` over the forward pass, and ``compiled x`` is eager ms over compiled ms.
 """
@@ -57,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
+from ..argtypes import device_name, nonnegative_int, out_directory, positive_int, seed_value
 from ...common.report import Progress, format_table, write_atomic, write_json
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
@@ -69,6 +72,7 @@ LM_ENCODINGS = ("rope", "alibi", "none")
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
 PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometric": "torch_geometric"}
+DTYPES = ("float32", "bfloat16")  # bfloat16: the forward pass and loss under torch.autocast
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,18 @@ class ModelsBenchConfig:
     compile: bool = True
     seed: int = 0
     background_processes: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        try:
+            kind = torch.device(self.device).type
+        except (RuntimeError, TypeError, ValueError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N; got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         bad = [m for m in self.models if m not in MODELS]
         if not self.models or bad:
             raise ValueError(f"models must be some of {', '.join(MODELS)}; got {', '.join(self.models) or 'none'}")
@@ -148,7 +162,7 @@ class Candidate:
 
 def _lm_batch(cfg: ModelsBenchConfig) -> Tensor:
     g = torch.Generator().manual_seed(cfg.seed)
-    return torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g)
+    return torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g).to(cfg.device)
 
 
 def _lm_loss(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -182,7 +196,8 @@ def x_transformers_lm(cfg: ModelsBenchConfig, encoding: str) -> Unit:
 
 def _images(cfg: ModelsBenchConfig) -> tuple[Tensor, Tensor]:
     g = torch.Generator().manual_seed(cfg.seed)
-    return torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=g), torch.randint(0, 10, (cfg.batch,), generator=g)
+    x, y = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=g), torch.randint(0, 10, (cfg.batch,), generator=g)
+    return x.to(cfg.device), y.to(cfg.device)
 
 
 def posenc_vit(cfg: ModelsBenchConfig, encoding: str) -> Unit:
@@ -227,7 +242,7 @@ def _graphs(cfg: ModelsBenchConfig):
                     num_nodes=n)
         items.append(walk(data))
     batch = Batch.from_data_list(items)
-    return batch, torch.randn(cfg.graphs, 1, generator=g)
+    return batch.to(cfg.device), torch.randn(cfg.graphs, 1, generator=g).to(cfg.device)
 
 
 def posenc_gps(cfg: ModelsBenchConfig) -> Unit:
@@ -277,7 +292,7 @@ def pyg_gps(cfg: ModelsBenchConfig) -> Unit:
 def _series(cfg: ModelsBenchConfig) -> tuple[Tensor, Tensor]:
     g = torch.Generator().manual_seed(cfg.seed)
     x = torch.randn(cfg.series, cfg.series_channels, cfg.series_len, generator=g)
-    return x, torch.randint(0, cfg.classes, (cfg.series,), generator=g)
+    return x.to(cfg.device), torch.randint(0, cfg.classes, (cfg.series,), generator=g).to(cfg.device)
 
 
 def posenc_convtran(cfg: ModelsBenchConfig) -> Unit:
@@ -386,21 +401,26 @@ class ModelsResult:
         return {"config": self.config, "rows": [asdict(r) for r in self.rows], "notes": self.notes}
 
 
-def _train_step(unit: Unit, module: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+def _train_step(unit: Unit, module: nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+                autocast: torch.dtype | None) -> Callable[[], None]:
+    """One training step; ``autocast``: the forward pass and loss under ``torch.autocast`` in that dtype."""
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        unit.loss_of(unit.apply(module)).backward()
+        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = unit.loss_of(unit.apply(module))
+        loss.backward()
         opt.step()
 
     return step
 
 
-def _explain(unit: Unit) -> tuple[int, int, list[str]]:
+def _explain(unit: Unit, device: torch.device, autocast: torch.dtype | None) -> tuple[int, int, list[str]]:
     """``(graph breaks, graphs, reasons)`` of the forward pass under ``torch._dynamo.explain``."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    info = torch._dynamo.explain(lambda: unit.apply(unit.model))()
+    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        info = torch._dynamo.explain(lambda: unit.apply(unit.model))()
     reasons = []
     for b in info.break_reasons:
         where = b.user_stack[-1] if getattr(b, "user_stack", None) else None
@@ -415,7 +435,10 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
     rows = [Row(c.pair, c.name, c.impl) for c in todo]
     pairs = list(dict.fromkeys(c.pair for c in todo))
     bar = Progress(len(pairs), "pairs", enabled=progress)
-    device = torch.device("cpu")
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {cfg.device!r} was requested but torch.cuda.is_available() is False")
+    autocast = torch.bfloat16 if cfg.dtype == "bfloat16" else None
     for pair in pairs:
         members = [(c, r) for c, r in zip(todo, rows) if c.pair == pair]
         steps, units = {}, {}
@@ -423,9 +446,9 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
             try:
                 torch.manual_seed(cfg.seed)
                 unit = cand.factory()
-                unit.model.train()
+                unit.model.to(device).train()
                 opt = torch.optim.AdamW(unit.model.parameters(), lr=1e-4)
-                step = _train_step(unit, unit.model, opt)
+                step = _train_step(unit, unit.model, opt, device, autocast)
                 step()  # one checked step before timing
                 steps[cand.name], units[cand.name] = step, (unit, opt)
             except Exception as exc:
@@ -449,10 +472,10 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
                     continue
                 unit, _ = units[cand.name]
                 try:
-                    row.graph_breaks, row.graphs, row.break_reasons = _explain(unit)
+                    row.graph_breaks, row.graphs, row.break_reasons = _explain(unit, device, autocast)
                     torch._dynamo.reset()
                     compiled = torch.compile(unit.model)  # the same parameters, compiled
-                    cstep = _train_step(unit, compiled, torch.optim.AdamW(unit.model.parameters(), lr=1e-4))
+                    cstep = _train_step(unit, compiled, torch.optim.AdamW(unit.model.parameters(), lr=1e-4), device, autocast)
                     cstep()  # compiles
                     compiled_steps[cand.name] = cstep
                 except Exception as exc:
@@ -477,6 +500,7 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
     config.update(
         torch=torch.__version__, threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
         machine=platform.processor() or platform.machine(), background_load=describe(cfg.background_processes),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         load_average=load_average(), peer_versions={k: importlib.metadata.version(v) for k, v in PEER_DISTS.items()
                                                     if _installed(v)},
         timing="training step (AdamW) median of repeats after warmup; the rows of a pair round robin",
@@ -497,10 +521,15 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _precision(config: dict) -> str:
+    return "bfloat16 autocast" if config["dtype"] == "bfloat16" else "float32"
+
+
 def render(result: ModelsResult) -> str:
     c = result.config
     lines = [
-        f"training steps (AdamW), CPU {c['threads']} threads: lm B={c['batch']} T={c['seq_len']} dim={c['lm_dim']} "
+        f"training steps (AdamW), {_precision(c)} on {c.get('device_name') or c['device']} ({c['threads']} CPU threads): "
+        f"lm B={c['batch']} T={c['seq_len']} dim={c['lm_dim']} "
         f"depth={c['lm_depth']} heads={c['lm_heads']}; vit {c['img_size']}px/{c['patch']} dim={c['vit_dim']} "
         f"depth={c['vit_depth']} heads={c['vit_heads']} B={c['batch']}; gps {c['graphs']} graphs x {c['nodes']} nodes "
         f"dim={c['gps_dim']} depth={c['gps_depth']}; convtran B={c['series']} C={c['series_channels']} "
@@ -544,6 +573,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--convtran-repo", default=None, metavar="DIR",
                         help="a checkout of github.com/Navidfoumani/ConvTran: the convtran pair's peer row imports "
                              "its Models/model.py (that repository's code runs; default: no peer row)")
+    parser.add_argument("--device", type=device_name, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype,
+                        help="bfloat16: each step's forward pass and loss under torch.autocast (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=d.repeats, help="timed rounds (default: %(default)s)")
     parser.add_argument("--warmup", type=nonnegative_int, default=d.warmup, help="untimed rounds (default: %(default)s)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
@@ -559,11 +591,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = ModelsBenchConfig(models=tuple(args.models), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
                                 repeats=args.repeats, warmup=args.warmup, compile=args.compile, seed=args.seed,
-                                background_processes=args.background_processes, convtran_repo=args.convtran_repo)
+                                background_processes=args.background_processes, convtran_repo=args.convtran_repo,
+                                device=args.device, dtype=args.dtype)
+        result = run_benchmark(cfg, progress=args.progress)
     except ValueError as exc:
         print(f"posenc bench models: error: {exc}", file=sys.stderr)
         return 2
-    result = run_benchmark(cfg, progress=args.progress)
     text = render(result)
     print(text)
     if args.out:
