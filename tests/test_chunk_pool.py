@@ -55,6 +55,25 @@ def test_workers_take_the_callers_grad_mode_and_one_thread_each(two_threads):
     assert later == [2]
 
 
+def test_workers_take_the_callers_inference_mode(two_threads, monkeypatch):
+    """Under torch.inference_mode the chunks write into inference tensors: a worker outside that
+    mode may not (prefill of a long prompt with a score bias failed there)."""
+    modes = lambda _: (torch.is_inference_mode_enabled(), torch.is_grad_enabled())  # noqa: E731
+    with torch.inference_mode():
+        assert list(chunk_pool.ordered_map(modes, range(4))) == [(True, False)] * 4
+    assert list(chunk_pool.ordered_map(modes, range(4))) == [(False, True)] * 4
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 2 * 4 * 300 * 32)  # chunks of about 32 rows
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (2, 300))
+    for encoding in ("alibi", "t5", "deberta", "cape"):
+        model = posenc.seq.CausalLM(64, 32, 1, 4, encoding=encoding, max_len=300).eval()
+        with torch.no_grad():
+            want = model(tokens)
+        with torch.inference_mode():  # several chunks of rows on the workers
+            got = model(tokens)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=encoding)
+
+
 def test_the_caller_consumes_results_on_one_thread_and_gets_its_setting_back(two_threads):
     """While results come in, the caller's own work runs beside the workers: one torch thread,
     restored afterwards, also when the caller stops early or an item fails."""

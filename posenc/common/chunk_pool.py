@@ -11,8 +11,8 @@ barriers inside a chunk, and whichever worker's core is free takes the next chun
 
 :func:`ordered_map` yields the results in the order of the items, so that whatever the caller
 adds up from them is added in a fixed order (bitwise reproducible). Workers inherit the caller's
-grad mode per item. With one torch thread, inside a worker, or while ``torch.compile`` traces,
-the items run inline on the calling thread.
+grad mode and inference mode per item. With one torch thread, inside a worker, or while
+``torch.compile`` traces, the items run inline on the calling thread.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ class _Pool:
         _local.in_worker = True
         ready.wait()
         while True:
-            fn, item, grad_enabled, done = self.tasks.get()
+            fn, item, (grad_enabled, inference), done = self.tasks.get()
             try:
-                with torch.set_grad_enabled(grad_enabled):
+                # the caller's grad mode and inference mode (both thread-local): a chunk writes
+                # into the caller's tensors, which under inference_mode are inference tensors
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled):
                     done.put((True, fn(item)))
             except BaseException as exc:  # handed to the caller, raised there
                 done.put((False, exc))
@@ -110,7 +112,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
             yield fn(item)
         return
     pool = _get_pool(size)
-    grad_enabled = torch.is_grad_enabled()
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
     pending: collections.deque = collections.deque()
     todo = iter(items)
 
@@ -119,7 +121,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         if item is _END:
             return False
         done: queue.SimpleQueue = queue.SimpleQueue()
-        pool.tasks.put((fn, item, grad_enabled, done))
+        pool.tasks.put((fn, item, modes, done))
         pending.append(done)
         return True
 
