@@ -47,6 +47,7 @@ from ..common.checks import (
     check_number,
     check_sequence_positions,
 )
+from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -131,6 +132,7 @@ class DeBERTa(PositionEncoding):
         self.rel = nn.Parameter(torch.randn(2 * span, dim) * init_std)
         self.pos_q = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wq_r
         self.pos_k = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wk_r
+        self._tables: DerivedTensors[tuple[Tensor, Tensor]] = DerivedTensors()  # Kr, Qr without gradients
 
     def _relative(self, proj: nn.Linear) -> Tensor:
         return proj(self.rel).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)  # [H, 2k, d]
@@ -149,12 +151,21 @@ class DeBERTa(PositionEncoding):
 
     def _scaled_relative(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(k, Kr / sqrt(d), Qr / sqrt(3d))``: the keys repeated to the query heads (GQA) and
-        the relative tables ``[H, 2k, d]``, scaled here rather than a ``[B, H, 2k, Tk]`` product."""
+        the relative tables ``[H, 2k, d]``, scaled here rather than a ``[B, H, 2k, Tk]`` product.
+        The tables depend on the parameters alone: without gradients (a cached decoding step,
+        inference) they are kept while the parameters are unchanged
+        (:class:`~posenc.common.derived.DerivedTensors`): two ``[2k, C] x [C, C]`` products per
+        layer and step were most of a decoding step."""
         d = self.head_dim
         if q.shape[1] != k.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
-        qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))
+
+        def build() -> tuple[Tensor, Tensor]:
+            kr = self._relative(self.pos_k).to(q.dtype) * (1 / math.sqrt(d))
+            qr = self._relative(self.pos_q).to(k.dtype) * (1 / math.sqrt(3 * d))
+            return kr, qr
+
+        kr, qr = self._tables.get((self.rel, self.pos_k.weight, self.pos_q.weight), build, key=(q.dtype, k.dtype))
         return k, kr, qr
 
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,60 @@
+"""DerivedTensors: a parameter-only table kept between calls without gradients, rebuilt whenever
+a source changes in any way (DeBERTa's Kr/Qr in cached decoding)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from posenc.common.derived import DerivedTensors
+from posenc.seq.deberta import DeBERTa
+
+
+def test_kept_while_the_sources_are_equal_and_rebuilt_on_any_edit():
+    weight = nn.Parameter(torch.randn(4, 3))
+    cache = DerivedTensors()
+    builds = []
+
+    def build():
+        builds.append(1)
+        return weight * 2
+
+    with torch.no_grad():
+        first = cache.get((weight,), build)
+        assert cache.get((weight,), build) is first and len(builds) == 1
+        weight.data.add_(1)  # invisible to the version counter: the values are compared
+        torch.testing.assert_close(cache.get((weight,), build), weight * 2)
+        assert len(builds) == 2
+        weight.add_(1)  # an optimizer-style in-place step
+        torch.testing.assert_close(cache.get((weight,), build), weight * 2)
+        cache.get((weight,), build, key=("other dtype",))
+        assert len(builds) == 4
+    # with gradients to the sources: built every call, part of the graph
+    out = cache.get((weight,), build)
+    assert out.requires_grad and len(builds) == 5
+    out.sum().backward()
+    torch.testing.assert_close(weight.grad, torch.full_like(weight, 2.0))
+
+
+def test_deberta_decoding_tables_follow_the_parameters():
+    torch.manual_seed(0)
+    enc = DeBERTa(16, 2, span=4)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8)
+    q_pos, kv_pos = torch.tensor([[5]]), torch.arange(6)[None]
+    idx = torch.arange(6)
+
+    def bias(e):
+        return e.score_bias(q, k, q_pos, kv_pos).dense(1, 2, torch.tensor([0]), idx)
+
+    with torch.no_grad():
+        before = bias(enc)
+        assert enc._tables._value is not None  # kept for the next step
+        torch.testing.assert_close(bias(enc), before, rtol=0, atol=0)
+        enc.pos_q.weight.data.mul_(2)  # e.g. weights loaded through .data after a first call
+        enc.rel.data[0].add_(1.0)
+        fresh = copy.deepcopy(enc)
+        fresh._tables.clear()
+        torch.testing.assert_close(bias(enc), bias(fresh), rtol=0, atol=0)
+        assert not torch.equal(bias(enc), before)
