@@ -222,27 +222,25 @@ class _SegmentAffine(torch.autograd.Function):
         seg = torch.searchsorted(breaks, xw.reshape(-1), right=True).view(xw.shape)
         rows = F.embedding(seg, torch.cat((slope, offset), dim=1))  # [B or 1, rows, keys, 2H]
         out = torch.addcmul(rows[..., heads:], rows[..., :heads], xw.unsqueeze(-1))  # [B or 1, rows, keys, H]
-        # the slopes looked up here are the gradient of out by x: kept for the backward (a block's
-        # backward follows its forward at once) rather than looked up again there
-        ctx.save_for_backward(xw, seg, rows)
-        ctx.x_dtype, ctx.segments = x.dtype, slope.shape[0]
+        ctx.save_for_backward(xw, seg, slope)
+        ctx.x_dtype = x.dtype
         return out.permute(0, 3, 1, 2)
 
     @staticmethod
     @autocast_off
     def backward(ctx, grad: Tensor):
-        xw, seg, rows = ctx.saved_tensors  # rows [B or 1, rows, keys, 2H]: slope, offset of each pair
-        heads = rows.shape[-1] // 2
-        per_pair = rows.new_empty((seg.numel(), 2 * heads))  # [pairs, 2H]: gradients of slope, offset
+        xw, seg, slope = ctx.saved_tensors
+        segments, heads = slope.shape
+        per_pair = slope.new_empty((seg.numel(), 2 * heads))  # [pairs, 2H]: gradients of slope, offset
         per_pair[:, heads:] = grad.movedim(1, -1).reshape(-1, heads)  # the pairs' rows of heads
         g_x = g_slope = g_offset = None
-        if ctx.needs_input_grad[0]:
-            slopes = rows.view(-1, 2 * heads)[:, :heads]
+        if ctx.needs_input_grad[0]:  # d out / d x: each pair's slope (looked up again: not kept, [pairs, H])
+            slopes = F.embedding(seg.reshape(-1), slope)
             g_x = (per_pair[:, heads:] * slopes).sum(-1).view(xw.shape).unsqueeze(1).to(ctx.x_dtype)
         if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
             torch.mul(per_pair[:, heads:], xw.reshape(-1, 1), out=per_pair[:, :heads])
             # rows of 2H along the pairs: an add of 2H contiguous values per pair (along the heads
             # axis, the same sum took twice as long)
-            sums = per_pair.new_zeros(ctx.segments, 2 * heads).index_add_(0, seg.reshape(-1), per_pair)  # [M + 1, 2H]
+            sums = per_pair.new_zeros(segments, 2 * heads).index_add_(0, seg.reshape(-1), per_pair)  # [M + 1, 2H]
             g_slope, g_offset = sums[:, :heads], sums[:, heads:]
         return g_x, None, g_slope, g_offset
