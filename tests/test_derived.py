@@ -58,3 +58,38 @@ def test_deberta_decoding_tables_follow_the_parameters():
         fresh._tables.clear()
         torch.testing.assert_close(bias(enc), bias(fresh), rtol=0, atol=0)
         assert not torch.equal(bias(enc), before)
+
+
+def test_transformer_xl_decoding_cuts_its_distance_table_from_a_kept_one():
+    """Without gradients to W_R, W_R R comes from a table kept over a growing range of distances;
+    every step's bias equals the one built from scratch, also after W_R is edited through .data."""
+    from posenc.seq.transformer_xl import TransformerXLRelative
+
+    torch.manual_seed(0)
+    enc = TransformerXLRelative(16, 2, 8)
+    fresh = copy.deepcopy(enc)
+    builds = []
+    get = enc._projected.get
+    enc._projected.get = lambda *a, **kw: builds.append(kw["key"][:2]) or get(*a, **kw)
+
+    def bias(e, n):  # the decoding step of query n over keys 0 .. n
+        q, k = torch.randn(1, 2, 1, 8, generator=torch.Generator().manual_seed(n)), torch.zeros(1, 2, n + 1, 8)
+        return e.score_bias(q, k, torch.tensor([[n]]), torch.arange(n + 1)[None]).dense(1, 2, torch.tensor([0]),
+                                                                                          torch.arange(n + 1))
+
+    def reference(n):  # with gradients to W_R: projected for this call alone, as in training
+        with torch.enable_grad():
+            return bias(fresh, n).detach()
+
+    with torch.no_grad():
+        for n in (3, 40, 300, 301, 700):
+            torch.testing.assert_close(bias(enc, n), reference(n), rtol=1e-6, atol=1e-6)
+        assert len(set(builds)) == 3  # [0, 259], then grown to 300 + 256 and to 700 + 350
+        enc.r_proj.weight.data.mul_(-1)
+        fresh.r_proj.weight.data.mul_(-1)
+        torch.testing.assert_close(bias(enc, 701), reference(701), rtol=1e-6, atol=1e-6)
+    # with gradients to W_R: no kept table, W_R gets its gradient
+    out = bias(enc, 5)
+    assert out.requires_grad
+    out.sum().backward()
+    assert enc.r_proj.weight.grad is not None

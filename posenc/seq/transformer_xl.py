@@ -11,9 +11,11 @@ Two hooks:
   projected once for the ``R`` distinct distances (``[R, H, d]``); for each block of query rows
   the kernel asks for, one matmul gives ``(q + v).W_R R`` over the distances those rows need,
   gathered by ``i - j``, so no ``[B, H, T, R]`` table (about ``T x 2T``) ever exists. For few
-  queries against many distances (a cached decoding step) the queries go through ``W_R`` instead,
+  queries against many distances the queries go through ``W_R`` instead,
   ``((q + v) W_R^h) . R``: ``[B, H, Tq, dim]`` dotted with the raw sinusoids, ``d`` times less
-  work than projecting every distance again. The bias
+  work than projecting every distance again. Without gradients to ``W_R`` (a cached decoding
+  step, inference) ``W_R R`` is cut from a table kept between calls over a growing range of
+  distances, rebuilt when ``W_R`` changes (:class:`~posenc.common.derived.DerivedTensors`). The bias
   receives the already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads
   ``q``, not ``q + u``. ``q + v`` and ``W_R R`` are listed as ``learned`` so the chunked dense
   path's backward carries the gradient to ``q``, ``v`` and ``W_R``.
@@ -35,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_int, check_sequence_positions
+from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
 from ..common.registry import register
@@ -69,6 +72,9 @@ class TransformerXLRelative(PositionEncoding):
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.r_proj = nn.Linear(dim, num_heads * head_dim, bias=False)
+        # W_R R over a range of distances, kept between calls without gradients to W_R (decoding)
+        self._projected: DerivedTensors[Tensor] = DerivedTensors()
+        self._covered = (1, 0)  # the distances the kept table covers (empty)
 
     def _check(self, q: Tensor, q_pos: Tensor, kv_pos: Tensor) -> None:
         if q.shape[1] != self.num_heads or q.shape[-1] != self.head_dim:
@@ -87,21 +93,21 @@ class TransformerXLRelative(PositionEncoding):
         self._check(q, q_pos, kv_pos)
         lo = int(q_pos.min()) - int(kv_pos.max())
         hi = int(q_pos.max()) - int(kv_pos.min())
-        dist = torch.arange(lo, hi + 1, device=q.device)
-        r = sinusoid_table(dist, self.dim, dtype=self.r_proj.weight.dtype)  # [R, dim]
         # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
         b, h, tq, d = qv.shape
         dists = hi - lo + 1
-        if b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
+        if self._keeps_table():
+            wr = self._kept_table(lo, hi, q.dtype, q.device)  # [R, H, d]
+        elif b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
             # Few queries against many distances (a cached decoding step): the same term as
             # ((q + v) W_R^h) . R, the queries taken back to the sinusoid's width instead of
             # projecting every distance's R again, d times less work there.
             w = self.r_proj.weight.view(h, d, self.dim).to(qv.dtype)  # [H, d, dim]
             qv = torch.matmul(qv, w)  # [B, H, Tq, dim]
-            wr = r.to(q.dtype).unsqueeze(1)  # [R, 1, dim]: one table for every head
+            wr = self._sinusoids(lo, hi, q.device).to(q.dtype).unsqueeze(1)  # [R, 1, dim]: one table for every head
         else:
-            wr = self.r_proj(r).view(-1, h, d).to(q.dtype)  # [R, H, d]: W_R R per distance
+            wr = self.r_proj(self._sinusoids(lo, hi, q.device)).view(-1, h, d).to(q.dtype)  # [R, H, d]: W_R R per distance
         heads_r = wr.shape[1] > 1
         qv_rows = SharedGradTable(qv)  # read a chunk of rows at a time, one gradient buffer
 
@@ -116,5 +122,32 @@ class TransformerXLRelative(PositionEncoding):
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qv[b, h, q_idx] * wr[rel, h if heads_r else h * 0]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
-        learned = (*qv_rows.learned, wr) if heads_r else qv_rows.learned
+        learned = (*qv_rows.learned, wr) if heads_r and wr.requires_grad else qv_rows.learned
         return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")
+
+    def _sinusoids(self, lo: int, hi: int, device: torch.device) -> Tensor:
+        """``R`` for the distances ``lo .. hi``: ``[hi - lo + 1, dim]``."""
+        return sinusoid_table(torch.arange(lo, hi + 1, device=device), self.dim, dtype=self.r_proj.weight.dtype)
+
+    def _keeps_table(self) -> bool:
+        """Whether ``W_R R`` comes from the kept table: no gradient to ``W_R`` wanted, not traced."""
+        return not (torch.is_grad_enabled() and self.r_proj.weight.requires_grad) and not torch.compiler.is_compiling()
+
+    def _kept_table(self, lo: int, hi: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """``W_R R`` ``[hi - lo + 1, H, d]`` cut from a table kept between calls (valid while
+        ``W_R`` is unchanged, see :class:`~posenc.common.derived.DerivedTensors`). A call past its
+        range grows the range by half its width at least, so a cached decoding step, whose
+        distances reach one further each time, neither evaluates every distance's sinusoid
+        (float64 angles) nor projects it again: about one table per doubling of the context."""
+        a, b = self._covered
+        extra = max(256, (hi - lo + 1) // 2)
+        if a > b:
+            a, b = lo, hi + extra
+        else:
+            a, b = (lo - extra if lo < a else a), (hi + extra if hi > b else b)
+        self._covered = (a, b)
+
+        def build() -> Tensor:
+            return self.r_proj(self._sinusoids(a, b, device)).view(-1, self.num_heads, self.head_dim)
+
+        return self._projected.get((self.r_proj.weight,), build, key=(a, b, device))[lo - a: hi - a + 1].to(dtype)
