@@ -962,14 +962,20 @@ def _transformed_scores(
 def _masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     """``P [B, H, rows, keys]``: the softmax of ``scores`` over the keys ``allowed`` marks
     (``[B or 1, 1, rows, keys]``; the entries outside it are zero, and so is a row that sees no
-    key). ``scores`` may be overwritten only when nothing else reads it: here it is a new tensor.
+    key). ``scores`` is not written. The masked scores in one pass (``torch.where``, not a copy
+    then a fill); on CPU a block whose every row sees a key (causal self-attention) skips the
+    pass that zeroes the others (CAPE and CoPE at B=4, T=1024: 5-8% of the step).
     ``torch.softmax`` rather than ``exp(S - lse)``: on CPU its exponential stays fast where
     ``exp_`` and ``logsumexp`` slow down 10-50x on scores far below the row's maximum (denormal
     and underflowing results, as an ALiBi bias of -500 gives)."""
     if allowed is None:
         return torch.softmax(scores, dim=-1)
-    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    return probs.masked_fill_(~allowed.any(dim=-1, keepdim=True), 0.0)
+    probs = torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)
+    row_any = allowed.any(dim=-1, keepdim=True)
+    # a data-dependent check: on CPU only, where it costs no synchronisation, and not traced
+    if probs.device.type != "cpu" or torch.compiler.is_compiling() or not bool(row_any.all()):
+        probs = probs.masked_fill_(~row_any, 0.0)
+    return probs
 
 
 def _math_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
