@@ -60,7 +60,7 @@ def prepare(call: AttentionCall) -> PreparedCall:
     if own.score_bias and q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         # On CPU a score bias runs on the dense or math path, and both compact q and k for their
         # backward. Compacted before the bias is built, a bias that keeps q or k for its own
-        # gradient (DeBERTa, Transformer-XL, Shaw) holds those same copies, not the strided views
+        # gradient (DeBERTa, Shaw) holds those same copies, not the strided views
         # beside them (DeBERTa at B=4, T=1024: peak 155 -> 139 MB, bare SDPA 75 MB).
         q, k = q.contiguous(), k.contiguous()
     ready = replace(call, q=q, k=k, v=v, qk_transformed=call.qk_transformed or own.qk)

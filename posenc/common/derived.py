@@ -36,9 +36,15 @@ class DerivedTensors(Generic[T]):
         self._key: tuple = ()
         self._value: T | None = None
 
+    @staticmethod
+    def keeps(sources: tuple[Tensor, ...]) -> bool:
+        """Whether a value built from ``sources`` now may be kept: no gradient to them is wanted
+        and nothing is being traced."""
+        return not (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(s.requires_grad for s in sources)))
+
     def get(self, sources: tuple[Tensor, ...], build: Callable[[], T], key: tuple = ()) -> T:
         """``build()``, or the value it gave for sources equal to these (and the same ``key``)."""
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(s.requires_grad for s in sources)):
+        if not self.keeps(sources):
             return build()
         if self._sources is not None and key == self._key and _same(self._sources, sources):
             return self._value  # type: ignore[return-value]

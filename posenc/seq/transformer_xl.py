@@ -97,7 +97,7 @@ class TransformerXLRelative(PositionEncoding):
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
         b, h, tq, d = qv.shape
         dists = hi - lo + 1
-        if self._keeps_table():
+        if DerivedTensors.keeps((self.r_proj.weight,)):
             wr = self._kept_table(lo, hi, q.dtype, q.device)  # [R, H, d]
         elif b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
             # Few queries against many distances (a cached decoding step): the same term as
@@ -128,10 +128,6 @@ class TransformerXLRelative(PositionEncoding):
     def _sinusoids(self, lo: int, hi: int, device: torch.device) -> Tensor:
         """``R`` for the distances ``lo .. hi``: ``[hi - lo + 1, dim]``."""
         return sinusoid_table(torch.arange(lo, hi + 1, device=device), self.dim, dtype=self.r_proj.weight.dtype)
-
-    def _keeps_table(self) -> bool:
-        """Whether ``W_R R`` comes from the kept table: no gradient to ``W_R`` wanted, not traced."""
-        return not (torch.is_grad_enabled() and self.r_proj.weight.requires_grad) and not torch.compiler.is_compiling()
 
     def _kept_table(self, lo: int, hi: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """``W_R R`` ``[hi - lo + 1, H, d]`` cut from a table kept between calls (valid while

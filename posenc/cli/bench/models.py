@@ -401,12 +401,17 @@ class ModelsResult:
         return {"config": self.config, "rows": [asdict(r) for r in self.rows], "notes": self.notes}
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` in ``dtype`` on ``device``; off for None (float32)."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 def _train_step(unit: Unit, module: nn.Module, opt: torch.optim.Optimizer, device: torch.device,
                 autocast: torch.dtype | None) -> Callable[[], None]:
     """One training step; ``autocast``: the forward pass and loss under ``torch.autocast`` in that dtype."""
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        with _autocast(device, autocast):
             loss = unit.loss_of(unit.apply(module))
         loss.backward()
         opt.step()
@@ -419,7 +424,7 @@ def _explain(unit: Unit, device: torch.device, autocast: torch.dtype | None) -> 
     import torch._dynamo
 
     torch._dynamo.reset()
-    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+    with _autocast(device, autocast):
         info = torch._dynamo.explain(lambda: unit.apply(unit.model))()
     reasons = []
     for b in info.break_reasons:
