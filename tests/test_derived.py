@@ -93,3 +93,22 @@ def test_transformer_xl_decoding_cuts_its_distance_table_from_a_kept_one():
     assert out.requires_grad
     out.sum().backward()
     assert enc.r_proj.weight.grad is not None
+
+
+def test_misuse_is_one_clear_error():
+    import pytest
+
+    from posenc.common.amp import autocast_off
+
+    cache = DerivedTensors()
+    weight = torch.zeros(2)
+    with pytest.raises(TypeError, match=r"sources must be a non-empty tuple of tensors; got list"):
+        cache.get([weight], lambda: weight)
+    with pytest.raises(TypeError, match=r"sources must be a non-empty tuple of tensors; got tuple \(\)"):
+        cache.get((), lambda: weight)
+    with pytest.raises(TypeError, match="build must be a callable returning the derived value; got Tensor"):
+        cache.get((weight,), weight)
+    with pytest.raises(TypeError, match=r"key must be a tuple; got str 'float32'"):
+        cache.get((weight,), lambda: weight, key="float32")
+    with pytest.raises(TypeError, match="autocast_off decorates a Function's backward; got int"):
+        autocast_off(3)

@@ -23,6 +23,8 @@ F = TypeVar("F", bound=Callable)
 def autocast_off(backward: F) -> F:
     """Decorator for a custom Function's ``backward(ctx, *grads)``: run it with autocast off on
     the device of its first gradient (CPU when every gradient is None)."""
+    if not callable(backward):
+        raise TypeError(f"autocast_off decorates a Function's backward; got {type(backward).__name__}")
 
     @functools.wraps(backward)
     def run(ctx, *grads):

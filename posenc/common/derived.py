@@ -44,6 +44,12 @@ class DerivedTensors(Generic[T]):
 
     def get(self, sources: tuple[Tensor, ...], build: Callable[[], T], key: tuple = ()) -> T:
         """``build()``, or the value it gave for sources equal to these (and the same ``key``)."""
+        if not isinstance(sources, tuple) or not sources or not all(isinstance(t, Tensor) for t in sources):
+            raise TypeError(f"sources must be a non-empty tuple of tensors; got {type(sources).__name__} {sources!r:.80}")
+        if not callable(build):
+            raise TypeError(f"build must be a callable returning the derived value; got {type(build).__name__}")
+        if not isinstance(key, tuple):
+            raise TypeError(f"key must be a tuple; got {type(key).__name__} {key!r:.80}")
         if not self.keeps(sources):
             return build()
         if self._sources is not None and key == self._key and _same(self._sources, sources):
