@@ -88,7 +88,10 @@ def test_tupe_forward_backward_against_reference(backend, causal, untie):
     got = torch.autograd.grad(out, inputs, go)
     want = torch.autograd.grad(expected, inputs, go)
     for name, g, w in zip(["q", "k", "v"] + [n for n, _ in sorted(enc.named_parameters())], got, want):
-        assert g is not None and g.abs().sum() > 0, name
+        assert g is not None, name
+        # cls_to_others shifts the [CLS] row's every score alike, which the softmax ignores: its
+        # gradient is zero up to rounding (~1e-16), on every path and in the reference
+        assert name == "cls_to_others" or g.abs().sum() > 0, name
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
 
 

@@ -55,11 +55,6 @@ _MIN_CHUNK_ROWS = 16
 # so that they stay closer to cache (T5 at T=1024: 128-row chunks with 4-head groups, fewer
 # dk, dv parts to add than 64-row chunks, the same buffers).
 _BACKWARD_GROUP_ELEMENTS = 1 << 19
-# The math path keeps a chunk's scores, probabilities and whatever its score transform builds
-# (CAPE's MLP activations: several times the scores) alive through the chunk, where the dense
-# path hands its block to the fused kernel: 3/4 of the budget (at T=1024, B*H=32: 24 rows, not
-# 32; CAPE's peak 153 -> 136 MB for 3% more time; 16 rows would cost 10%).
-_MATH_BUDGET = (3, 4)
 # Query rows per banded product of the offset value term (its work grows with rows + K per row).
 _OFFSET_CHUNK_ROWS = 128
 
@@ -97,12 +92,14 @@ def cpu_flash_backward(
     )
 
 
-def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int, math: bool = False) -> int:
+def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int) -> int:
     """Query rows per chunk so that a ``[batch_rows, heads, rows, kv_len]`` block holds about
-    ``_CHUNK_ELEMENTS`` elements (3/4 of that on the math path; at least ``_MIN_CHUNK_ROWS``, at
-    most ``q_len``)."""
-    budget = _CHUNK_ELEMENTS * _MATH_BUDGET[0] // _MATH_BUDGET[1] if math else _CHUNK_ELEMENTS
-    rows = budget // max(1, batch_rows * heads * kv_len)
+    ``_CHUNK_ELEMENTS`` elements (at least ``_MIN_CHUNK_ROWS``, at most ``q_len``). The math path
+    takes the same budget although it keeps more per chunk (the scores, the probabilities and
+    what a score transform builds): with CoPE's and CAPE's transforms written for it, 32-row
+    chunks at T=1024, B*H=32 beat 24-row ones (CoPE 1.9-2.1x -> 1.8x bare SDPA, CAPE 2.2-2.45x
+    -> 2.15x) for 9-13 MB more peak memory, a constant that does not grow with the length."""
+    rows = _CHUNK_ELEMENTS // max(1, batch_rows * heads * kv_len)
     return max(1, min(max(q_len, 1), max(_MIN_CHUNK_ROWS, rows)))
 
 
@@ -887,7 +884,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             with torch.enable_grad():
                 q_leaf = q_c.detach().requires_grad_(need_q)
                 k_leaf = k_c.detach().requires_grad_(need_k)
-                raw = torch.matmul(q_c, k_c.transpose(-1, -2)).mul_(scale).requires_grad_()  # [B, H, rows, keys]
+                q_scaled = q_c * scale  # [B, H, rows, D]: scaled here, not the [rows, keys] block
+                raw = torch.matmul(q_scaled, k_c.transpose(-1, -2)).requires_grad_()  # [B, H, rows, keys]
                 scores, allowed = _transformed_scores(q_leaf, k_leaf, idx[s:e], idx[:kv_end], slice(s, e),
                                                       slice(0, kv_end), tq, tk, mask, terms, scale, raw=raw)
             with torch.no_grad():
@@ -897,18 +895,18 @@ class _ChunkedTransformAttention(torch.autograd.Function):
                 del probs
             targets = [raw, *(t for t in (q_leaf, k_leaf) if t.requires_grad), *wanted]
             found = list(torch.autograd.grad(scores, targets, d_scores, allow_unused=True))
-            d_raw = found.pop(0)  # d(q.k) for the chunk: [B, H, rows, keys]
-            d_raw = torch.zeros_like(raw) if d_raw is None else d_raw.mul_(scale)  # None: a transform that drops the scores
+            d_raw = found.pop(0)  # d(scale q.k) for the chunk: [B, H, rows, keys]
+            d_raw = torch.zeros_like(raw) if d_raw is None else d_raw  # None: a transform that drops the scores
             gq_extra = found.pop(0) if q_leaf.requires_grad else None
             gk_extra = found.pop(0) if k_leaf.requires_grad else None
             if need_q:
-                gq = torch.matmul(d_raw, k_c)  # [B, H, rows, D]
+                gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
                 if gq_extra is not None:
                     gq += gq_extra
                 dq[:, :, s:e] = gq  # chunks own disjoint rows
             gk = None
             if need_k:
-                gk = torch.matmul(d_raw.transpose(-1, -2), q_c)  # [B, H, keys, D]
+                gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
                 if gk_extra is not None:
                     gk += gk_extra
             return kv_end, gk, gv, found
@@ -949,7 +947,7 @@ def _transformed_scores(
     the key heads repeated."""
     b, h = q_rows.shape[:2]
     if raw is None:
-        raw = torch.matmul(q_rows, k.transpose(-1, -2)).mul_(scale)  # [B, H, rows, keys]
+        raw = torch.matmul(q_rows * scale, k.transpose(-1, -2))  # [B, H, rows, keys] (the small side scaled)
     scores = raw
     if terms.bias is not None:
         scores = scores + terms.bias.dense(b, h, q_idx, kv_idx, dtype=raw.dtype)
@@ -1013,7 +1011,7 @@ def math_path(
     tk = k.shape[2]
     idx = _indices(max(tq, tk), q.device)
     if chunk is None:
-        chunk = chunk_rows(b, h, tk, tq, math=True)
+        chunk = chunk_rows(b, h, tk, tq)
 
     def rows_out(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
         (q_rows,), (k, v) = rows, keys  # [B, H, rows, D], [B, H, kv_end, D] x2

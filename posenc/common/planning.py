@@ -202,7 +202,7 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         return Plan("dense", reason, rows, prob_bias=prob_bias, **extra)
 
     def math(reason: str) -> Plan:
-        return Plan("math", reason, kernels.chunk_rows(batch, heads, kv_len, q_len, math=True), prob_bias=False)
+        return Plan("math", reason, kernels.chunk_rows(batch, heads, kv_len, q_len), prob_bias=False)
 
     if backend == "math":
         return math("asked for (backend='math')")
