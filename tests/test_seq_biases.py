@@ -331,6 +331,19 @@ def test_cope_table_is_cut_to_the_rows_a_position_reaches():
     assert _reachable_rows(torch.zeros(0, 1), npos_max=100, keys=0) == 1
 
 
+def test_cope_nan_scores_give_nan_where_they_reach_not_an_error():
+    """A NaN in one query row of one head (a diverged model): that head's row and the later rows
+    that see it as a key are NaN; the rows before it and the other head are finite."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 6, 8)
+    q[0, 0, 3, 0] = float("nan")
+    pos = torch.arange(6)[None]
+    v = torch.randn(1, 2, 6, 8)
+    out = attend(q, q, v, q_pos=pos, kv_pos=pos, encoding=CoPE(8, 16), mask=posenc.AttentionMask(causal=True))
+    assert out[0, 1].isfinite().all() and out[0, 0, :3].isfinite().all()
+    assert out[0, 0, 3:].isnan().all(-1).all()
+
+
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
 def test_cape_transform_and_gradients_match_reference_with_per_sequence_positions(base):
     """f in the head-major layout: the transform and the gradients to the scores, the MLP and a

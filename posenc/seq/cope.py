@@ -69,10 +69,13 @@ def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:
     """Rows of the table a position can read: ``p`` is at most its row's total of gates (and the
     number of keys), so ``floor p + 1`` stays below ``floor(max total) + 2``; one row of margin
     for the rounding of ``total - running + g``. The largest total is read on CPU only (free
-    there; a synchronisation on an accelerator) and not while ``torch.compile`` traces."""
+    there; a synchronisation on an accelerator) and not while ``torch.compile`` traces; a NaN
+    total (NaN scores) keeps every row."""
     npos = min(npos_max, keys + 1)
     if gates_total.device.type == "cpu" and not torch.compiler.is_compiling() and gates_total.numel():
-        npos = min(npos, int(gates_total.max()) + 3)
+        top = float(gates_total.max())
+        if top == top:
+            npos = min(npos, int(top) + 3)
     return npos
 
 
@@ -110,6 +113,8 @@ class _PositionalScores(torch.autograd.Function):
         total = running[..., -1:]  # [B, H, Tq, 1]
         npos = _reachable_rows(total, pos_emb.shape[0], scores.shape[-1])
         pos = torch.sub(total, running).add_(gates).clamp_(0, npos - 1)
+        # a NaN score gives NaN where it lands (through the scores added below), not a NaN index
+        pos = pos.nan_to_num_(nan=0.0)
         del running, total
         floor = pos.floor()
         weight = pos.sub_(floor)  # w = p - floor p, in place of p
