@@ -74,6 +74,7 @@ from ...common.catalog import entries, suggest
 from ...common.registry import ModelDims, build
 from ...common.report import Progress, format_table
 from .caveats import falling_growth, few_rounds, print_warnings, short_timing
+from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, synchronize, time_interleaved
@@ -87,7 +88,6 @@ if TYPE_CHECKING:  # torch is imported when a row is built: --help and argument 
 PROG = "posenc bench attention"
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # torch dtypes of these names
-DEVICES = ("cpu", "cuda")
 BASELINE = "sdpa (bare causal)"
 NO_ENCODING = "none"
 ALL = "all"  # --encodings all: every registered sequence and time-series encoding
@@ -142,8 +142,7 @@ class AttentionBenchConfig:
     smithy: bool = False  # the AttentionSmithy row set (see :mod:`.smithy_rows`)
 
     def __post_init__(self) -> None:
-        if self.device.split(":")[0] not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}")
+        bench_device(self.device)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}; got {self.dtype!r}")
         for name in ("seq_len", "batch", "heads", "head_dim", "repeats"):
@@ -385,9 +384,7 @@ def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
     import torch
     from ...common import chunk_pool
 
-    device = torch.device(config.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+    device = require_available(config.device)
     dtype = getattr(torch, config.dtype)
     notes: list[str] = []
     torch.manual_seed(config.seed)
@@ -750,20 +747,10 @@ def seq_len_list(text: str) -> list[int]:
     return values
 
 
-def _device(text: str) -> str:
-    import torch
-
-    if text not in DEVICES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DEVICES)}, got {text!r}")
-    if text == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError("'cuda' requested but no CUDA device is available (torch.cuda.is_available() is False)")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``posenc bench attention``."""
     d = AttentionBenchConfig()
-    parser.add_argument("--device", type=_device, default=d.device, metavar="{cpu,cuda}", help="default: %(default)s")
+    parser.add_argument("--device", type=device_arg, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=d.dtype, help="default: %(default)s")
     parser.add_argument("--seq-len", type=positive_int, default=None, metavar="T", help=f"tokens (default: {d.seq_len})")
     parser.add_argument(
@@ -840,6 +827,7 @@ def run(args: argparse.Namespace) -> int:
     failed (at any length), 2 on bad input."""
     try:
         config = config_from_args(args)
+        require_available(config.device)
     except ValueError as exc:
         return usage_error(PROG, str(exc))
     seq_lens = getattr(args, "seq_lens", None)

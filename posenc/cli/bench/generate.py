@@ -62,9 +62,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..argtypes import device_name, int_list, nonnegative_int, out_directory, positive_int, seed_value
+from ..argtypes import int_list, nonnegative_int, out_directory, positive_int, seed_value
 from ...common.registry import available, get
 from ...common.report import Progress, format_table, write_atomic, write_json
+from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text
 
@@ -127,10 +128,7 @@ class GenerateBenchConfig:
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers; got {values!r}")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError, ValueError):
-            raise ValueError(f"device must be cpu, cuda or cuda:N; got {self.device!r}") from None
+        bench_device(self.device)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.encodings is not None:
@@ -455,7 +453,7 @@ def _peer_versions() -> dict[str, str]:
 
 
 def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
-    dtype, device = DTYPES[config.dtype], torch.device(config.device)
+    dtype, device = DTYPES[config.dtype], require_available(config.device)
     notes: list[str] = []
     _, refused = causal_encodings()
     if config.encodings is None and refused:
@@ -672,7 +670,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="posenc rows (default: every sequence encoding that decodes with a KV cache)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers and x-transformers rows")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype, help="default: %(default)s")
-    parser.add_argument("--device", type=device_name, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--device", type=device_arg, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--background-load", dest="background_processes", action="store_const", const=1, default=0,
                         help="run one busy process (a Python loop on one core) for the whole run; noted in the header and JSON")
     parser.add_argument("--out", type=out_directory, default=None, metavar="DIR",
@@ -694,6 +692,7 @@ def run(args: argparse.Namespace) -> int:
     """Run, print the tables, write the outputs: 0, or 2 on bad input."""
     try:
         config = config_from_args(args)
+        require_available(config.device)
     except ValueError as exc:
         print(f"posenc bench generate: error: {exc}", file=sys.stderr)
         return 2

@@ -60,8 +60,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..argtypes import device_name, nonnegative_int, out_directory, positive_int, seed_value
+from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
 from ...common.report import Progress, format_table, write_atomic, write_json
+from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .timing import error_text, time_interleaved
@@ -111,12 +112,7 @@ class ModelsBenchConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        try:
-            kind = torch.device(self.device).type
-        except (RuntimeError, TypeError, ValueError):
-            kind = None
-        if kind not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu, cuda or cuda:N; got {self.device!r}")
+        bench_device(self.device)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         bad = [m for m in self.models if m not in MODELS]
@@ -440,9 +436,7 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
     rows = [Row(c.pair, c.name, c.impl) for c in todo]
     pairs = list(dict.fromkeys(c.pair for c in todo))
     bar = Progress(len(pairs), "pairs", enabled=progress)
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {cfg.device!r} was requested but torch.cuda.is_available() is False")
+    device = require_available(cfg.device)
     autocast = torch.bfloat16 if cfg.dtype == "bfloat16" else None
     for pair in pairs:
         members = [(c, r) for c, r in zip(todo, rows) if c.pair == pair]
@@ -578,7 +572,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--convtran-repo", default=None, metavar="DIR",
                         help="a checkout of github.com/Navidfoumani/ConvTran: the convtran pair's peer row imports "
                              "its Models/model.py (that repository's code runs; default: no peer row)")
-    parser.add_argument("--device", type=device_name, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--device", type=device_arg, default=d.device, help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype,
                         help="bfloat16: each step's forward pass and loss under torch.autocast (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=d.repeats, help="timed rounds (default: %(default)s)")
