@@ -47,6 +47,7 @@ LIGHT = [
     (["bench", "attention", "--help"], 0),
     (["bench", "attention", "--encodings", "alibj"], 2),
     (["bench", "attention", "--seq-len", "0"], 2),
+    (["bench", "attention", "--device", "tpu"], 2),
     (["extend", "--help"], 0),
     (["extend", "/nonexistent-run", "--method", "yran"], 2),
 ]
