@@ -510,6 +510,29 @@ def test_relative_encoding_path_matches_float64_reference(kind, backend, case):
         torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9, msg=lambda m: f"grad {name}: {m}")
 
 
+NO_GRAD_PARAMS = [(kind, case) for kind in ("cape", "cope", "cope_wide") for case in CASES
+                  if case.causal or kind not in CAUSAL_ONLY_KINDS]
+
+
+@pytest.mark.parametrize("kind,case", NO_GRAD_PARAMS, ids=[f"{k}-{c.name}" for k, c in NO_GRAD_PARAMS])
+def test_score_transform_without_gradients_matches_float64_reference(kind, case):
+    """Without gradients a one-chunk call (a decoding step) runs the chunk directly, not through the
+    autograd Function: the same forward as the reference, and as the Function's."""
+    enc = _relative_encoding(kind, case)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen)
+    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
+    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
+    q_pos, kv_pos = case.positions()
+    expected = _relative_reference(kind, enc, case, q, k, v)
+    with torch.no_grad():
+        out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend="math")
+    torch.testing.assert_close(out, expected, rtol=1e-7, atol=1e-9)
+    with_grad = attend(q.requires_grad_(), k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(),
+                       backend="math")
+    torch.testing.assert_close(out, with_grad.detach(), rtol=0, atol=1e-12)
+
+
 CUDA_RELATIVE_PARAMS = RELATIVE_PARAMS if torch.cuda.is_available() else []
 
 
