@@ -55,6 +55,14 @@ class Case:
         return q, kv
 
 
+def _qkv(case: Case, gen: torch.Generator, requires_grad: bool = False) -> tuple[torch.Tensor, ...]:
+    """float64 ``q [B, H, Tq, D]``, ``k, v [B, HKV, Tk, D]`` for ``case``, drawn from ``gen`` in that order."""
+    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=requires_grad)
+    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=requires_grad)
+    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=requires_grad)
+    return q, k, v
+
+
 def _padding() -> torch.Tensor:
     valid = torch.ones(B, 12, dtype=torch.bool)
     valid[0, 9:] = False
@@ -145,9 +153,7 @@ def small_chunks(monkeypatch):
 def test_path_matches_float64_reference(kind, backend, case):
     enc = _encoding(kind, case)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    q, k, v = _qkv(case, gen, requires_grad=True)
     q_pos, kv_pos = case.positions()
     expected = _reference(kind, enc, case, q, k, v)
     grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
@@ -239,9 +245,7 @@ def test_learned_bias_gradients_match_reference(case, backend, budget, by_offset
         monkeypatch.setattr(kernels, "_BACKWARD_GROUP_ELEMENTS", budget[1])
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(table_heads, 23, dtype=torch.float64, generator=gen, requires_grad=True)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    q, k, v = _qkv(case, gen, requires_grad=True)
     q_pos, kv_pos = case.positions()
     enc = LearnedRelative(table, by_offset=by_offset)
     out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
@@ -319,9 +323,7 @@ def test_cuda_path_matches_float64_reference(kind, backend, case):
     dev = torch.device("cuda")
     enc = _encoding(kind, case)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
+    q, k, v = _qkv(case, gen)
     q_pos, kv_pos = case.positions()
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = _reference(kind, enc, case, *leaves)
@@ -480,9 +482,7 @@ def test_relative_encoding_path_matches_float64_reference(kind, backend, case):
     """Forward, and backward to q, k, v and every learned parameter of the encoding (flex: forward)."""
     enc = _relative_encoding(kind, case)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    q, k, v = _qkv(case, gen, requires_grad=True)
     q_pos, kv_pos = case.positions()
     expected = _relative_reference(kind, enc, case, q, k, v)
     grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
@@ -520,9 +520,7 @@ def test_score_transform_without_gradients_matches_float64_reference(kind, case)
     autograd Function: the same forward as the reference, and as the Function's."""
     enc = _relative_encoding(kind, case)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen)
+    q, k, v = _qkv(case, gen)
     q_pos, kv_pos = case.positions()
     expected = _relative_reference(kind, enc, case, q, k, v)
     with torch.no_grad():
@@ -545,9 +543,7 @@ def test_cuda_relative_encoding_path_matches_float64_reference(kind, backend, ca
     dev = torch.device("cuda")
     enc = _relative_encoding(kind, case)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, case.q_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    k = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
-    v = torch.randn(B, HKV, case.kv_len, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    q, k, v = _qkv(case, gen, requires_grad=True)
     q_pos, kv_pos = case.positions()
     expected = _relative_reference(kind, enc, case, q, k, v)
     grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
