@@ -193,7 +193,9 @@ def test_every_timing_bench_checks_its_device_alike(bench, capsys, monkeypatch):
     """One check for the three benches: a name that is not cpu, cuda or cuda:N (auto, mps, tpu) is one
     argparse line; CUDA asked for where torch sees none is one line before anything is built (generate
     raised a driver traceback, attention refused cuda:0); the configs refuse the same names."""
-    from posenc.cli.bench import attention as attention_bench, generate as generate_bench, models as models_bench
+    from posenc.cli.bench import attention as attention_bench
+    from posenc.cli.bench import generate as generate_bench
+    from posenc.cli.bench import models as models_bench
 
     for bad in ("auto", "mps", "tpu"):
         assert cli.main(["bench", bench, "--device", bad]) == 2

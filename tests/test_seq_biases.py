@@ -316,7 +316,7 @@ def test_cope_transform_and_gradients_match_reference_whatever_the_gates(gain, n
     got = torch.autograd.grad(out, (scores, q, enc.pos_emb), grad)
     expected = torch.autograd.grad(want, (scores, q, enc.pos_emb), grad)
     for name, g, w in zip(("scores", "q", "pos_emb"), got, expected):
-        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 def test_cope_table_is_cut_to_the_rows_a_position_reaches():
@@ -370,7 +370,7 @@ def test_cape_transform_and_gradients_match_reference_with_per_sequence_position
         params = [scores, *enc.parameters()]
         for name, g, w in zip(["scores", *(n for n, _ in enc.named_parameters())],
                               torch.autograd.grad(out, params, grad), torch.autograd.grad(want, params, grad)):
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 def test_cape_with_bfloat16_weights_on_float32_scores():

@@ -20,6 +20,8 @@ cumulative sum of the positions', and no float copy of the indices is kept).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,7 +76,7 @@ def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:
     npos = min(npos_max, keys + 1)
     if gates_total.device.type == "cpu" and not torch.compiler.is_compiling() and gates_total.numel():
         top = float(gates_total.max())
-        if top == top:
+        if not math.isnan(top):
             npos = min(npos, int(top) + 3)
     return npos
 
