@@ -849,11 +849,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         idx = _indices(max(tq, tk), q.device)
 
         def run(rows: tuple[int, int, int]) -> None:
-            s, e, kv_end = rows
-            q_c, k_c, v_c = q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end]
-            scores, allowed = _transformed_scores(q_c, k_c, idx[s:e], idx[:kv_end], slice(s, e), slice(0, kv_end), tq,
-                                                  tk, mask, terms, scale)
-            out[:, :, s:e] = torch.matmul(_masked_softmax(scores, allowed), v_c)  # chunks own disjoint rows
+            s, e, _ = rows
+            out[:, :, s:e] = _transform_chunk(q, k, v, rows, idx, mask, terms, scale)  # chunks own disjoint rows
 
         for _ in chunk_pool.ordered_map(run, _row_chunks(tq, tk, chunk, causal)):
             pass
@@ -935,6 +932,20 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         found = iter(grads)
         others_grads = [next(found) if need else None for need in ctx.needs_input_grad[7:]]
         return (dq if need_q else None, dk, dv, None, None, None, None, *others_grads)
+
+
+def _transform_chunk(
+    q: Tensor, k: Tensor, v: Tensor, rows: tuple[int, int, int], idx: Tensor, mask: AttentionMask | None,
+    terms: EncodingTerms, scale: float,
+) -> Tensor:
+    """The forward of one chunk ``rows = (start, end, kv_end)`` of a score transform without value
+    term or after-softmax bias: ``softmax(mask(transform(scale Q K^T + bias))) V`` for query rows
+    ``start:end`` against keys ``:kv_end``, ``[B, H, end - start, D]``. ``q [B, H, Tq, D]``,
+    ``k, v [B, H, Tk, D]`` in the working dtype with the key heads repeated."""
+    s, e, kv_end = rows
+    scores, allowed = _transformed_scores(q[:, :, s:e], k[:, :, :kv_end], idx[s:e], idx[:kv_end], slice(s, e),
+                                          slice(0, kv_end), q.shape[2], k.shape[2], mask, terms, scale)
+    return torch.matmul(_masked_softmax(scores, allowed), v[:, :, :kv_end])
 
 
 def _transformed_scores(
@@ -1032,10 +1043,7 @@ def math_path(
             # One chunk and no gradient (a cached decoding step): the chunk alone, without the
             # autograd Function, its output buffer and the chunk pool around it (CoPE and CAPE at
             # batch 1, dim 256, context 512: 3-8% of a step, alternate rounds in one process).
-            _, e, kv_end = chunks[0]
-            scores, allowed = _transformed_scores(q, k[:, :, :kv_end], idx[:e], idx[:kv_end], slice(0, e),
-                                                  slice(0, kv_end), tq, tk, mask, terms, scale)
-            return torch.matmul(_masked_softmax(scores, allowed), v[:, :, :kv_end]).to(dtype)
+            return _transform_chunk(q, k, v, chunks[0], idx, mask, terms, scale).to(dtype)
         # A transform (and bias) alone: the explicit attention backward around the transform's own.
         return _ChunkedTransformAttention.apply(q, k, v, mask, terms, scale, chunk, *others).to(dtype)
     return _row_chunked(rows_out, chunks, [q], [k, v], others)
