@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -112,3 +113,39 @@ def test_misuse_is_one_clear_error():
         cache.get((weight,), lambda: weight, key="float32")
     with pytest.raises(TypeError, match="autocast_off decorates a Function's backward; got int"):
         autocast_off(3)
+
+
+
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_decoding_cuts_its_kernel_from_a_kept_table(variant):
+    """Without gradients to raw_r1, raw_r2, a decoding step's kernel by distance comes from a table
+    kept over a doubling range of distances; every step's bias equals the one built from scratch
+    (with gradients on, per call), also past a doubling and after raw_r1 is edited through .data."""
+    from posenc.seq.kerple import KERPLE
+
+    torch.manual_seed(0)
+    enc = KERPLE(3, variant=variant)
+    fresh = copy.deepcopy(enc)
+    asked = []  # the table sizes asked for
+    get = enc._kernel.get
+    enc._kernel.get = lambda *a, **kw: asked.append(kw["key"][0]) or get(*a, **kw)
+
+    def bias(e, n):  # the decoding step of query n over keys 0 .. n
+        return e.score_bias(None, None, torch.tensor([[n]]), torch.arange(n + 1)[None]).dense(
+            1, 3, torch.tensor([0]), torch.arange(n + 1))
+
+    def reference(n):
+        with torch.enable_grad():
+            return bias(fresh, n).detach()
+
+    with torch.no_grad():
+        for n in (0, 5, 255, 256, 700):
+            torch.testing.assert_close(bias(enc, n), reference(n), rtol=0, atol=0)
+        assert asked == [256, 256, 256, 512, 1024]
+        enc.raw_r1.data.add_(0.5)
+        fresh.raw_r1.data.add_(0.5)
+        torch.testing.assert_close(bias(enc, 701), reference(701), rtol=0, atol=0)
+    out = bias(enc, 5)  # with gradients: no kept table, raw_r1 and raw_r2 get theirs
+    assert out.requires_grad
+    out.sum().backward()
+    assert enc.raw_r1.grad.abs().sum() > 0 and enc.raw_r2.grad.abs().sum() > 0

@@ -17,7 +17,9 @@ bidirectional attention with the same ``|i - j|``.
 
 Hook: score bias, a function of ``|i - j|`` and two scalars per head. Kernel: the chunked dense
 path on CPU (learned: the chunked backward yields the parameter gradients), FlexAttention on CUDA;
-at inference (``torch.no_grad()`` or frozen parameters) a constant bias for SDPA's fused kernel.
+at inference (``torch.no_grad()`` or frozen parameters) a constant bias for SDPA's fused kernel,
+its kernel of each distance cut from a table kept while ``raw_r1`` and ``raw_r2`` are unchanged
+(a cached decoding step computes no logarithm).
 Shapes: positions ``[B or 1, T]``, integer or float.
 """
 
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_choice, check_int, check_sequence_positions
+from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -82,6 +85,7 @@ class KERPLE(PositionEncoding):
             self.raw_r2 = nn.Parameter(_inverse_softplus(r2 - _EPS))
         else:
             self.raw_r2 = nn.Parameter(torch.logit(r2 / 2))
+        self._kernel: DerivedTensors[Tensor] = DerivedTensors()  # kernel by distance, without gradients
 
     @property
     def r1(self) -> Tensor:
@@ -95,24 +99,29 @@ class KERPLE(PositionEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
-        r1, r2, variant = self.r1, self.r2, self.variant
-        work = torch.float64 if r1.dtype == torch.float64 else torch.float32
+        variant, device = self.variant, self.raw_r1.device
+        work = torch.float64 if self.raw_r1.dtype == torch.float64 else torch.float32
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
         if not (q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point):
             # Integer positions: the kernel of every distance that occurs, [R, H], once per call;
             # the pairwise function is a gather and the gradient flows back through this table.
             lo = int(q_pos.min()) - int(kv_pos.max())
             hi = int(q_pos.max()) - int(kv_pos.min())
-            dist = torch.arange(lo, hi + 1, device=r1.device).to(work).abs()[:, None]
-            rel = kerple_bias(dist, r1[None], r2[None], variant)
+            if lo >= 0 and DerivedTensors.keeps((self.raw_r1, self.raw_r2)):
+                rel = self._kept_kernel(hi, work, device)[lo: hi + 1]  # a cached decoding step: no logarithms
+            else:
+                dist = torch.arange(lo, hi + 1, device=device).to(work).abs()[:, None]
+                rel = kerple_bias(dist, self.r1[None], self.r2[None], variant)
 
             def gathered(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
                 return rel[take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo, h]
 
             def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
-                return rel[-offsets - lo].T
+                return rel.index_select(0, -offsets - lo).T
 
             return PairwiseBias(gathered, per_batch=per_batch, learned=(rel,), name="KERPLE", by_offset=by_offset)
+
+        r1, r2 = self.r1, self.r2
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(work).abs()
@@ -120,4 +129,18 @@ class KERPLE(PositionEncoding):
 
         # learned: the constrained values (the chunked backward stops there; autograd carries on to raw_*)
         return PairwiseBias(bias, per_batch=per_batch, learned=(r1, r2), name="KERPLE")
+
+    def _kept_kernel(self, distance: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The kernel of the distances ``0 .. n - 1`` ``[n, H]`` for an ``n >= distance + 1`` (a
+        power of two, at least 256), kept between calls without gradients to ``raw_r1, raw_r2``
+        (:class:`~posenc.common.derived.DerivedTensors`; comparing them costs ``2H`` values). A
+        cached decoding step reaches one distance further each time: one table per doubling of
+        the context instead of a logarithm per distance, head and layer at every step."""
+        n = max(256, 1 << distance.bit_length())
+
+        def build() -> Tensor:
+            dist = torch.arange(n, device=device, dtype=dtype)[:, None]
+            return kerple_bias(dist, self.r1.to(dtype)[None], self.r2.to(dtype)[None], self.variant)
+
+        return self._kernel.get((self.raw_r1, self.raw_r2), build, key=(n, dtype, device))
 

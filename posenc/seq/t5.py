@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_sequence_positions, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
+from ..common.memo import ValueMemo
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
 
@@ -79,6 +80,15 @@ def _buckets(r: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
     log_bucket = exact + (torch.log(ratio) / math.log(max_distance / exact) * (half - exact)).long()
     log_bucket = log_bucket.clamp(max=half - 1)
     return base + torch.where(n < exact, n, log_bucket)
+
+
+def _offset_buckets(first: int, last: int, bidirectional: bool, num_buckets: int, max_distance: int, device) -> Tensor:
+    return _buckets(torch.arange(first, last + 1, device=device), bidirectional, num_buckets, max_distance)
+
+
+# The buckets of the offsets first .. last: at most 2 * max_distance + 1 of them, and the same
+# range at every decoding step once the context passes max_distance (and in most training calls).
+_OFFSET_BUCKETS = ValueMemo(_offset_buckets)
 
 
 def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -138,8 +148,8 @@ class T5Bias(PositionEncoding):
         hi = int(kv_pos.max()) - int(q_pos.min())
         first, last = min(max(lo, -span), span), min(max(hi, -span), span)
         clamp = lo < first or hi > last
-        offsets = torch.arange(first, last + 1, device=self.table.device)
-        rel = self.table[_buckets(offsets, self.bidirectional, self.num_buckets, self.max_distance)].T  # [H, R]
+        buckets = _OFFSET_BUCKETS(first, last, self.bidirectional, self.num_buckets, self.max_distance, self.table.device)
+        rel = self.table[buckets].T  # [H, R]
 
         def column(r: Tensor) -> Tensor:  # relative positions within lo..hi -> columns of rel
             return (r.clamp(first, last) if clamp else r) - first
@@ -148,7 +158,7 @@ class T5Bias(PositionEncoding):
             return rel[h, column(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx))]
 
         def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] within lo..hi -> [H, R]
-            return rel[:, column(offsets)]
+            return rel.index_select(1, column(offsets))  # a quarter of rel[:, ...]'s time at R = 2049
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias",
                             by_offset=by_offset)
