@@ -598,13 +598,15 @@ def test_fire_piecewise_linear_form_is_the_mlp_on_the_whole_line(flat_units):
 
 @pytest.mark.parametrize("buckets", [
     [3, 3, 3, 3, 3, 3],  # one bucket for every key
-    [0, 0, 0, 1, 2, 4, 7, 7],  # runs at both ends, a varying middle
+    [0, 0, 0, 1, 2, 4, 7, 7],  # runs at both ends, a varying middle (gathered)
+    [0, 0, 1, 2, 3, 6, 6],  # runs at both ends, consecutive buckets between (a slice of Qr)
+    [0, 0, 3, 5, 5],  # one key between
     [0, 1, 2, 3, 4],  # no run longer than one key
     [2, 2, 5, 5, 5],  # two runs, nothing between
 ])
 def test_deberta_row_p2c_by_runs_equals_the_gather(buckets):
-    """A cached decoding row's p2c entries (matrix-vector products for the runs of one bucket at
-    either end, a gather between) equal ``k_j . Qr[bucket_j]`` key by key, values and gradients."""
+    """A cached decoding row's p2c entries (row-times-matrix products for the runs of one bucket
+    at either end, a slice or a gather of Qr between) equal ``k_j . Qr[bucket_j]`` key by key, values and gradients."""
     from posenc.seq.deberta import _row_position_to_content
 
     gen = torch.Generator().manual_seed(0)

@@ -987,14 +987,16 @@ def _masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     return probs
 
 
-def _math_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
-    """q, k, v in the working dtype (float32 for half precision), compact, key heads repeated."""
+def _math_inputs(q: Tensor, k: Tensor, v: Tensor, compact: bool = True) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
+    """q, k, v in the working dtype (float32 for half precision), key heads repeated, and compact
+    unless ``compact`` is False."""
     groups = q.shape[1] // k.shape[1]
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    # Compact once: q, k, v usually arrive as transposed views of the projections, and every
-    # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
-    q = q.to(work).contiguous()  # [B, Hq, Tq, D]
-    k, v = _repeat_kv(k.to(work), groups).contiguous(), _repeat_kv(v.to(work), groups).contiguous()  # [B, Hq, Tk, D]
+    q, k, v = q.to(work), _repeat_kv(k.to(work), groups), _repeat_kv(v.to(work), groups)  # [B, Hq, T, D]
+    if compact:
+        # Compact once: q, k, v usually arrive as transposed views of the projections, and every
+        # chunk's matmuls (forward, recompute, backward) would otherwise copy them again.
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return q, k, v, work
 
 
@@ -1017,12 +1019,16 @@ def math_path(
     mask a chunk's keys stop at its last visible key (the rest are masked anyway).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     dtype = q.dtype
-    q, k, v, _ = _math_inputs(q, k, v)  # [B, H, Tq, D], [B, H, Tk, D] x2 (key heads repeated)
     b, h, tq, _ = q.shape
     tk = k.shape[2]
-    idx = _indices(max(tq, tk), q.device)
     if chunk is None:
         chunk = chunk_rows(b, h, tk, tq)
+    # A single chunk without gradients (a cached decoding step) reads q, k, v once: its keys are a
+    # slice of the KV cache's longer buffer, and compacting them would copy the whole cache in
+    # every layer at every step (CoPE, CAPE, batch 1, contexts 512 and 2048: 3-8% of a step).
+    once = tq <= chunk and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    q, k, v, _ = _math_inputs(q, k, v, compact=not once)  # [B, H, Tq, D], [B, H, Tk, D] x2 (key heads repeated)
+    idx = _indices(max(tq, tk), q.device)
 
     def rows_out(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
         (q_rows,), (k, v) = rows, keys  # [B, H, rows, D], [B, H, kv_end, D] x2
