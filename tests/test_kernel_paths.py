@@ -580,6 +580,20 @@ def test_rows_times_table_equals_the_broadcast_matmul_with_gradients(table_heads
     assert torch.autograd.gradcheck(rows_times_table, (rows, table))
 
 
+@pytest.mark.parametrize("vector_shape", [(2, 3, 5), (3, 5), (5,)])
+def test_matvec_equals_the_matrix_times_a_column_with_gradients(vector_shape):
+    from posenc.common.pairwise import matvec
+
+    gen = torch.Generator().manual_seed(4)
+    matrix = torch.randn(2, 7, 3, 5, generator=gen, dtype=torch.float64).transpose(1, 2)  # [B, H, n, d], a view
+    matrix = matrix.detach().requires_grad_()
+    vector = torch.randn(*vector_shape, generator=gen, dtype=torch.float64, requires_grad=True)  # broadcast batch axes
+    out = matvec(matrix, vector)
+    assert out.shape == (2, 3, 7)
+    torch.testing.assert_close(out, torch.matmul(matrix, vector.unsqueeze(-1)).squeeze(-1), rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(matvec, (matrix, vector))
+
+
 @pytest.mark.parametrize("sizes", [[5, 5, 5], [3, 7, 1, 4], [6], [2, 3, 2]])
 def test_packed_segments_attend_per_run_as_the_dense_mask(sizes):
     """A packed row of contiguous segments (a PyG batch) runs SDPA per run (one batched call when

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .masks import AttentionMask
+from .pairwise import matvec
 from .shapes import check_qkv
 
 # Query rows per block of the causal / packed scan: the explicit block is [B, H, C, C].
@@ -209,7 +210,7 @@ def run_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: FeatureMap, mask: A
         state = torch.matmul(phi_k.transpose(-1, -2), vw)  # [B, H, m, D]
         norm = phi_k.sum(2)  # [B, H, m]
         num = torch.matmul(phi_q, state)
-        den = torch.matmul(phi_q, norm.unsqueeze(-1))  # [B, H, Tq, 1]
+        den = matvec(phi_q, norm).unsqueeze(-1)  # [B, H, Tq, 1]
         return _divide(num, den).to(dtype)
     num, den = _scan(phi_q, phi_k, vw, causal, segments, chunk, forward=True)
     if not causal:  # packed, bidirectional: the keys after each block too
@@ -265,7 +266,7 @@ def _scan(
         # From the state: the keys outside the block (before it going forward, after it going
         # back); packed, only for the queries of the run the state holds.
         num = torch.matmul(qb, state)  # [B, H, C, D]
-        den = torch.matmul(qb, norm.unsqueeze(-1))  # [B, H, C, 1]
+        den = matvec(qb, norm).unsqueeze(-1)  # [B, H, C, 1]
         if carried is not None:
             gate = (seg_q == carried[:, None]).to(qb.dtype)[:, None, :, None]  # [B, 1, C, 1]
             num, den = num * gate, den * gate

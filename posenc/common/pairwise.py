@@ -56,6 +56,14 @@ def rows_times_table(rows: Tensor, table: Tensor) -> Tensor:
     return out.view(h, b, r, -1).transpose(0, 1)
 
 
+def matvec(matrix: Tensor, vector: Tensor) -> Tensor:
+    """``matrix [..., n, d]`` times ``vector [..., d]`` -> ``[..., n]`` (batch axes broadcast),
+    computed as the row ``vector`` times ``matrix^T``: torch's CPU matmul runs a matrix times one
+    column several times slower than one row times a matrix (130 against 22 us at ``[4, 1793,
+    64]``; 608 against 89 us at ``[4, 8, 1024, 64]``)."""
+    return torch.matmul(vector.unsqueeze(-2), matrix.transpose(-1, -2)).squeeze(-2)
+
+
 def shared_run_offset(q_pos: Tensor, kv_pos: Tensor) -> int | None:
     """``kv_pos[0] - q_pos[0]`` when both are integer runs of consecutive values shared by the
     batch (``[1, T]``), so that ``kv_pos[j] - q_pos[i]`` is that offset plus ``j - i``; else None."""
