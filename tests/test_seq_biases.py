@@ -492,6 +492,30 @@ def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
     torch.testing.assert_close(training.dense(1, 4, idx, idx).detach(), want.detach(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("query", [0, 7, 29, 30, 55])  # below, at and past the threshold of 30
+def test_fire_one_query_by_offset_equals_the_mlp(query):
+    """A decoding step's bias (one query, no gradients) read by offset, as the kernel cuts it, is
+    the MLP of the normalised distance at every key, and the dense evaluation's row."""
+    from posenc.common.kernels import _OffsetBias
+
+    torch.manual_seed(1)
+    enc = FIRE(3, init_threshold=30.0).double()
+    q_pos, kv_pos = torch.tensor([[query]]), torch.arange(query + 1)[None]
+    q = torch.zeros(1, 3, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        bias = enc.score_bias(q, q, q_pos, kv_pos)
+        assert bias.by_offset is not None
+        offsets = _OffsetBias(bias, -query, 1, query + 1, True, q.device)
+        row = offsets.block(offsets.values(torch.float64), 0, 1, query + 1)  # [1, H, 1, keys]
+        dense = bias.dense(1, 3, torch.tensor([0]), torch.arange(query + 1))
+    m = enc.mlp
+    want = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, q_pos, kv_pos)
+    torch.testing.assert_close(row, want.detach().reshape(row.shape), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(row, dense, rtol=0, atol=0)
+    with torch.enable_grad():  # with gradients to its parameters: per element, learned, no by_offset
+        assert enc.score_bias(q, q, q_pos, kv_pos).by_offset is None
+
+
 def test_fire_training_gradients_equal_the_mlp_reference():
     """The CPU chunks evaluate the MLP in its piecewise-linear form with a written-out backward;
     the gradients of c, the threshold and the MLP are those of the MLP itself (float64)."""

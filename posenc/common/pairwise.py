@@ -103,10 +103,11 @@ class PairwiseBias:
             need no gradient can be handed to fused kernels as a constant.
         name: what the bias is, for error messages.
         by_offset: the same bias as a function of the position offset ``kv_pos - q_pos`` alone,
-            for a bias that depends on nothing else (ALiBi, T5, KERPLE): ``by_offset(offsets)``
-            takes an integer tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from
-            ``learned``. Over consecutive positions the chunked kernel then evaluates it once per
-            call and cuts each block from its diagonals (no gather per element, no mask tensor).
+            for a bias that depends on nothing else (ALiBi, T5, KERPLE) or of a call with one
+            query (FIRE in a cached decoding step): ``by_offset(offsets)`` takes an integer
+            tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from ``learned``. Over
+            consecutive positions the chunked kernel then evaluates it once per call and cuts
+            each block from its diagonals (no gather per element, no mask tensor).
     """
 
     fn: PairFn

@@ -93,12 +93,15 @@ class FIRE(PositionEncoding):
         normalized = self.normalized_distance
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
         learned = (self.c, self.l_mult, *self.mlp.parameters())
-        def mlp(x: Tensor, h: Tensor, every_head: bool = False) -> Tensor:
+        def mlp(x: Tensor, h: Tensor | None, every_head: bool = False, rows: bool = False) -> Tensor:
             """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
-            order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``."""
+            order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``;
+            ``rows``: every head at ``x [R]``, as ``[H, R]``."""
             # one input feature: the first layer is a multiply-add per unit, not a K=1 matmul
             hidden = torch.addcmul(first.bias, x.unsqueeze(-1).to(first.weight.dtype), first.weight[:, 0]).relu()
             out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
+            if rows:
+                return out.T
             if every_head:
                 return out.squeeze(1).movedim(-1, 1)
             return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
@@ -113,7 +116,15 @@ class FIRE(PositionEncoding):
                 every_head = is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1
                 return mlp(x, h, every_head)
 
-            return PairwiseBias(direct, per_batch=per_batch, name="FIRE")
+            by_offset = None
+            if q_pos.shape == (1, 1) and kv_pos.shape[0] == 1:
+                # One query (a cached decoding step without a batch of positions): its bias is a
+                # function of the key's offset, evaluated once as a row the kernel cuts its block
+                # from, without the per-element indexing of positions.
+                def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
+                    return mlp(normalized(q_pos[0], q_pos[0] + offsets), None, rows=True)
+
+            return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset)
         if inference:
             # The same MLP in its exact piecewise-linear form, a lookup per pair.
             breaks, slope, offset = self.piecewise_linear()
