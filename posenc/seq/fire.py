@@ -92,7 +92,8 @@ class FIRE(PositionEncoding):
         first, last = self.mlp[0], self.mlp[2]
         normalized = self.normalized_distance
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
-        learned = (self.c, self.l_mult, *self.mlp.parameters())
+        mlp_weights = (first.weight, first.bias, last.weight, last.bias)  # not mlp.parameters(): a module walk per call
+        learned = (self.c, self.l_mult, *mlp_weights)
         def mlp(x: Tensor, h: Tensor | None, every_head: bool = False, rows: bool = False) -> Tensor:
             """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
             order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``;
@@ -147,7 +148,7 @@ class FIRE(PositionEncoding):
             def distance_input(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
                 return psi_of_distance[(take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).abs()] * take(inverse_norm, b, q_idx)
 
-            learned = (psi_of_distance, inverse_norm, *self.mlp.parameters())
+            learned = (psi_of_distance, inverse_norm, *mlp_weights)
         else:
             def distance_input(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
                 return normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
