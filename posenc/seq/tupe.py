@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_allocation, check_bool, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
 from ..common.registry import register
 from .learned import lerp_rows
 
@@ -145,17 +145,19 @@ class TUPE(PositionEncoding):
         if untie:
             h = self.num_heads
             cls_row, cls_col = self.cls_to_others.view(h), self.others_to_cls.view(h)
+        # Blocks read runs of rows of pq and pk, and every block's gradient adds into one buffer
+        # per table (SharedGradTable), as DeBERTa's and Transformer-XL's do: read by indexing,
+        # each block's backward zero-filled a gradient as large as the table and scattered into it
+        # (B=4, T=1024: peak 118.9 -> 116.9 MB; the time the same within the noise).
+        q_rows, k_rows = SharedGradTable(pq), SharedGradTable(pk)
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             bq, bk = (b if pq.shape[0] > 1 else b * 0), (b if pk.shape[0] > 1 else b * 0)
             if is_dense_block(b, h, q_idx, kv_idx):
-                # A dense block of rows x keys: one matmul instead of a d-long product per element.
-                rows = pq[bq[..., 0], h[..., 0], q_idx[..., 0]]  # [B, H, rows, d]
-                if heads_k:
-                    cols = pk[bk[..., 0], h[..., 0], kv_idx[..., 0, :]]  # [B, H, keys, d]
-                else:  # raw table rows, one set for every head: [B, 1, keys, C]
-                    table = pk[:, 0] if pk.shape[0] == 1 else pk[bk.reshape(-1), 0]  # [B or 1, Tk, C]
-                    cols = table.index_select(1, kv_idx.reshape(-1)).unsqueeze(1)
+                # A dense block of rows x keys (every head, the batch or its one row): one matmul
+                # instead of a d-long product per element.
+                rows = q_rows.rows(q_idx)  # [B or 1, H, rows, d]
+                cols = k_rows.rows(kv_idx)  # [B or 1, H, keys, d], or raw table rows for every head [B or 1, 1, keys, C]
                 term = torch.matmul(rows, cols.transpose(-1, -2))
             else:  # scalar indices (FlexAttention's score_mod) or any other broadcast
                 term = (pq[bq, h, q_idx] * pk[bk, h if heads_k else h * 0, kv_idx]).sum(-1)
@@ -166,6 +168,7 @@ class TUPE(PositionEncoding):
                 term = torch.where(is_cls_k & ~is_cls_q, cls_col[h].to(term.dtype), term)
             return term
 
-        learned = (pq, pk) + ((self.cls_to_others, self.others_to_cls) if untie else ())
+        # Not pq or pk themselves: their handles stand for them (see DeBERTa).
+        learned = (*q_rows.learned, *k_rows.learned) + ((self.cls_to_others, self.others_to_cls) if untie else ())
         return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE")
 
