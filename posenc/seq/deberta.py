@@ -270,7 +270,6 @@ def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tenso
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
-
 def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tensor, c: Tensor) -> Tensor:
     """A dense block's c2p term: its query rows times ``Kr`` by one matmul ``[B, H, rows, 2k]``,
     gathered at the buckets ``c`` (broadcast to ``[B, H, rows, keys]``)."""
