@@ -89,7 +89,10 @@ def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     return table[b if table.shape[0] > 1 else b * 0, idx]
 
 
-@dataclass(frozen=True)
+# eq=False: hashed and compared by identity. A bias holds closures and tensors, whose equality
+# means nothing here, and torch.compile hashes a callable it meets while tracing, which for a
+# field-hashed frozen dataclass failed when the object was not built yet (DeBERTa, TUPE, TXL).
+@dataclass(frozen=True, eq=False)
 class PairwiseBias:
     """A bias defined per (batch, head, query index, key index).
 
@@ -215,18 +218,26 @@ class SharedGradTable:
     fresh zero tensor, filled sparsely, then added to the others): for many chunks that is most
     of the backward pass. Here every read adds into one buffer instead, which reaches the tensor
     as its gradient once. Put :attr:`learned` (not the tensor) in the :class:`PairwiseBias`'s
-    ``learned``: it is what the chunked backward differentiates."""
+    ``learned``: it is what the chunked backward differentiates.
+
+    While ``torch.compile`` traces, the reads are plain autograd (a slice, a gather, ``learned``
+    the table itself): the shared buffer is Python state that backward nodes hand on to each
+    other, which a traced graph does not replay (Shaw's compiled gradients came out wrong
+    through it). DeBERTa and vector eRPE build their biases eagerly under compile instead."""
 
     def __init__(self, table: Tensor) -> None:
         if table.dim() != 4:
             raise ValueError(f"a shared-gradient table is [B, H, rows, keys]; got shape {tuple(table.shape)}")
         self.table = table
-        self._values = table.detach()
-        self._sink: dict = {"lock": threading.Lock()}
-        self.handle = _DeferredTableGrad.apply(table, self._sink) if table.requires_grad else None
+        self._traced = torch.compiler.is_compiling()
+        self._values = table if self._traced else table.detach()
+        self._sink: dict = {} if self._traced else {"lock": threading.Lock()}
+        self.handle = _DeferredTableGrad.apply(table, self._sink) if table.requires_grad and not self._traced else None
 
     @property
     def learned(self) -> tuple[Tensor, ...]:
+        if self._traced:
+            return (self.table,) if self.table.requires_grad else ()
         return () if self.handle is None else (self.handle,)
 
     def _tracked(self) -> bool:
@@ -246,6 +257,8 @@ class SharedGradTable:
         """``table[:, :, idx]`` for indices ``idx`` (any shape, flattened) that form one run
         ``start .. stop - 1`` (a chunk of query rows); other indices are read by plain indexing."""
         flat = idx.reshape(-1)
+        if self._traced:  # no host read of the indices while tracing: plain indexing, differentiable
+            return self.table.index_select(2, flat)
         start, stop = int(flat[0]), int(flat[-1]) + 1
         if stop - start != flat.numel() or not torch.equal(flat, torch.arange(start, stop, device=flat.device)):
             return self.table[:, :, flat]
