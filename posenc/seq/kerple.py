@@ -102,9 +102,11 @@ class KERPLE(PositionEncoding):
         variant, device = self.variant, self.raw_r1.device
         work = torch.float64 if self.raw_r1.dtype == torch.float64 else torch.float32
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
-        if not (q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point):
+        if not (q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or torch.compiler.is_compiling()):
             # Integer positions: the kernel of every distance that occurs, [R, H], once per call;
             # the pairwise function is a gather and the gradient flows back through this table.
+            # (Not while torch.compile traces: the range is read from the positions, a graph
+            # break; there the kernel is evaluated per pair, which the compiled kernel fuses.)
             lo = int(q_pos.min()) - int(kv_pos.max())
             hi = int(q_pos.max()) - int(kv_pos.min())
             if lo >= 0 and DerivedTensors.keeps((self.raw_r1, self.raw_r2)):

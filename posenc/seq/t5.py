@@ -86,8 +86,8 @@ def _offset_buckets(first: int, last: int, bidirectional: bool, num_buckets: int
     return _buckets(torch.arange(first, last + 1, device=device), bidirectional, num_buckets, max_distance)
 
 
-# The buckets of the offsets first .. last: at most 2 * max_distance + 1 of them, and the same
-# range at every decoding step once the context passes max_distance (and in most training calls).
+# The buckets of the offsets first .. last (-max_distance .. max_distance in T5Bias: the same
+# range at every call).
 _OFFSET_BUCKETS = ValueMemo(_offset_buckets)
 
 
@@ -138,26 +138,24 @@ class T5Bias(PositionEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos, integer_for="T5Bias")
-        # One column per relative position that occurs, [H, R], built once per call: the pairwise
-        # function is then a gather (no logarithm per pair), and its gradient flows back to the
-        # table through this small tensor. Every |r| >= max_distance shares the bucket of
-        # +-max_distance, so the columns stop there and farther offsets are clamped onto them:
-        # a decoding step at context 8192 buckets 129 offsets, not 8193, in every layer.
+        # One column per relative position -max_distance .. max_distance, [H, 2 max_distance + 1],
+        # built once per call: the pairwise function is then a gather (no logarithm per pair), and
+        # its gradient flows back to the table through this small tensor. Every |r| >= max_distance
+        # shares the bucket of +-max_distance, so farther offsets are clamped onto the end columns
+        # (a decoding step at context 8192 reads 257 columns, not 8193). The columns do not depend
+        # on the positions: nothing is read from them (no host read; under torch.compile, no graph
+        # break, where reading their range broke the graph six times a block).
         span = self.max_distance
-        lo = int(kv_pos.min()) - int(q_pos.max())
-        hi = int(kv_pos.max()) - int(q_pos.min())
-        first, last = min(max(lo, -span), span), min(max(hi, -span), span)
-        clamp = lo < first or hi > last
-        buckets = _OFFSET_BUCKETS(first, last, self.bidirectional, self.num_buckets, self.max_distance, self.table.device)
-        rel = self.table[buckets].T  # [H, R]
+        buckets = _OFFSET_BUCKETS(-span, span, self.bidirectional, self.num_buckets, self.max_distance, self.table.device)
+        rel = self.table[buckets].T  # [H, 2 span + 1]
 
-        def column(r: Tensor) -> Tensor:  # relative positions within lo..hi -> columns of rel
-            return (r.clamp(first, last) if clamp else r) - first
+        def column(r: Tensor) -> Tensor:  # relative positions -> columns of rel
+            return r.clamp(-span, span) + span
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return rel[h, column(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx))]
 
-        def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] within lo..hi -> [H, R]
+        def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] -> [H, R]
             return rel.index_select(1, column(offsets))  # a quarter of rel[:, ...]'s time at R = 2049
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, learned=(rel,), name="T5Bias",
