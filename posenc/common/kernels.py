@@ -538,6 +538,12 @@ def dense_path(
     groups = q.shape[1] // k.shape[1]
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
+    if torch.compiler.is_compiling() and (learned or any(t.requires_grad for t in (q, k, v))):
+        # Traced with gradients: the whole bias as one block under plain autograd, which the
+        # compiler differentiates and fuses (the chunked Function's backward asks
+        # torch.autograd.grad for the bias gradient, which dynamo does not trace: a graph break
+        # per layer). Memory O(Tq x Tk) per batch row or per head, as compiled attention has.
+        return _traced_dense(q, _repeat_kv(k, groups), _repeat_kv(v, groups), mask, bias, scale, return_lse)
     if chunk is None:
         chunk = dense_chunk_rows(b, h, k.shape[2], tq, bias.per_batch or (mask is not None and mask.per_batch))
     # Compact once when the tensors are read more than once (saved for the backward, whose chunk
@@ -561,6 +567,26 @@ def dense_path(
         out, lse = _forward_rows(q, k, v, bias, mask, offsets, values, _indices(max(tq, tk), q.device), 0, tq, tk, scale)
     else:
         out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
+    return (out, lse) if return_lse else out
+
+
+def _traced_dense(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float, return_lse: bool,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`dense_path`'s result written as plain differentiable operations for a traced call:
+    ``softmax(scale Q K^T + bias)`` with masked entries out and rows that see no key zeroed.
+    ``q [B, H, Tq, D]``, ``k, v [B, H, Tk, D]`` (key heads repeated)."""
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    idx = _indices(max(tq, tk), q.device)
+    block, row_any = _bias_block(bias, mask, b, h, idx[:tq], idx[:tk], tq, tk, work)  # [B or 1, H, Tq, Tk]
+    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale + block  # [B, H, Tq, Tk]
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H, Tq]
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(work))  # [B, H, Tq, D]
+    if row_any is not None:
+        out = out.masked_fill(~row_any, 0.0)
+    out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 
 

@@ -138,7 +138,8 @@ class FIRE(PositionEncoding):
             return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
 
         segments = self._segments()  # constants of this call: once, not per block of rows
-        tables = self._distance_tables(q_pos, kv_pos)
+        # (not while torch.compile traces: the tables' span is read from the positions, a graph break)
+        tables = None if torch.compiler.is_compiling() else self._distance_tables(q_pos, kv_pos)
         if tables is not None:
             # Integer positions: psi(|i - j|) looked up by distance and 1 / psi(max(L, i)) by query,
             # both made once per call (a gather per pair instead of a logarithm and a division);
@@ -250,7 +251,7 @@ class _SegmentAffine(torch.autograd.Function):
             slopes = F.embedding(seg.reshape(-1), slope)
             g_x = (per_pair[:, heads:] * slopes).sum(-1).view(xw.shape).unsqueeze(1).to(ctx.x_dtype)
         if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            torch.mul(per_pair[:, heads:], xw.reshape(-1, 1), out=per_pair[:, :heads])
+            per_pair[:, :heads] = per_pair[:, heads:] * xw.reshape(-1, 1)  # (no out= into a column slice: torch.compile refuses it)
             # rows of 2H along the pairs: an add of 2H contiguous values per pair (along the heads
             # axis, the same sum took twice as long)
             sums = per_pair.new_zeros(segments, 2 * heads).index_add_(0, seg.reshape(-1), per_pair)  # [M + 1, 2H]
