@@ -51,12 +51,14 @@ def test_shared_gradient_biases_train_under_compile_as_eagerly(encoding):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoding", ["t5", "kerple", "fire"])
-def test_learned_biases_trace_whole_and_train_as_eagerly(encoding):
-    """The learned offset biases trace as one graph, without gradients and with them, and give
-    the eager values and gradients. Before: T5 and KERPLE read their distance range from the
-    positions (six graph breaks a block), and with gradients every learned bias went through the
-    chunked Function, whose backward calls torch.autograd.grad (4.5-7.5 breaks a block)."""
+@pytest.mark.parametrize("encoding", ["t5", "kerple", "fire", "learned", "tupe", "shaw"])
+def test_trace_whole_and_train_as_eagerly(encoding):
+    """These encodings trace as one graph, without gradients and with them, and give the eager
+    values and gradients. Before: T5 and KERPLE read their distance range from the positions (six
+    graph breaks a block), with gradients every learned bias went through the chunked Function,
+    whose backward calls torch.autograd.grad (4.5-7.5 breaks a block); the learned table's and
+    TUPE's range checks, Shaw's test of consecutive positions and an unset closure cell in TUPE
+    broke the graph 3-7 times a block."""
     torch.manual_seed(0)
     model = CausalLM(64, dim=32, depth=2, num_heads=4, encoding=encoding, max_len=32)
     tokens = torch.randint(0, 64, (2, 12))

@@ -598,8 +598,8 @@ def contiguous_causal(mask: AttentionMask | None, q_pos: Tensor, kv_pos: Tensor,
         return False
     if mask.window is not None or q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
         return False
-    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point:
-        return False
+    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or torch.compiler.is_compiling():
+        return False  # (traced: the check reads the positions, a graph break; the general path serves)
     start = kv_pos[0, 0]
     return bool(
         torch.equal(kv_pos[0], start + _indices(kv_len, kv_pos.device))

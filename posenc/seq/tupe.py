@@ -91,7 +91,9 @@ class TUPE(PositionEncoding):
     def _positions(self, positions: Tensor) -> Tensor:
         """``[B or 1, T]`` -> table rows ``[B or 1, T, C]`` (error past the table)."""
         check_positions("positions", positions, ndim=(2,))
-        if positions.numel() and (bool((positions < 0).any()) or bool((positions > self.max_len - 1).any())):
+        # (a value check: skipped while torch.compile traces, where it would break the graph)
+        if (positions.numel() and not torch.compiler.is_compiling()
+                and (bool((positions < 0).any()) or bool((positions > self.max_len - 1).any()))):
             bad = positions.max().item() if bool((positions > self.max_len - 1).any()) else positions.min().item()
             raise ValueError(f"position {bad} is outside TUPE's table (max_len={self.max_len}, positions 0..{self.max_len - 1})")
         if positions.is_floating_point():
@@ -142,6 +144,7 @@ class TUPE(PositionEncoding):
         heads_k = pk.shape[1] > 1
         per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
         untie = self.untie_cls
+        cls_row = cls_col = None  # bound either way: torch.compile breaks its graph on reading an unset closure cell
         if untie:
             h = self.num_heads
             cls_row, cls_col = self.cls_to_others.view(h), self.others_to_cls.view(h)
