@@ -549,7 +549,7 @@ def test_torchrun_restart_after_a_killed_worker_ends_with_the_uninterrupted_weig
         env.pop(var, None)
     torchrun = Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    results = {}
+    results, logs = {}, {}
     for name, extra in (("plain", []), ("killed", ["--kill-at-step", "6"])):
         out = tmp_path / name
         out.mkdir()
@@ -558,8 +558,11 @@ def test_torchrun_restart_after_a_killed_worker_ends_with_the_uninterrupted_weig
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         results[name] = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+        logs[name] = proc.stdout[-3000:] + proc.stderr[-3000:]
     plain, killed = results["plain"], results["killed"]
-    assert [r["attempt"] for r in plain] == [0, 0] and [r["attempt"] for r in killed] == [1, 1]
+    # (a plain run restarted once in a fresh-clone CI on 2026-12-03 and passed alone: its log, if again)
+    assert [r["attempt"] for r in plain] == [0, 0], logs["plain"]
+    assert [r["attempt"] for r in killed] == [1, 1], logs["killed"]
     # resumed from the checkpoint of step 4: the restarted workers trained steps 5 .. 8 only
     assert [r["calls"] for r in killed] == [4, 4]
     for rank in (0, 1):
