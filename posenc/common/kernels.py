@@ -538,11 +538,12 @@ def dense_path(
     groups = q.shape[1] // k.shape[1]
     b, h, tq, _ = q.shape
     learned = bias.learned if bias.requires_grad else ()
-    if torch.compiler.is_compiling() and (learned or any(t.requires_grad for t in (q, k, v))):
-        # Traced with gradients: the whole bias as one block under plain autograd, which the
-        # compiler differentiates and fuses (the chunked Function's backward asks
-        # torch.autograd.grad for the bias gradient, which dynamo does not trace: a graph break
-        # per layer). Memory O(Tq x Tk) per batch row or per head, as compiled attention has.
+    if torch.compiler.is_compiling() and learned:
+        # Traced, with a bias that needs gradients: the whole bias as one block under plain
+        # autograd, which the compiler differentiates and fuses (the chunked Function's backward
+        # asks torch.autograd.grad for the bias gradient, which dynamo does not trace: a graph
+        # break per layer). Its scores are [B, H, Tq, Tk]. A constant bias keeps the chunked
+        # Function, whose fused kernels trace.
         return _traced_dense(q, _repeat_kv(k, groups), _repeat_kv(v, groups), mask, bias, scale, return_lse)
     if chunk is None:
         chunk = dense_chunk_rows(b, h, k.shape[2], tq, bias.per_batch or (mask is not None and mask.per_batch))
