@@ -1,5 +1,6 @@
 """torch.compile traces a model with each proving encoding as one graph (no graph breaks),
-forward and backward, and gives the eager result."""
+forward and backward, and gives the eager result; the others compile (with graph breaks) and give
+it too."""
 
 from __future__ import annotations
 
@@ -9,45 +10,40 @@ import torch
 from posenc.seq.models import CausalLM
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "erpe", "sinusoidal"])
-def test_fullgraph_compile_matches_eager(encoding):
+def _model(encoding: str, depth: int) -> tuple[CausalLM, torch.Tensor]:
     torch.manual_seed(0)
-    model = CausalLM(64, dim=32, depth=1, num_heads=4, encoding=encoding, max_len=32)
-    tokens = torch.randint(0, 64, (2, 12))
+    return CausalLM(64, dim=32, depth=depth, num_heads=4, encoding=encoding, max_len=32), torch.randint(0, 64, (2, 12))
+
+
+def _assert_compiled_training_matches_eager(model: CausalLM, tokens: torch.Tensor, fullgraph: bool) -> None:
+    """One forward and backward compiled against eager: the output and every parameter's gradient."""
     eager = model(tokens)
     eager.sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    compiled = torch.compile(model, fullgraph=True)
-    out = compiled(tokens)
+    out = torch.compile(model, fullgraph=fullgraph)(tokens)
     out.sum().backward()
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "erpe", "sinusoidal"])
+def test_fullgraph_compile_matches_eager(encoding):
+    _assert_compiled_training_matches_eager(*_model(encoding, depth=1), fullgraph=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["deberta", "transformer_xl", "tupe", "shaw", "erpe_vector"])
 def test_shared_gradient_biases_train_under_compile_as_eagerly(encoding):
     """The encodings whose bias blocks read their tables through SharedGradTable compile (with
-    graph breaks) and give the eager values and gradients. Before: DeBERTa, Transformer-XL and
-    TUPE raised an internal dynamo error (tracing hashed the half-built frozen PairwiseBias), and
-    Shaw and vector eRPE trained with wrong gradients (the shared buffer that backward nodes hand
-    on is not replayed by a traced graph)."""
-    torch.manual_seed(0)
-    model = CausalLM(64, dim=32, depth=2, num_heads=4, encoding=encoding, max_len=32)
-    tokens = torch.randint(0, 64, (2, 12))
-    eager = model(tokens)
-    eager.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    out = torch.compile(model)(tokens)
-    out.sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    for name, p in model.named_parameters():
-        assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    graph breaks where they remain) and give the eager values and gradients. Before: DeBERTa,
+    Transformer-XL and TUPE raised an internal dynamo error (tracing hashed the half-built frozen
+    PairwiseBias), and Shaw and vector eRPE trained with wrong gradients (the shared buffer that
+    backward nodes hand on is not replayed by a traced graph)."""
+    _assert_compiled_training_matches_eager(*_model(encoding, depth=2), fullgraph=False)
 
 
 @pytest.mark.slow
@@ -59,20 +55,9 @@ def test_trace_whole_and_train_as_eagerly(encoding):
     whose backward calls torch.autograd.grad (4.5-7.5 breaks a block); the learned table's and
     TUPE's range checks, Shaw's test of consecutive positions and an unset closure cell in TUPE
     broke the graph 3-7 times a block."""
-    torch.manual_seed(0)
-    model = CausalLM(64, dim=32, depth=2, num_heads=4, encoding=encoding, max_len=32)
-    tokens = torch.randint(0, 64, (2, 12))
+    model, tokens = _model(encoding, depth=2)
     with torch.no_grad():
         explained = torch._dynamo.explain(model)(tokens)
         assert explained.graph_break_count == 0, [str(r.reason)[:200] for r in explained.break_reasons]
         torch.testing.assert_close(torch.compile(model, fullgraph=True)(tokens), model(tokens), rtol=1e-5, atol=1e-5)
-    eager = model(tokens)
-    eager.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    out = torch.compile(model, fullgraph=True)(tokens)
-    out.sum().backward()
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    for name, p in model.named_parameters():
-        assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    _assert_compiled_training_matches_eager(model, tokens, fullgraph=True)
