@@ -316,6 +316,12 @@ def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float)
     flash kernel on CPU; elsewhere explicit (``[B, H, rows, keys]`` scores live for the chunk only)."""
     if q.device.type == "cpu":
         return cpu_flash_forward(q, k, v, block, scale)
+    return _explicit_forward(q, k, v, block, scale)
+
+
+def _explicit_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """``(softmax(scale Q K^T + block) V, lse)`` as plain differentiable operations, the scores
+    ``[B, H, rows, keys]`` in float32 for half-precision inputs: ``(out [B, H, rows, D], lse [B, H, rows])``."""
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale + block.to(work)  # [B, H, rows, keys]
     lse = torch.logsumexp(scores, dim=-1)  # [B, H, rows]
@@ -579,15 +585,11 @@ def _traced_dense(
     ``q [B, H, Tq, D]``, ``k, v [B, H, Tk, D]`` (key heads repeated)."""
     b, h, tq, _ = q.shape
     tk = k.shape[2]
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     idx = _indices(max(tq, tk), q.device)
-    block, row_any = _bias_block(bias, mask, b, h, idx[:tq], idx[:tk], tq, tk, work)  # [B or 1, H, Tq, Tk]
-    scores = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * scale + block  # [B, H, Tq, Tk]
-    lse = torch.logsumexp(scores, dim=-1)  # [B, H, Tq]
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(work))  # [B, H, Tq, D]
+    block, row_any = _bias_block(bias, mask, b, h, idx[:tq], idx[:tk], tq, tk, q.dtype)  # [B or 1, H, Tq, Tk]
+    out, lse = _explicit_forward(q, k, v, block, scale)
     if row_any is not None:
         out = out.masked_fill(~row_any, 0.0)
-    out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 
 
@@ -1053,7 +1055,8 @@ def math_path(
     # A single chunk without gradients (a cached decoding step) reads q, k, v once: its keys are a
     # slice of the KV cache's longer buffer, and compacting them would copy the whole cache in
     # every layer at every step (CoPE, CAPE, batch 1, contexts 512 and 2048: 3-8% of a step).
-    once = tq <= chunk and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    qkv_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    once = tq <= chunk and not qkv_grad
     q, k, v, _ = _math_inputs(q, k, v, compact=not once)  # [B, H, Tq, D], [B, H, Tk, D] x2 (key heads repeated)
     idx = _indices(max(tq, tk), q.device)
 
@@ -1071,8 +1074,7 @@ def math_path(
         terms.transform_inputs,
     )
     if prob_bias is None and terms.value_term is None and not torch.compiler.is_compiling():
-        needs_grad = torch.is_grad_enabled() and (bool(others) or any(t.requires_grad for t in (q, k, v)))
-        if len(chunks) == 1 and not needs_grad:
+        if once and len(chunks) == 1 and not (others and torch.is_grad_enabled()):
             # One chunk and no gradient (a cached decoding step): the chunk alone, without the
             # autograd Function, its output buffer and the chunk pool around it (CoPE and CAPE at
             # batch 1, dim 256, context 512: 3-8% of a step, alternate rounds in one process).
