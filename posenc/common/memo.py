@@ -1,9 +1,9 @@
 """Kept results of functions of plain values (integers, a dtype, a device): no parameter involved.
 
-A cached decoding step asks every layer, at every step, for the same parameter-free tables: T5's
-bucket of each offset up to ``max_distance``, Transformer-XL's sinusoids of each distance. They
-depend on a few integers alone, so unlike :class:`~posenc.common.derived.DerivedTensors` (tables
-derived from parameters, checked against them at each use) nothing can make a kept one wrong.
+Every layer asks at every call (a cached decoding step included) for the same parameter-free
+tables, such as T5's bucket of each offset up to ``max_distance``. They depend on a few integers
+alone, so unlike :class:`~posenc.common.derived.DerivedTensors` (tables derived from parameters,
+checked against them at each use) nothing can make a kept one wrong.
 :class:`ValueMemo` keeps the last few, least recently used dropped first.
 """
 

@@ -174,11 +174,7 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
         return q * (1 / math.sqrt(3)), k
 
-    # Built eagerly under torch.compile (a graph break): traced, its learned tensors would come out
-    # of the compiled graph beside parameters that graph reads, and the chunked backward's
-    # gradient of each block would have to run that graph's backward again (it cannot: "backward
-    # through the graph a second time").
-    @torch.compiler.disable
+    @torch.compiler.disable  # built eagerly under torch.compile: see SharedGradTable
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
         if q_pos.is_floating_point() or kv_pos.is_floating_point():

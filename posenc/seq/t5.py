@@ -82,13 +82,13 @@ def _buckets(r: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
     return base + torch.where(n < exact, n, log_bucket)
 
 
-def _offset_buckets(first: int, last: int, bidirectional: bool, num_buckets: int, max_distance: int, device) -> Tensor:
-    return _buckets(torch.arange(first, last + 1, device=device), bidirectional, num_buckets, max_distance)
+def _offset_buckets(bidirectional: bool, num_buckets: int, max_distance: int, device) -> Tensor:
+    """The bucket of each offset ``-max_distance .. max_distance`` ``[2 max_distance + 1]``."""
+    offsets = torch.arange(-max_distance, max_distance + 1, device=device)
+    return _buckets(offsets, bidirectional, num_buckets, max_distance)
 
 
-# The buckets of the offsets first .. last (-max_distance .. max_distance in T5Bias: the same
-# range at every call).
-_OFFSET_BUCKETS = ValueMemo(_offset_buckets)
+_OFFSET_BUCKETS = ValueMemo(_offset_buckets)  # the same table at every call of an encoding
 
 
 def t5_bucket(relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -146,7 +146,7 @@ class T5Bias(PositionEncoding):
         # on the positions: nothing is read from them (no host read; under torch.compile, no graph
         # break, where reading their range broke the graph six times a block).
         span = self.max_distance
-        buckets = _OFFSET_BUCKETS(-span, span, self.bidirectional, self.num_buckets, self.max_distance, self.table.device)
+        buckets = _OFFSET_BUCKETS(self.bidirectional, self.num_buckets, span, self.table.device)
         rel = self.table[buckets].T  # [H, 2 span + 1]
 
         def column(r: Tensor) -> Tensor:  # relative positions -> columns of rel

@@ -66,11 +66,7 @@ class ERPEVector(PositionEncoding):
                          (num_heads if per_head else 1, 2 * max_len - 1, head_dim), torch.float32)
         self.weight = nn.Parameter(torch.randn(num_heads if per_head else 1, 2 * max_len - 1, head_dim))
 
-    # Built eagerly under torch.compile (a graph break): traced, its learned tensors would come out
-    # of the compiled graph beside parameters that graph reads, and the chunked backward's
-    # gradient of each block would have to run that graph's backward again (it cannot: "backward
-    # through the graph a second time").
-    @torch.compiler.disable
+    @torch.compiler.disable  # built eagerly under torch.compile: see SharedGradTable
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
             if p.dim() != 2 or p.dtype.is_floating_point:
