@@ -11,6 +11,7 @@ import pytest
 from posenc import cli
 import torch
 
+from posenc.cli.bench import models as models_bench
 from posenc.cli.bench.generate import (
     Decoder, GenerateBenchConfig, causal_encodings, estimate_bytes, measure_cells_round_robin,
 )
@@ -109,6 +110,26 @@ def test_bench_models_tiny_eager(tmp_path):
     assert all(r["vs_peer"] > 0 for r in data["rows"] if r["impl"] == "posenc" and (peers or r["pair"].startswith("gps")))
 
 
+
+def test_bench_models_lm_encodings_option(tmp_path, capsys):
+    """--lm-encodings picks the lm pair's encodings; one x-transformers lacks has the posenc row alone."""
+    argv = ["bench", "models", "--models", "lm", "--lm-encodings", "t5,rope", "--batch", "1", "--seq-len", "8",
+            "--repeats", "1", "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = json.loads((tmp_path / "models.json").read_text())["rows"]
+    assert [r["impl"] for r in rows if r["pair"] == "lm/t5"] == ["posenc"]
+    assert {r["pair"] for r in rows} == {"lm/t5", "lm/rope"}
+    assert all(r["error"] is None and r["ms"] > 0 for r in rows)
+    capsys.readouterr()
+    assert cli.main(["bench", "models", "--lm-encodings", "t5,sine_spe"]) == 2
+    assert "--lm-encodings: expected all or some of none, alibi" in capsys.readouterr().err
+    names = models_bench.lm_encoding_names()
+    assert {"deberta", "transformer_xl", "erpe_vector", "none"} <= set(names) and "sine_spe" not in names
+    assert models_bench._lm_encodings("all") == names
+    with pytest.raises(ValueError, match="lm_encodings must be some of .*; got foo"):
+        models_bench.ModelsBenchConfig(lm_encodings=("foo",))
+
+
 _FAKE_AUTHORS_MODEL = '''
 import torch
 from torch import nn
@@ -154,7 +175,6 @@ def test_bench_models_convtran_peer_comes_from_a_named_checkout(tmp_path, capsys
 def test_bench_models_bfloat16_runs_under_autocast_and_refuses_a_missing_device(tmp_path, capsys, monkeypatch):
     """--dtype bfloat16 runs each step's forward pass under torch.autocast (the models' outputs are
     bfloat16; weights stay float32) and says so; a bad --device or a missing CUDA is one line."""
-    from posenc.cli.bench import models as models_bench
 
     seen = []
     posenc_lm = models_bench.posenc_lm
@@ -195,7 +215,6 @@ def test_every_timing_bench_checks_its_device_alike(bench, capsys, monkeypatch):
     raised a driver traceback, attention refused cuda:0); the configs refuse the same names."""
     from posenc.cli.bench import attention as attention_bench
     from posenc.cli.bench import generate as generate_bench
-    from posenc.cli.bench import models as models_bench
 
     for bad in ("auto", "mps", "tpu"):
         assert cli.main(["bench", bench, "--device", bad]) == 2

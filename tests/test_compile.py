@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc.seq.deberta import DeBERTa
 from posenc.seq.models import CausalLM
+from posenc.seq.transformer_xl import TransformerXLRelative
+from posenc.timeseries.erpe_vector import ERPEVector
 
 
 def _model(encoding: str, depth: int) -> tuple[CausalLM, torch.Tensor]:
@@ -47,7 +50,7 @@ def test_shared_gradient_biases_train_under_compile_as_eagerly(encoding):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoding", ["t5", "kerple", "fire", "learned", "tupe", "shaw"])
+@pytest.mark.parametrize("encoding", ["t5", "kerple", "fire", "learned", "tupe", "shaw", "erpe_vector", "deberta", "transformer_xl"])
 def test_trace_whole_and_train_as_eagerly(encoding):
     """These encodings trace as one graph, without gradients and with them, and give the eager
     values and gradients. Before: T5 and KERPLE read their distance range from the positions (six
@@ -61,3 +64,37 @@ def test_trace_whole_and_train_as_eagerly(encoding):
         assert explained.graph_break_count == 0, [str(r.reason)[:200] for r in explained.break_reasons]
         torch.testing.assert_close(torch.compile(model, fullgraph=True)(tokens), model(tokens), rtol=1e-5, atol=1e-5)
     _assert_compiled_training_matches_eager(model, tokens, fullgraph=True)
+
+
+_TRACED_BIASES = {
+    "transformer_xl": lambda: TransformerXLRelative(32, 4, 8),
+    "deberta": lambda: DeBERTa(32, 4, 8, span=3),
+    "deberta_log_buckets": lambda: DeBERTa(32, 4, 8, span=4, log_buckets=True, max_position=16),
+    "erpe_vector_per_head": lambda: ERPEVector(4, 8, max_len=16, per_head=True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_TRACED_BIASES))
+def test_traced_content_biases_equal_the_eager_ones(name):
+    """Transformer-XL, DeBERTa and vector eRPE take another form of their bias while traced (no
+    distance range or key start read from the positions). Both forms agree in float64, for a dense
+    block whose keys do not start at 0 and for FlexAttention's scalar indices, with positions far
+    from 0 and different per batch element."""
+    torch.manual_seed(0)
+    enc = _TRACED_BIASES[name]().double()
+    q, k = torch.randn(2, 4, 5, 8, dtype=torch.float64), torch.randn(2, 4, 7, 8, dtype=torch.float64)
+    q_pos = torch.stack((torch.arange(3002, 3007), torch.arange(12, 17)))
+    kv_pos = q_pos[:, :1] - 2 + torch.arange(7)
+    q_idx, kv_idx = torch.arange(1, 5), torch.arange(2, 7)
+    grid = [t.reshape(-1) for t in torch.meshgrid(torch.arange(2), torch.arange(4), q_idx, kv_idx, indexing="ij")]
+
+    def blocks(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor):
+        bias = enc.score_bias(q, k, q_pos, kv_pos)
+        return bias.dense(2, 4, q_idx, kv_idx), bias.fn(*grid)
+
+    dense, scalar = blocks(q, k, q_pos, kv_pos)
+    traced_dense, traced_scalar = torch.compile(blocks, fullgraph=True)(q, k, q_pos, kv_pos)
+    torch.testing.assert_close(traced_dense, dense, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(traced_scalar, scalar, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(dense.expand(2, 4, 4, 5).reshape(-1), scalar, rtol=1e-9, atol=1e-9)

@@ -223,10 +223,10 @@ class SharedGradTable:
     While ``torch.compile`` traces, the reads are plain autograd (a slice, a gather, ``learned``
     the table itself): the shared buffer is Python state that backward nodes hand on to each
     other, which a traced graph does not replay (Shaw's compiled gradients came out wrong
-    through it). DeBERTa and vector eRPE build their biases eagerly under compile instead
-    (``torch.compiler.disable``): traced, their learned tensors come out of the compiled graph
-    beside parameters that graph reads, and each block's gradient would have to run that graph's
-    backward again ("backward through the graph a second time")."""
+    through it). With gradients, a traced call then takes the bias as one block of plain
+    differentiable operations (``_traced_dense`` in :mod:`posenc.common.kernels`), not the
+    chunked Function, whose per-block ``autograd.grad`` would rerun the compiled graph's
+    backward."""
 
     def __init__(self, table: Tensor) -> None:
         if table.dim() != 4:

@@ -174,7 +174,6 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
         return q * (1 / math.sqrt(3)), k
 
-    @torch.compiler.disable  # built eagerly under torch.compile: see SharedGradTable
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
@@ -183,8 +182,9 @@ class DeBERTa(PositionEncoding):
         k, kr, qr = self._scaled_relative(q, k)  # kr, qr [H, 2k, d]
         q_rows = SharedGradTable(q)
         kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
-        offset = shared_run_offset(q_pos, kv_pos)
-        if offset is not None and q.device.type == "cpu" and not torch.compiler.is_compiling():
+        traced = torch.compiler.is_compiling()
+        offset = None if traced else shared_run_offset(q_pos, kv_pos)
+        if offset is not None and q.device.type == "cpu":
             return self._skewed_bias(q, k, kr, kr_by_dim, qr, q_rows, offset)
         p2c_t = torch.matmul(qr, k.transpose(-1, -2))  # [B, H, 2k, Tk]
         p2c = p2c_t.transpose(-1, -2)  # [B, H, Tk, 2k], a view
@@ -196,11 +196,14 @@ class DeBERTa(PositionEncoding):
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
             c = deberta_index(rel, span, log_buckets, max_position)
             p = deberta_index(-rel, span, log_buckets, max_position)
-            if is_dense_block(b, h, q_idx, kv_idx) and int(kv_idx[0, 0, 0, 0]) == 0:
-                # A dense block of rows x keys 0 .. n-1: the c2p rows by one matmul, gathered by
-                # bucket; the p2c entries gathered from the bucket-major table.
+            if is_dense_block(b, h, q_idx, kv_idx):
+                # A dense block of rows x keys: the c2p rows by one matmul, gathered by bucket; the
+                # p2c entries gathered from the bucket-major table.
                 c2p = _content_to_position(q_rows, q_idx, kr_by_dim, c)
-                return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
+                if traced:  # any keys, no host read of where they start
+                    return c2p + p2c_t.index_select(3, kv_idx.reshape(-1)).gather(2, p.expand(*c2p.shape))
+                if int(kv_idx[0, 0, 0, 0]) == 0:  # keys 0 .. n-1: the leading columns, one gradient buffer
+                    return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
             # scalar indices (FlexAttention's score_mod) or any other broadcast
             return (q[b, h, q_idx] * kr[h, c]).sum(-1) + p2c[b, h, kv_idx, p]
 

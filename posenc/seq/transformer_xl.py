@@ -91,10 +91,12 @@ class TransformerXLRelative(PositionEncoding):
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """``q`` is the shifted ``q + u`` from :meth:`transform_qk`."""
         self._check(q, q_pos, kv_pos)
-        lo = int(q_pos.min()) - int(kv_pos.max())
-        hi = int(q_pos.max()) - int(kv_pos.min())
         # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
+        if torch.compiler.is_compiling():
+            return self._traced_bias(qv, q_pos, kv_pos)
+        lo = int(q_pos.min()) - int(kv_pos.max())
+        hi = int(q_pos.max()) - int(kv_pos.min())
         b, h, tq, d = qv.shape
         dists = hi - lo + 1
         if DerivedTensors.keeps((self.r_proj.weight,)):
@@ -123,6 +125,34 @@ class TransformerXLRelative(PositionEncoding):
             return (qv[b, h, q_idx] * wr[rel, h if heads_r else h * 0]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
         learned = (*qv_rows.learned, wr) if heads_r and wr.requires_grad else qv_rows.learned
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")
+
+    def _traced_bias(self, qv: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The bias while ``torch.compile`` traces, with no distance range read from the positions
+        (each read was a graph break). With ``a = (q + v) W_R^h`` ``[B, H, Tq, dim]`` and the
+        angle-difference identities, ``a . R_(i-j)`` is ``Q'_i . K'_j``:
+        ``sin((i - j)w) = sin(iw)cos(jw) - cos(iw)sin(jw)``, ``cos((i - j)w) = cos(iw)cos(jw) + sin(iw)sin(jw)``, so
+        ``Q'_i = [a_sin sin(iw) + a_cos cos(iw), a_cos sin(iw) - a_sin cos(iw)]`` and
+        ``K'_j = [cos(jw), sin(jw)]``. A block of rows is one matmul ``[rows, dim] x [dim, keys]``
+        (``dim / d`` times the work of the eager table, which needs the range); gradients
+        follow by plain autograd."""
+        h, d = self.num_heads, self.head_dim
+        a = torch.matmul(qv, self.r_proj.weight.view(h, d, self.dim).to(qv.dtype))  # [B, H, Tq, dim]
+        a_sin, a_cos = a[..., 0::2], a[..., 1::2]  # the coefficients of sin((i - j)w), cos((i - j)w)
+        q_angles = sinusoid_table(q_pos, self.dim, dtype=qv.dtype).unsqueeze(1)  # [B or 1, 1, Tq, dim], float64 angles
+        q_sin, q_cos = q_angles[..., 0::2], q_angles[..., 1::2]
+        q_feat = torch.cat((a_sin * q_sin + a_cos * q_cos, a_cos * q_sin - a_sin * q_cos), dim=-1)  # [B, H, Tq, dim]
+        k_angles = sinusoid_table(kv_pos, self.dim, dtype=qv.dtype)  # [B or 1, Tk, dim]
+        k_feat = torch.cat((k_angles[..., 1::2], k_angles[..., 0::2]), dim=-1)  # [cos(jw), sin(jw)]
+
+        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            if is_dense_block(b, h, q_idx, kv_idx):
+                rows = q_feat.index_select(2, q_idx.reshape(-1))  # [B, H, rows, dim]
+                keys = k_feat.index_select(1, kv_idx.reshape(-1)).unsqueeze(1)  # [B or 1, 1, keys, dim]
+                return torch.matmul(rows, keys.transpose(-1, -2))
+            return (q_feat[b, h, q_idx] * take(k_feat, b, kv_idx)).sum(-1)  # scalar indices (FlexAttention's score_mod)
+
+        learned = (q_feat,) if q_feat.requires_grad else ()
         return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")
 
     def _sinusoids(self, lo: int, hi: int, device: torch.device) -> Tensor:

@@ -66,7 +66,6 @@ class ERPEVector(PositionEncoding):
                          (num_heads if per_head else 1, 2 * max_len - 1, head_dim), torch.float32)
         self.weight = nn.Parameter(torch.randn(num_heads if per_head else 1, 2 * max_len - 1, head_dim))
 
-    @torch.compiler.disable  # built eagerly under torch.compile: see SharedGradTable
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         for name, p in (("q_pos", q_pos), ("kv_pos", kv_pos)):
             if p.dim() != 2 or p.dtype.is_floating_point:
@@ -86,11 +85,14 @@ class ERPEVector(PositionEncoding):
         qs_rows = SharedGradTable(qs)  # read a chunk of rows at a time, one gradient buffer
         weight = self.weight.to(q.dtype)  # [1 or H, 2L-1, D]
         centre, per_head = self.max_len - 1, self.per_head
+        traced = torch.compiler.is_compiling()
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre  # row of the table
             if is_dense_block(b, h, q_idx, kv_idx):
-                first, last = int(rel.min()), int(rel.max())
+                # Traced, every offset of the table (no host read of the positions): 2L - 1 columns
+                # a row instead of the few the block reaches.
+                first, last = (0, weight.shape[1] - 1) if traced else (int(rel.min()), int(rel.max()))
                 rows = qs_rows.rows(q_idx)  # [B, H, rows, D]
                 table = rows_times_table(rows, weight[:, first : last + 1].transpose(-1, -2))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))

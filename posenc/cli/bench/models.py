@@ -13,7 +13,9 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     :class:`posenc.seq.CausalLM` against x-transformers' ``TransformerWrapper`` over a ``Decoder``
     (tied embeddings, flash attention), with ``rope``, ``alibi`` and ``none`` (x-transformers:
     ``rotary_pos_emb``, ``alibi_pos_bias``, no position signal); next-token cross-entropy on
-    random tokens ``[B, T]``.
+    random tokens ``[B, T]``. ``--lm-encodings`` picks other encodings (``all``: every
+    registered sequence and time-series encoding of softmax attention); those x-transformers
+    lacks have the posenc row alone, for its speed, graph breaks and compiled speed-up.
 ``vit``
     :class:`posenc.vision.ViT` against timm: ``learned2d`` against ``VisionTransformer`` (learned
     absolute table, class token), ``rope2d_axial`` / ``rope2d_mixed`` against timm's
@@ -70,6 +72,8 @@ from .timing import error_text, time_interleaved
 MODELS = ("lm", "vit", "gps", "convtran")
 DEFAULT_MODELS = ("lm", "vit", "gps")
 LM_ENCODINGS = ("rope", "alibi", "none")
+XT_LM = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}  # x-transformers' kwargs
+ALL = "all"  # --lm-encodings all
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
 PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometric": "torch_geometric"}
@@ -81,6 +85,7 @@ class ModelsBenchConfig:
     """Sizes of each pair and the run's settings."""
 
     models: tuple[str, ...] = DEFAULT_MODELS
+    lm_encodings: tuple[str, ...] = LM_ENCODINGS
     batch: int = 8
     seq_len: int = 256
     lm_dim: int = 256
@@ -131,8 +136,20 @@ class ModelsBenchConfig:
         if self.convtran_repo is not None and not (Path(self.convtran_repo) / "Models" / "model.py").is_file():
             raise ValueError(f"convtran_repo must be a checkout of github.com/Navidfoumani/ConvTran (with "
                              f"Models/model.py); got {self.convtran_repo!r}")
+        known = lm_encoding_names()
+        unknown = [e for e in self.lm_encodings if e not in known]
+        if not self.lm_encodings or unknown:
+            raise ValueError(f"lm_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
         if self.img_size % self.patch:
             raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
+
+
+def lm_encoding_names() -> tuple[str, ...]:
+    """``none`` and every registered sequence and time-series encoding of softmax attention
+    (a :class:`posenc.seq.CausalLM` builds with each; the SPE codes need linear attention)."""
+    from ...common.registry import available
+
+    return ("none", *(i.name for i in available() if i.modality in ("seq", "timeseries") and not i.cls.linear_only))
 
 
 # --- the rows ---------------------------------------------------------------------------------
@@ -179,7 +196,7 @@ def x_transformers_lm(cfg: ModelsBenchConfig, encoding: str) -> Unit:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from x_transformers import Decoder, TransformerWrapper
-    kind = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}[encoding]
+    kind = XT_LM[encoding]
     model = TransformerWrapper(
         num_tokens=cfg.vocab, max_seq_len=cfg.seq_len, use_abs_pos_emb=False, tie_embedding=True,
         attn_layers=Decoder(dim=cfg.lm_dim, depth=cfg.lm_depth, heads=cfg.lm_heads,
@@ -336,9 +353,9 @@ def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
     out: list[Candidate] = []
     if "lm" in cfg.models:
         peer = _installed("x-transformers")
-        for e in LM_ENCODINGS:
+        for e in cfg.lm_encodings:
             out.append(Candidate(f"lm/{e}", "CausalLM", "posenc", lambda e=e: posenc_lm(cfg, e)))
-            if peer:
+            if peer and e in XT_LM:
                 out.append(Candidate(f"lm/{e}", "TransformerWrapper", "x-transformers", lambda e=e: x_transformers_lm(cfg, e)))
         if not peer:
             notes.append("x-transformers is not installed: no LM peers (pip install 'posenc[bench]')")
@@ -562,10 +579,25 @@ def _models(text: str) -> tuple[str, ...]:
     return names
 
 
+def _lm_encodings(text: str) -> tuple[str, ...]:
+    known = lm_encoding_names()
+    if text.strip() == ALL:
+        return known
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected {ALL} or some of {', '.join(known)}, got {text!r}")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ModelsBenchConfig()
     parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
                         help=f"pairs to run, of {','.join(MODELS)} (default: {','.join(DEFAULT_MODELS)})")
+    parser.add_argument("--lm-encodings", type=_lm_encodings, default=d.lm_encodings, metavar="A,B|all",
+                        help=f"encodings of the lm pair ({ALL}: every sequence and time-series encoding of softmax "
+                             f"attention; x-transformers rows for {', '.join(XT_LM)}) (default: "
+                             f"{','.join(LM_ENCODINGS)})")
     parser.add_argument("--batch", type=positive_int, default=d.batch, help="LM sequences / images per step (default: %(default)s)")
     parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="LM tokens (default: %(default)s)")
     parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="graphs per GPS batch (default: %(default)s)")
@@ -588,7 +620,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = ModelsBenchConfig(models=tuple(args.models), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
+        cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
                                 repeats=args.repeats, warmup=args.warmup, compile=args.compile, seed=args.seed,
                                 background_processes=args.background_processes, convtran_repo=args.convtran_repo,
                                 device=args.device, dtype=args.dtype)
