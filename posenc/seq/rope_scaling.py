@@ -92,12 +92,14 @@ def _factor_list(name: str, values: Sequence[float]) -> Tensor:
     items = values.tolist() if not isinstance(values, (list, tuple)) and hasattr(values, "tolist") else values
     if not isinstance(items, (list, tuple)) or not all(is_real(v) for v in items):
         raise TypeError(f"{name} must be a sequence of numbers; got {values!r} ({type(values).__name__})")
-    t = torch.tensor([float(v) for v in items], dtype=torch.float64)
-    if t.numel() == 0:
+    floats = [float(v) for v in items]
+    if not floats:
         raise ValueError(f"{name} must be a non-empty flat sequence of numbers, got {values!r}")
-    if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+    # checked as Python numbers: a check of a tensor's values would break a torch.compile graph
+    # (LongRoPE's lists are checked at every call)
+    if not all(math.isfinite(v) and v > 0 for v in floats):
         raise ValueError(f"{name} must be finite and positive; got {values!r}")
-    return t
+    return torch.tensor(floats, dtype=torch.float64)
 
 
 def _check_factor_list(name: str, values: Sequence[float], rotary_dim: int) -> Tensor:
