@@ -344,11 +344,16 @@ def test_cope_nan_scores_give_nan_where_they_reach_not_an_error():
     assert out[0, 0, 3:].isnan().all(-1).all()
 
 
+@pytest.mark.parametrize("tile_pairs", [8192, 7])
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
-def test_cape_transform_and_gradients_match_reference_with_per_sequence_positions(base):
+def test_cape_transform_and_gradients_match_reference_with_per_sequence_positions(base, tile_pairs, monkeypatch):
     """f in the head-major layout: the transform and the gradients to the scores, the MLP and a
-    learned base (KERPLE) equal the float64 reference, with a static bias shared by the batch or
-    one per sequence (positions that differ between the sequences)."""
+    learned base (KERPLE) equal the float64 reference, with a static bias shared by the batch (the
+    CPU form over tiles of pairs, its backward written out: one tile, and 81 pairs in tiles of 7)
+    or one per sequence (positions that differ between the sequences: batched products)."""
+    import posenc.seq.cape as cape_module
+
+    monkeypatch.setattr(cape_module, "_TILE_PAIRS", tile_pairs)
     gen = torch.Generator().manual_seed(5)
     h, t = 4, 9
     enc = CAPE(16, h, 16, base=base, hidden=6).double()
