@@ -196,6 +196,8 @@ def _bias_block(
     allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
         return block, None
+    if mask.only_causal(q_len, kv_len):  # every row sees its first key: no marker, nothing to zero after
+        return torch.where(allowed, block, float("-inf")), None
     row_any = allowed.any(dim=-1, keepdim=True)
     # A row that sees no key attends everywhere inside the kernel (no NaN) and is zeroed after it.
     return torch.where(allowed | ~row_any, block, float("-inf")), row_any
