@@ -196,14 +196,15 @@ class DeBERTa(PositionEncoding):
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)  # i - j
             c = deberta_index(rel, span, log_buckets, max_position)
             p = deberta_index(-rel, span, log_buckets, max_position)
-            if is_dense_block(b, h, q_idx, kv_idx):
+            # traced: any keys (no host read of where they start); else keys 0 .. n-1, the leading
+            # columns of the table, whose gradients go into one buffer
+            if is_dense_block(b, h, q_idx, kv_idx) and (traced or int(kv_idx[0, 0, 0, 0]) == 0):
                 # A dense block of rows x keys: the c2p rows by one matmul, gathered by bucket; the
                 # p2c entries gathered from the bucket-major table.
                 c2p = _content_to_position(q_rows, q_idx, kr_by_dim, c)
-                if traced:  # any keys, no host read of where they start
+                if traced:
                     return c2p + p2c_t.index_select(3, kv_idx.reshape(-1)).gather(2, p.expand(*c2p.shape))
-                if int(kv_idx[0, 0, 0, 0]) == 0:  # keys 0 .. n-1: the leading columns, one gradient buffer
-                    return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
+                return c2p + p2c_by_bucket.gather(p.expand(*c2p.shape))
             # scalar indices (FlexAttention's score_mod) or any other broadcast
             return (q[b, h, q_idx] * kr[h, c]).sum(-1) + p2c[b, h, kv_idx, p]
 
