@@ -23,11 +23,11 @@ computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gather
   is beyond the span take one product per key. Nothing of size ``2k x Tk`` is built: peak memory
   of forward and backward 1.8x bare SDPA's on CPU (B=4, H=8, d=64; T=1024, 2048, 4096), growing
   linearly with ``T``, for about twice the p2c multiply-adds of a table.
-- any other positions, and FlexAttention (scalar indices, as a ``d``-long dot product per
-  element): the per-call table ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major
-  through a :class:`~posenc.common.pairwise.SharedGradTable` whose gradient every block adds into
-  one buffer. It holds ``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at
-  ``T = 4k``.
+- any other positions, code being traced by ``torch.compile`` (no host reads: one graph), and
+  FlexAttention (scalar indices, as a ``d``-long dot product per element): the per-call table
+  ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major through a
+  :class:`~posenc.common.pairwise.SharedGradTable` whose gradient every block adds into one buffer.
+  It holds ``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at ``T = 4k``.
 
 ``q``, ``Kr``, ``Qr`` and the keys are what the dense path's chunked backward differentiates; the
 gradients flow on into q, k, ``P`` and the projections. Positions must be integers.

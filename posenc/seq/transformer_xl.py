@@ -29,6 +29,9 @@ works too); the distance is unclipped, as in the paper.
 permutation that the learned ``W_R`` absorbs.
 
 Kernel: the chunked dense path on CPU, FlexAttention on CUDA. Integer positions ``[B or 1, T]``.
+Under ``torch.compile`` the term is written as a product of a query and a key feature
+(:meth:`TransformerXLRelative._traced_bias`), which needs no distance range from the positions:
+the model traces as one graph.
 """
 
 from __future__ import annotations
