@@ -71,6 +71,9 @@ def test_chunked_paths_report_their_chunk_rows():
     math = _plan(NEEDS(score_transform=True), batch=2, q_len=1024, kv_len=1024)
     dense = _plan(NEEDS(score_bias=True), batch=2, q_len=1024, kv_len=1024, bias_per_batch=True)
     assert math.chunk_rows == kernels.chunk_rows(2, 4, 1024, 1024) == dense.chunk_rows == 128
+    # a transform that tiles its own work (CAPE) gets twice the budget
+    tiled = _plan(NEEDS(score_transform=True, tiled_transform=True), batch=2, q_len=1024, kv_len=1024)
+    assert tiled.chunk_rows == kernels.math_chunk_rows(2, 4, 1024, 1024) == 256
     assert _plan().chunk_rows is None
     assert "chunk" in str(shared) and shared.reason in str(shared)
 

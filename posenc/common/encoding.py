@@ -59,7 +59,9 @@ class AttentionNeeds:
     ``score_bias``: :meth:`PositionEncoding.score_bias`; ``score_transform``:
     :meth:`PositionEncoding.transform_scores`; ``prob_bias``: :meth:`PositionEncoding.prob_bias`;
     ``value_term``: :meth:`PositionEncoding.value_term`; ``offset_values``: the value term has the
-    clipped-offset form of :meth:`PositionEncoding.offset_values`.
+    clipped-offset form of :meth:`PositionEncoding.offset_values`; ``tiled_transform``: the score
+    transform keeps little beside the scores (its own work in tiles), so the math path may take
+    taller chunks (:func:`posenc.common.kernels.math_chunk_rows`).
     """
 
     qk: bool = False
@@ -69,6 +71,7 @@ class AttentionNeeds:
     value_term: bool = False
     offset_values: bool = False
     linear_only: bool = False
+    tiled_transform: bool = False
 
 
 NO_NEEDS = AttentionNeeds()
@@ -85,6 +88,8 @@ class PositionEncoding(nn.Module):
         needs_probs: ``value_term`` is implemented; only the math path can serve it.
         needs_scores: ``transform_scores`` is implemented (part of the score-bias hook); only
             the math path can serve it.
+        tiled_transform: ``transform_scores`` works in tiles of its own and keeps little beside
+            the scores of a chunk (CAPE's MLP), so the math path may take taller chunks.
         per_layer: models build one instance per block (RoPE-Mixed, 2D relative bias) instead
             of sharing one across blocks.
         num_heads: the query head count the instance was built for (per-head parameters), or
@@ -105,6 +110,7 @@ class PositionEncoding(nn.Module):
     supports_kv_cache: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
     needs_scores: ClassVar[bool] = False
+    tiled_transform: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
     linear_only: ClassVar[bool] = False
     num_heads: int | None = None
@@ -184,7 +190,7 @@ class PositionEncoding(nn.Module):
         return _needs(self.hooks, self.needs_probs, self.needs_scores, self.linear_only,
                       score_bias=self.has_score_bias, prob_bias=self.has_prob_bias,
                       offset_values=Hook.POST_SOFTMAX in self.hooks and bool(self.needs_probs)
-                      and self.offset_values() is not None)
+                      and self.offset_values() is not None, tiled_transform=self.tiled_transform)
 
 
 def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
@@ -197,6 +203,7 @@ def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
 def _needs(
     hooks: frozenset[Hook], needs_probs: bool, needs_scores: bool, linear_only: bool, *,
     score_bias: bool | None = None, prob_bias: bool | None = None, offset_values: bool = False,
+    tiled_transform: bool = False,
 ) -> AttentionNeeds:
     """The one derivation of an encoding's needs from its hooks and flags. ``score_bias`` and
     ``prob_bias`` (None: as the hooks declare) say whether the bias methods are implemented."""
@@ -209,6 +216,7 @@ def _needs(
         value_term=post and bool(needs_probs),
         offset_values=offset_values,
         linear_only=bool(linear_only),
+        tiled_transform=Hook.SCORE_BIAS in hooks and bool(needs_scores) and bool(tiled_transform),
     )
 
 

@@ -50,6 +50,13 @@ from .pairwise import PairwiseBias, shared_run_offset
 # parallel regions, which cost most when another process holds a core) small.
 _CHUNK_ELEMENTS = 1 << 20
 _MIN_CHUNK_ROWS = 16
+# The math path's chunks for a transform that works in tiles of its own (``tiled_transform``:
+# CAPE) hold this many times that: fewer, taller chunks mean fewer passes of the chunk machinery
+# and larger products (B=4 H=8 T=1024: 64-row chunks, CAPE 525 -> 496 and 569 -> 552 ms a
+# training step against 32-row ones, alternate rounds; 128 rows slower again). CoPE's transform
+# keeps several blocks of its own per chunk: the same taller chunks left its time unchanged
+# (477 -> 479 ms) for 35 MB more peak memory, so it keeps the default.
+_MATH_CHUNK_FACTOR = 2
 # The explicit backward of a learned bias goes through a chunk's batch and heads in groups of
 # about this many score elements (it keeps two such buffers, P and dS): half the chunk budget,
 # so that they stay closer to cache (T5 at T=1024: 128-row chunks with 4-head groups, fewer
@@ -92,15 +99,17 @@ def cpu_flash_backward(
     )
 
 
-def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int) -> int:
+def chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int, elements: int | None = None) -> int:
     """Query rows per chunk so that a ``[batch_rows, heads, rows, kv_len]`` block holds about
-    ``_CHUNK_ELEMENTS`` elements (at least ``_MIN_CHUNK_ROWS``, at most ``q_len``). The math path
-    takes the same budget although it keeps more per chunk (the scores, the probabilities and
-    what a score transform builds): with CoPE's and CAPE's transforms written for it, 32-row
-    chunks at T=1024, B*H=32 beat 24-row ones (CoPE 1.9-2.1x -> 1.8x bare SDPA, CAPE 2.2-2.45x
-    -> 2.15x) for 9-13 MB more peak memory, a constant that does not grow with the length."""
-    rows = _CHUNK_ELEMENTS // max(1, batch_rows * heads * kv_len)
+    ``elements`` elements (default ``_CHUNK_ELEMENTS``; at least ``_MIN_CHUNK_ROWS``, at most ``q_len``)."""
+    rows = (_CHUNK_ELEMENTS if elements is None else elements) // max(1, batch_rows * heads * kv_len)
     return max(1, min(max(q_len, 1), max(_MIN_CHUNK_ROWS, rows)))
+
+
+def math_chunk_rows(batch_rows: int, heads: int, kv_len: int, q_len: int) -> int:
+    """Query rows per chunk of the math path for a ``tiled_transform``: :func:`chunk_rows` with
+    ``_MATH_CHUNK_FACTOR`` times its budget (a constant that does not grow with the length)."""
+    return chunk_rows(batch_rows, heads, kv_len, q_len, _MATH_CHUNK_FACTOR * _CHUNK_ELEMENTS)
 
 
 def dense_chunk_rows(batch: int, heads: int, kv_len: int, q_len: int, per_batch: bool) -> int:

@@ -202,7 +202,8 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         return Plan("dense", reason, rows, prob_bias=prob_bias, **extra)
 
     def math(reason: str) -> Plan:
-        return Plan("math", reason, kernels.chunk_rows(batch, heads, kv_len, q_len), prob_bias=False)
+        rows = (kernels.math_chunk_rows if needs.tiled_transform else kernels.chunk_rows)(batch, heads, kv_len, q_len)
+        return Plan("math", reason, rows, prob_bias=False)
 
     if backend == "math":
         return math("asked for (backend='math')")

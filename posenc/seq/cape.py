@@ -52,6 +52,7 @@ class CAPE(PositionEncoding):
 
     hooks = frozenset({Hook.SCORE_BIAS})
     needs_scores = True
+    tiled_transform = True  # f in tiles on CPU: the math path may take taller chunks
 
     def __init__(
         self, dim: int, num_heads: int, max_len: int, base: str = "alibi", hidden: int = 32,
