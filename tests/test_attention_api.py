@@ -74,6 +74,9 @@ def test_chunked_paths_report_their_chunk_rows():
     # a transform that tiles its own work (CAPE) gets twice the budget
     tiled = _plan(NEEDS(score_transform=True, tiled_transform=True), batch=2, q_len=1024, kv_len=1024)
     assert tiled.chunk_rows == kernels.math_chunk_rows(2, 4, 1024, 1024) == 256
+    # ... but not down to fewer than four chunks where the default gives more (a worker would idle)
+    assert kernels.math_chunk_rows(8, 4, 256, 256) == kernels.chunk_rows(8, 4, 256, 256) == 128
+    assert kernels.math_chunk_rows(1, 4, 2048, 2048) == 256 and kernels.chunk_rows(1, 4, 2048, 2048) == 128
     assert _plan().chunk_rows is None
     assert "chunk" in str(shared) and shared.reason in str(shared)
 
