@@ -71,8 +71,8 @@ from .timing import error_text, time_interleaved
 
 MODELS = ("lm", "vit", "gps", "convtran")
 DEFAULT_MODELS = ("lm", "vit", "gps")
-LM_ENCODINGS = ("rope", "alibi", "none")
 XT_LM = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}  # x-transformers' kwargs
+LM_ENCODINGS = tuple(XT_LM)  # the default lm rows: the encodings with an x-transformers peer
 ALL = "all"  # --lm-encodings all
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
@@ -620,10 +620,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings), batch=args.batch, seq_len=args.seq_len, graphs=args.graphs,
-                                repeats=args.repeats, warmup=args.warmup, compile=args.compile, seed=args.seed,
-                                background_processes=args.background_processes, convtran_repo=args.convtran_repo,
-                                device=args.device, dtype=args.dtype)
+        cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings), batch=args.batch,
+                                seq_len=args.seq_len, graphs=args.graphs, repeats=args.repeats, warmup=args.warmup,
+                                compile=args.compile, seed=args.seed, background_processes=args.background_processes,
+                                convtran_repo=args.convtran_repo, device=args.device, dtype=args.dtype)
         result = run_benchmark(cfg, progress=args.progress)
     except ValueError as exc:
         print(f"posenc bench models: error: {exc}", file=sys.stderr)
