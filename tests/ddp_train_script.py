@@ -49,6 +49,8 @@ def main() -> None:
     assert trainer.world_size == 2 and trainer.rank == rank
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # after DDP's broadcast
     metrics = trainer.fit()
+    # fit() created the group, so it tears it down, DDP wrapper first (an orderly exit)
+    assert trainer.train_model is model and not torch.distributed.is_initialized()
     final = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save({"init": init, "final": final, "seen": seen, "train_loss": metrics["train_loss"],
                 "world_size": trainer.world_size}, os.path.join(out_dir, f"rank{rank}.pt"))

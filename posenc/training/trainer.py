@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import math
+import gc
 import os
 import random
 import time
@@ -309,7 +310,8 @@ class Trainer:
     ``step``, ``epoch``, ``batch_in_epoch`` (the next batch to draw), ``batches_per_epoch``.
 
     Under torchrun the process group is created here (when none exists) and destroyed at the end
-    of :meth:`fit`; a trainer is then good for one ``fit``.
+    of :meth:`fit` (``train_model`` is then the bare model again); a trainer is then good for one
+    ``fit``.
     """
 
     def __init__(
@@ -513,6 +515,24 @@ class Trainer:
             "last_loss": float(self._last_loss),
         }
 
+    def _release_group(self, orderly: bool) -> None:
+        """Tear down the process group this trainer created.
+
+        After a finished run every rank first meets at a barrier (no rank closes its gloo
+        connections while a peer still reads the last collective's messages), and the DDP
+        wrapper, whose reducer holds the group, is freed here, in this thread, while the
+        interpreter is whole: left to the interpreter's exit, gloo's threads are destroyed
+        during finalization, which can abort the process (SIGABRT after a successful run).
+        After an error no barrier: the other ranks may never reach one.
+        """
+        if orderly:
+            distu.barrier()
+        if self.train_model is not self.model:
+            self.train_model = self.model
+            gc.collect()  # DDP's hooks form reference cycles; free the reducer now
+        distu.destroy_process_group()
+        self._owns_group = False
+
     def save_checkpoint(self) -> None:
         """Write ``out_dir/checkpoint.pt`` atomically (rank 0; every rank must call it)."""
         if self.checkpoint_path is None:
@@ -643,6 +663,7 @@ class Trainer:
         **eval metrics}`` (the loss averaged over ranks)."""
         cfg = self.config
         bar = None
+        finished = False
         try:
             resumed = self._resume()
             self._open_metrics(resumed)
@@ -704,6 +725,7 @@ class Trainer:
             result = {"train_loss": float(self._last_loss)}
             result.update({f"train_{k}": v for k, v in self._last_extras.items()})
             result.update(eval_metrics)
+            finished = True
             return result
         finally:
             if bar is not None:
@@ -712,8 +734,7 @@ class Trainer:
                 self._metrics_file.close()
                 self._metrics_file = None
             if self._owns_group:
-                distu.destroy_process_group()
-                self._owns_group = False
+                self._release_group(orderly=finished)
 
 
 def _to_float(v: Any, what: str) -> float:
