@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
 import math
-import gc
 import os
 import random
 import time
