@@ -30,7 +30,11 @@ def _assert_compiled_training_matches_eager(model: CausalLM, tokens: torch.Tenso
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     for name, p in model.named_parameters():
         assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        # float32 rounding scales with the tensor: the embedding's gradient (entries up to ~170,
+        # sums over every position) differs by 4e-5 where a sum nearly cancels when Transformer-XL's
+        # traced form (angle identities) replaces the eager table on AVX2 (7e-14 in float64)
+        atol = max(1e-5, 1e-6 * float(grads[name].abs().max()))
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.slow
