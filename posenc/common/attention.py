@@ -106,6 +106,8 @@ def _plan_inputs(call: AttentionCall, terms: EncodingTerms) -> PlanInputs:
         bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
         consecutive_causal=consecutive, what=call.what,
         feature_map=None if call.feature_map is None else call.feature_map.name,
+        dtype=call.q.dtype, head_dim=min(call.q.shape[-1], call.v.shape[-1]),
+        bias_pointwise=bias is None or bias.pointwise,
     )
 
 

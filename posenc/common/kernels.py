@@ -684,6 +684,32 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
+# Each encoding's score_mod, each mask_mod and each prefill/decode shape is an entry in the one
+# compiled flex_attention's cache. Past dynamo's default limit (8) torch runs the unfused flex
+# instead, which materializes every score (seen on an H200: ALiBi's prefill of 512 tokens took
+# 4.6 s after the bench had compiled a few other encodings).
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """The compiled flex_attention with room for :data:`FLEX_RECOMPILE_LIMIT` cache entries
+    while it runs (dynamo reads the limit when a call misses the cache); inside a caller's own
+    ``torch.compile`` the call is traced into their graph and their settings apply."""
+    if torch.compiler.is_compiling():
+        return _compiled_flex()(q, k, v, **kwargs)
+    import torch._dynamo.config as dynamo_config
+
+    before = dynamo_config.recompile_limit
+    if before >= FLEX_RECOMPILE_LIMIT:
+        return _compiled_flex()(q, k, v, **kwargs)
+    # set and restored by hand: config.patch costs 26 us a call, four layers of every decoding step
+    dynamo_config.recompile_limit = FLEX_RECOMPILE_LIMIT
+    try:
+        return _compiled_flex()(q, k, v, **kwargs)
+    finally:
+        dynamo_config.recompile_limit = before
+
+
 def flex_path(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias | None, scale: float
 ) -> Tensor:
@@ -701,7 +727,7 @@ def flex_path(
 
     kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     if q.device.type == "cuda":
-        return _compiled_flex()(q, k, v, **kwargs)
+        return run_compiled_flex(q, k, v, **kwargs)
     if not torch.is_grad_enabled():
         # torch refuses CPU flex for inputs that merely *could* need a gradient.
         q, k, v = q.detach(), k.detach(), v.detach()

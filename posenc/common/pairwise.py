@@ -111,6 +111,11 @@ class PairwiseBias:
             tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from ``learned``. Over
             consecutive positions the chunked kernel then evaluates it once per call and cuts
             each block from its diagonals (no gather per element, no mask tensor).
+        pointwise: ``fn`` at scalar indices is lookups and arithmetic only, no reduction over a
+            feature axis. Compiled FlexAttention (CUDA) lowers ``score_mod`` as a pointwise
+            subgraph and refuses a reduction in it, so a bias with a ``d``-long dot product per
+            element (Transformer-XL, DeBERTa, TUPE, vector eRPE) or an MLP (FIRE) says False
+            and takes the dense path there.
     """
 
     fn: PairFn
@@ -118,6 +123,7 @@ class PairwiseBias:
     learned: tuple[Tensor, ...] = field(default=())
     name: str = "bias"
     by_offset: Callable[[Tensor], Tensor] | None = None
+    pointwise: bool = True
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if not self.per_batch:
@@ -310,4 +316,4 @@ def sum_of_biases(*biases: PairwiseBias | None) -> PairwiseBias | None:
 
     return PairwiseBias(fn, per_batch=any(x.per_batch for x in present),
                         learned=tuple(t for x in present for t in x.learned), name=" + ".join(x.name for x in present),
-                        by_offset=by_offset)
+                        by_offset=by_offset, pointwise=all(x.pointwise for x in present))

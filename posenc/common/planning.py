@@ -17,6 +17,10 @@ Rules for ``backend="auto"``:
    ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
 4. a score bias: ``flex`` on CUDA, ``dense`` elsewhere.
 
+``flex`` on CUDA is compiled, and compiled FlexAttention has limits (:func:`flex_refusal`: the
+dtype, head dims under 16, a bias with a reduction per element); a call past them takes ``dense``
+(rule 4) or ``sdpa`` with the mask as a tensor (rule 3), and the plan's reason says why.
+
 An after-softmax bias (eRPE) is added beside whichever kernel runs (``+prob_bias``). ``dense``
 and ``math`` work on chunks of ``chunk_rows`` query rows, so no ``T x T`` tensor is alive at once.
 """
@@ -104,6 +108,10 @@ class PlanInputs:
         what: the encoding's name, for error messages.
         feature_map: the name of a linear attention's feature map (``"elu+1"``, ``"favor+"``):
             the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
+        dtype: the dtype of q, k and v.
+        head_dim: the smaller of the query/key and the value head dims.
+        bias_pointwise: the score bias is lookups and arithmetic per element
+            (:attr:`~posenc.common.pairwise.PairwiseBias.pointwise`).
     """
 
     needs: AttentionNeeds = NO_NEEDS
@@ -120,6 +128,31 @@ class PlanInputs:
     consecutive_causal: bool = False
     what: str = "this encoding"
     feature_map: str | None = None
+    dtype: torch.dtype = torch.float32
+    head_dim: int = 64
+    bias_pointwise: bool = True
+
+
+# Compiled FlexAttention's limits (Triton on CUDA), met there on an H200 with torch 2.11: float64
+# fails to compile, head dims under 16 are "NYI", and a reduction inside score_mod cannot be
+# lowered ("Buffers cannot be created while lowering a pointwise subgraph").
+FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FLEX_MIN_HEAD_DIM = 16
+
+
+def flex_refusal(inputs: PlanInputs) -> str | None:
+    """Why compiled FlexAttention (the CUDA flex path) cannot run this call; None when it can.
+    Off CUDA flex runs eagerly (the unfused reference), which has none of these limits."""
+    if inputs.device.type != "cuda":
+        return None
+    if inputs.dtype not in FLEX_DTYPES:
+        return f"compiled FlexAttention takes float16, bfloat16 or float32, not {str(inputs.dtype).removeprefix('torch.')}"
+    if inputs.head_dim < FLEX_MIN_HEAD_DIM:
+        return f"compiled FlexAttention needs head dims of at least {FLEX_MIN_HEAD_DIM}, got {inputs.head_dim}"
+    if inputs.needs.score_bias and not inputs.bias_pointwise:
+        return (f"the bias of {inputs.what} reduces over a feature axis per element (a dot product or an MLP), "
+                "which compiled FlexAttention's score_mod cannot hold")
+    return None
 
 
 def decide(inputs: PlanInputs) -> Plan:
@@ -195,6 +228,9 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
                 "backend='flex' has no backward pass on CPU; use 'dense' (or 'auto') for training on CPU, "
                 "or call under torch.no_grad()"
             )
+        refusal = flex_refusal(inputs)
+        if refusal is not None:
+            raise ValueError(f"backend='flex' cannot serve this call: {refusal}; use 'dense' or 'auto'")
 
     def dense(reason: str, **extra) -> Plan:
         rows = kernels.dense_chunk_rows(batch, heads, kv_len, q_len,
@@ -227,11 +263,17 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         return math("the value term needs the attention probabilities")
     if needs.score_transform:
         return math("the encoding transforms the whole score matrix")
+    refusal = flex_refusal(inputs) if on_cuda and flex_available() else "no FlexAttention"
     if not needs.score_bias:
-        if on_cuda and _needs_square_mask(mask, q_len, kv_len) and flex_available():
-            return Plan("flex", "a mask SDPA could only take as a T x T tensor: FlexAttention's block mask",
+        if on_cuda and _needs_square_mask(mask, q_len, kv_len):
+            if refusal is None:
+                return Plan("flex", "a mask SDPA could only take as a T x T tensor: FlexAttention's block mask",
+                            prob_bias=prob_bias)
+            return Plan("sdpa", f"a mask SDPA could only take as a T x T tensor, and {refusal}: SDPA with that tensor",
                         prob_bias=prob_bias)
         return Plan("sdpa", "nothing touches the scores: SDPA's fused kernel", prob_bias=prob_bias)
-    if on_cuda and flex_available():
+    if on_cuda and refusal is None:
         return Plan("flex", "score bias on CUDA: FlexAttention score_mod", prob_bias=prob_bias)
+    if on_cuda:
+        return dense(f"score bias on CUDA, but {refusal}: the bias chunk by chunk into the fused kernel")
     return dense("score bias off CUDA: the bias chunk by chunk into the fused kernel")

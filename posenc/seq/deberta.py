@@ -211,7 +211,7 @@ class DeBERTa(PositionEncoding):
         # Not q or p2c themselves: their handles stand for them (listing both would send every
         # chunk's gradient through the handles early).
         learned = (*q_rows.learned, kr, *p2c_by_bucket.learned)
-        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa")
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa", pointwise=False)
 
     def _skewed_bias(
         self, q: Tensor, k: Tensor, kr: Tensor, kr_by_dim: Tensor, qr: Tensor, q_rows: SharedGradTable, offset: int,
@@ -245,7 +245,7 @@ class DeBERTa(PositionEncoding):
             return (q[b, h, q_idx] * kr[h, c]).sum(-1) + (k[b, h, kv_idx] * qr[h, p]).sum(-1)
 
         learned = (*q_rows.learned, kr, qr, *k_rows.learned)
-        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa")
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa", pointwise=False)
 
 
 # Fewer query rows than this (cached decoding) take each row's p2c entries as one product of the

@@ -125,7 +125,8 @@ class FIRE(PositionEncoding):
                 def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
                     return mlp(normalized(q_pos[0], q_pos[0] + offsets), None, rows=True)
 
-            return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset)
+            return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset,
+                                pointwise=False)
         if inference:
             # The same MLP in its exact piecewise-linear form, a lookup per pair.
             breaks, slope, offset = self.piecewise_linear()
@@ -135,7 +136,7 @@ class FIRE(PositionEncoding):
                 seg = torch.searchsorted(breaks, x.reshape(-1), right=True).reshape(x.shape)
                 return slope[seg, h] * x + offset[seg, h]
 
-            return PairwiseBias(lookup, per_batch=per_batch, name="FIRE")
+            return PairwiseBias(lookup, per_batch=per_batch, name="FIRE", pointwise=False)
 
         segments = self._segments()  # constants of this call: once, not per block of rows
         # (not while torch.compile traces: the tables' span is read from the positions, a graph break)
@@ -165,7 +166,7 @@ class FIRE(PositionEncoding):
                 return _segment_affine(x, breaks, slope, offset)
             return mlp(x, h)
 
-        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE")
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE", pointwise=False)
 
     def _distance_tables(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor] | None:
         """For integer positions: ``psi(n)`` for every distance ``n = 0 .. max |i - j|`` and

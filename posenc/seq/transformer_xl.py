@@ -128,7 +128,7 @@ class TransformerXLRelative(PositionEncoding):
             return (qv[b, h, q_idx] * wr[rel, h if heads_r else h * 0]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
         learned = (*qv_rows.learned, wr) if heads_r and wr.requires_grad else qv_rows.learned
-        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative", pointwise=False)
 
     def _traced_bias(self, qv: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """The bias while ``torch.compile`` traces, with no distance range read from the positions
@@ -156,7 +156,7 @@ class TransformerXLRelative(PositionEncoding):
             return (q_feat[b, h, q_idx] * take(k_feat, b, kv_idx)).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
         learned = (q_feat,) if q_feat.requires_grad else ()
-        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative")
+        return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative", pointwise=False)
 
     def _sinusoids(self, lo: int, hi: int, device: torch.device) -> Tensor:
         """``R`` for the distances ``lo .. hi``: ``[hi - lo + 1, dim]``."""

@@ -173,5 +173,5 @@ class TUPE(PositionEncoding):
 
         # Not pq or pk themselves: their handles stand for them (see DeBERTa).
         learned = (*q_rows.learned, *k_rows.learned) + ((self.cls_to_others, self.others_to_cls) if untie else ())
-        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE")
+        return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="TUPE", pointwise=False)
 

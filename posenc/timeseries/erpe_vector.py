@@ -98,4 +98,4 @@ class ERPEVector(PositionEncoding):
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
             return (qs[b, h, q_idx] * weight[h if per_head else h * 0, rel]).sum(-1)  # FlexAttention's score_mod
 
-        return PairwiseBias(bias, per_batch=True, learned=(*qs_rows.learned, weight), name="vector eRPE")
+        return PairwiseBias(bias, per_batch=True, learned=(*qs_rows.learned, weight), name="vector eRPE", pointwise=False)

@@ -25,7 +25,8 @@ def _without_prefix(bias: PairwiseBias, num_prefix: int) -> PairwiseBias:
         value = fn(b, h, (q_idx - num_prefix).clamp(min=0), (kv_idx - num_prefix).clamp(min=0))
         return torch.where(keep, value, torch.zeros_like(value))
 
-    return PairwiseBias(shifted, per_batch=bias.per_batch, learned=bias.learned, name=f"{bias.name} (patch tokens only)")
+    return PairwiseBias(shifted, per_batch=bias.per_batch, learned=bias.learned, name=f"{bias.name} (patch tokens only)",
+                        pointwise=bias.pointwise)
 
 
 class PatchTokensOnly(PositionEncoding):
