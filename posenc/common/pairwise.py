@@ -83,6 +83,26 @@ def _is_run(pos: Tensor, start: int) -> bool:
     return n == 1 or torch.equal(pos, torch.arange(start, start + n, device=pos.device, dtype=pos.dtype))
 
 
+def gather(table: Tensor, *index: Tensor) -> Tensor:
+    """``table[index...]``, one integer index per axis of ``table`` (broadcast together), for a
+    learned table a bias reads.
+
+    A block of indices (the dense path's chunks) reads the flattened table with ``index_select``,
+    whose backward is an ``index_add_``: the same sums in the same order on every run, and twice as
+    fast as the backward of advanced indexing, whose CPU kernel accumulates with atomic adds
+    across threads (on two threads FIRE's ``c`` got a gradient that differed in its last bits from
+    run to run). Scalar indices (FlexAttention's ``score_mod``) keep plain indexing, the form
+    compiled flex lowers. Indices must lie in range (no negative wrap-around)."""
+    if len(index) != table.dim():
+        raise ValueError(f"gather takes one index per axis of the table ({table.dim()}); got {len(index)}")
+    if all(i.dim() == 0 for i in index):
+        return table[index]
+    flat = index[0]
+    for i, size in zip(index[1:], table.shape[1:]):
+        flat = flat * size + i
+    return table.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape)
+
+
 def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     """``table[b, idx]`` for a ``[B or 1, T, ...]`` tensor (positions, segment ids, key validity),
     where a batch of one serves every ``b``. Works densely and inside FlexAttention."""

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_allocation, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias
+from ..common.pairwise import PairwiseBias, gather
 from ..common.registry import register
 from .edges import check_batch, check_edge_index, check_same_graph, dense_adjacency_stack, graph_sizes, local_index
 
@@ -247,7 +247,7 @@ class ShortestPathBias(PositionEncoding):
             dist = q_pos[bq, q_idx, key_local + 2]
             same_graph = q_pos[bq, q_idx, 0] == kv_pos[bk, kv_idx, 0]
             bucket = torch.where(same_graph & (dist >= 0), dist.clamp(max=cap), unreachable)
-            return weight[bucket, h]
+            return gather(weight, bucket, h)
 
         per_batch = q_batched or kv_batched
         return PairwiseBias(bias, per_batch=per_batch, learned=(weight,), name="spd")

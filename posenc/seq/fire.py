@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, is_dense_block, take
+from ..common.pairwise import PairwiseBias, gather, is_dense_block, take
 from ..common.registry import register
 
 _EPS = 1e-6
@@ -148,7 +148,8 @@ class FIRE(PositionEncoding):
             psi_of_distance, inverse_norm = tables
 
             def distance_input(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return psi_of_distance[(take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).abs()] * take(inverse_norm, b, q_idx)
+                distance = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).abs()
+                return gather(psi_of_distance, distance) * take(inverse_norm, b, q_idx)
 
             learned = (psi_of_distance, inverse_norm, *mlp_weights)
         else:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..common.checks import check_bool, check_choice, check_int, check_sequence_positions
 from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
 
 KERPLE_VARIANTS = ("log", "power")
@@ -116,7 +116,7 @@ class KERPLE(PositionEncoding):
                 rel = kerple_bias(dist, self.r1[None], self.r2[None], variant)
 
             def gathered(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return rel[take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo, h]
+                return gather(rel, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo, h)
 
             def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
                 return rel.index_select(0, -offsets - lo).T

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..common.checks import check_bool, check_int, check_sequence_positions, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.memo import ValueMemo
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
 
 
@@ -153,7 +153,7 @@ class T5Bias(PositionEncoding):
             return r.clamp(-span, span) + span
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return rel[h, column(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx))]
+            return gather(rel, h, column(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx)))
 
         def by_offset(offsets: Tensor) -> Tensor:  # offsets [R] -> [H, R]
             return rel.index_select(1, column(offsets))  # a quarter of rel[:, ...]'s time at R = 2049

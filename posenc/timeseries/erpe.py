@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_allocation, check_int
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
 
 
@@ -62,7 +62,7 @@ class ERPE(PositionEncoding):
         weight, centre = self.weight, self.max_len - 1
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return weight[h, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre]
+            return gather(weight, h, take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) + centre)
 
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
         return PairwiseBias(bias, per_batch=per_batch, learned=(weight,), name="eRPE")

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, take
+from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
 from .grid import check_table_grid, grid_extent, integer_coords, patch_coords, to_pair
 
@@ -143,8 +143,8 @@ class RelativePositionBias2D(PositionEncoding):
             q_pre, kv_pre = q_idx < p, kv_idx < p
             if prefix_bias:
                 idx = torch.where(q_pre & kv_pre, base + 2, torch.where(q_pre, base, torch.where(kv_pre, base + 1, idx)))
-                return table[h, idx]
-            value = table[h, idx]
+                return gather(table, h, idx)
+            value = gather(table, h, idx)
             return torch.where(q_pre | kv_pre, torch.zeros_like(value), value)
 
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
