@@ -149,3 +149,20 @@ def test_flex_recompiles_are_not_cut_off_at_dynamos_default(monkeypatch):
     kernels.run_compiled_flex(None, None, None)
     assert seen == [max(before, kernels.FLEX_RECOMPILE_LIMIT)] and kernels.FLEX_RECOMPILE_LIMIT >= 64
     assert dynamo_config.recompile_limit == before
+
+
+def test_a_decoding_step_on_flex_builds_no_block_mask(monkeypatch):
+    """One query under a causal mask sees every key: flex runs without a BlockMask (on CUDA one
+    would be compiled at every step, for a key count that changes at every step), with the same
+    output as with the mask."""
+    from posenc.seq.alibi import ALiBi
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 9, 16), torch.randn(1, 4, 9, 16)
+    q_pos, kv_pos = torch.tensor([[8]]), torch.arange(9)[None]
+    causal = posenc.AttentionMask(causal=True)
+    with torch.no_grad():
+        want = posenc.attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=ALiBi(4), mask=causal, backend="dense")
+        monkeypatch.setattr(posenc.AttentionMask, "block_mask", lambda *a, **kw: pytest.fail("a BlockMask was built"))
+        got = posenc.attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=ALiBi(4), mask=causal, backend="flex")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

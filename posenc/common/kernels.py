@@ -717,7 +717,9 @@ def flex_path(
     from torch.nn.attention.flex_attention import flex_attention
 
     block_mask = None
-    if mask is not None and not mask.is_empty:
+    # (a causal mask over one query, a cached decoding step, hides nothing: no BlockMask to build
+    # at every step for a key count that changes at every step)
+    if mask is not None and not mask.hides_nothing(q.shape[2]):
         block_mask = mask.block_mask(q.shape[0], q.shape[2], k.shape[2], q.device)
     score_mod = None
     if bias is not None:
