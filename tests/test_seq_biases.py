@@ -521,6 +521,43 @@ def test_fire_one_query_by_offset_equals_the_mlp(query):
         assert enc.score_bias(q, q, q_pos, kv_pos).by_offset is None
 
 
+def test_fire_decoding_keeps_its_distance_table_until_c_changes(monkeypatch):
+    """A decoding step reads psi(|i - j|) from a table built once per doubling of the context (at
+    least 256 entries), not a logarithm per key at every step; an edit of c (even through .data)
+    rebuilds it, and the bias then follows the new c."""
+    from posenc.common.kernels import _OffsetBias
+
+    enc = FIRE(2, init_threshold=30.0)
+    builds = []
+    get = enc._psi.get
+
+    def counted_get(sources, build, key=()):
+        return get(sources, lambda: builds.append(key[0]) or build(), key=key)
+
+    monkeypatch.setattr(enc._psi, "get", counted_get)
+
+    def step_row(query: int) -> torch.Tensor:
+        q_pos, kv_pos = torch.tensor([[query]]), torch.arange(query + 1)[None]
+        q = torch.zeros(1, 2, 1, 8)
+        with torch.no_grad():
+            bias = enc.score_bias(q, q, q_pos, kv_pos)
+            offsets = _OffsetBias(bias, -query, 1, query + 1, True, q.device)
+            row = offsets.block(offsets.values(torch.float32), 0, 1, query + 1)  # [1, H, 1, keys]
+            return row, bias.dense(1, 2, torch.tensor([0]), torch.arange(query + 1))
+
+    for query in (100, 101, 255, 256, 300):
+        row, dense = step_row(query)
+        torch.testing.assert_close(row, dense, rtol=0, atol=0)
+    assert builds == [256, 512]  # one table per doubling of the context
+    builds.clear()
+    before, _ = step_row(300)
+    enc.c.data.mul_(2.0)
+    after, dense = step_row(300)
+    assert builds == [512]
+    torch.testing.assert_close(after, dense, rtol=0, atol=0)
+    assert not torch.equal(before, after)
+
+
 def test_fire_training_gradients_equal_the_mlp_reference():
     """The CPU chunks evaluate the MLP in its piecewise-linear form with a written-out backward;
     the gradients of c, the threshold and the MLP are those of the MLP itself (float64)."""

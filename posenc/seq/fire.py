@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
+from ..common.derived import DerivedTensors
 from ..common.pairwise import PairwiseBias, gather, is_dense_block, take
 from ..common.registry import register
 
@@ -69,6 +70,7 @@ class FIRE(PositionEncoding):
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.l_mult = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
+        self._psi: DerivedTensors[Tensor] = DerivedTensors()  # psi by distance, without gradients
 
     @property
     def threshold(self) -> Tensor:
@@ -123,7 +125,12 @@ class FIRE(PositionEncoding):
                 # function of the key's offset, evaluated once as a row the kernel cuts its block
                 # from, without the per-element indexing of positions.
                 def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
-                    return mlp(normalized(q_pos[0], q_pos[0] + offsets), None, rows=True)
+                    distance = offsets.abs()
+                    # psi(|i - j|) read from a kept table (the logarithms were half of a decoding
+                    # step's time at context 8192); the same values as normalized() computes
+                    psi = gather(self._kept_psi(int(distance.max()), distance.device), distance)
+                    norm = torch.maximum(q_pos[0].to(psi.dtype), self.threshold.to(psi.dtype))
+                    return mlp(psi / (torch.log1p(self.c.abs().to(psi.dtype) * norm) + _EPS), None, rows=True)
 
             return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset,
                                 pointwise=False)
@@ -183,6 +190,20 @@ class FIRE(PositionEncoding):
         psi = torch.log1p(c * torch.arange(span + 1, device=self.c.device, dtype=work))  # [span + 1]
         norm = torch.maximum(q_pos.to(work), self.threshold.to(work))  # [B or 1, Tq]
         return psi, 1 / (torch.log1p(c * norm) + _EPS)
+
+    def _kept_psi(self, distance: int, device: torch.device) -> Tensor:
+        """``psi(n) = log(1 + |c| n)`` for ``n = 0 .. m - 1`` ``[m]``, ``m >= distance + 1`` a power
+        of two (at least 256), kept between calls without gradients to ``c``
+        (:class:`~posenc.common.derived.DerivedTensors`; comparing it costs one value): a cached
+        decoding step reaches one distance further each time, so the table is built once per
+        doubling of the context instead of a logarithm per key, layer and step."""
+        n = max(256, 1 << distance.bit_length())
+        work = self._work_dtype()
+
+        def build() -> Tensor:
+            return torch.log1p(self.c.abs().to(work) * torch.arange(n, device=device, dtype=work))
+
+        return self._psi.get((self.c,), build, key=(n, work, device))
 
     def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
