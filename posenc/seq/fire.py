@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
-from ..common.encoding import Hook, PositionEncoding
 from ..common.derived import DerivedTensors
+from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, is_dense_block, take
 from ..common.registry import register
 
