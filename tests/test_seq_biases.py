@@ -529,12 +529,12 @@ def test_fire_decoding_keeps_its_distance_table_until_c_changes(monkeypatch):
 
     enc = FIRE(2, init_threshold=30.0)
     builds = []
-    get = enc._psi.get
+    get = enc._psi_table.get
 
     def counted_get(sources, build, key=()):
         return get(sources, lambda: builds.append(key[0]) or build(), key=key)
 
-    monkeypatch.setattr(enc._psi, "get", counted_get)
+    monkeypatch.setattr(enc._psi_table, "get", counted_get)
 
     def step_row(query: int) -> torch.Tensor:
         q_pos, kv_pos = torch.tensor([[query]]), torch.arange(query + 1)[None]

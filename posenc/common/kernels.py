@@ -695,12 +695,10 @@ def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     """The compiled flex_attention with room for :data:`FLEX_RECOMPILE_LIMIT` cache entries
     while it runs (dynamo reads the limit when a call misses the cache); inside a caller's own
     ``torch.compile`` the call is traced into their graph and their settings apply."""
-    if torch.compiler.is_compiling():
-        return _compiled_flex()(q, k, v, **kwargs)
     import torch._dynamo.config as dynamo_config
 
     before = dynamo_config.recompile_limit
-    if before >= FLEX_RECOMPILE_LIMIT:
+    if torch.compiler.is_compiling() or before >= FLEX_RECOMPILE_LIMIT:
         return _compiled_flex()(q, k, v, **kwargs)
     # set and restored by hand: config.patch costs 26 us a call, four layers of every decoding step
     dynamo_config.recompile_limit = FLEX_RECOMPILE_LIMIT

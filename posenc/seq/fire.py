@@ -70,7 +70,7 @@ class FIRE(PositionEncoding):
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.l_mult = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
-        self._psi: DerivedTensors[Tensor] = DerivedTensors()  # psi by distance, without gradients
+        self._psi_table: DerivedTensors[Tensor] = DerivedTensors()  # psi by distance, without gradients
 
     @property
     def threshold(self) -> Tensor:
@@ -81,13 +81,18 @@ class FIRE(PositionEncoding):
         """float64 for a float64 module, else float32 (positions are converted to it)."""
         return torch.float64 if self.c.dtype == torch.float64 else torch.float32
 
+    def _psi(self, x: Tensor) -> Tensor:
+        """``psi(x) = log(1 + |c| x)`` in ``x``'s dtype (the work dtype)."""
+        return torch.log1p(self.c.abs().to(x.dtype) * x)
+
+    def _normalizer(self, q_pos: Tensor) -> Tensor:
+        """``psi(max(L_thr, i)) + eps`` per query position, in the work dtype."""
+        work = self._work_dtype()
+        return self._psi(torch.maximum(q_pos.to(work), self.threshold.to(work))) + _EPS
+
     def normalized_distance(self, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
         """``psi(|i - j|) / (psi(max(L_thr, i)) + eps)`` for broadcastable positions."""
-        work = self._work_dtype()
-        c = self.c.abs()
-        dist = (q_pos - kv_pos).to(work).abs()
-        norm = torch.maximum(q_pos.to(work), self.threshold.to(work))
-        return torch.log1p(c * dist) / (torch.log1p(c * norm) + _EPS)
+        return self._psi((q_pos - kv_pos).to(self._work_dtype()).abs()) / self._normalizer(q_pos)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
@@ -129,8 +134,7 @@ class FIRE(PositionEncoding):
                     # psi(|i - j|) read from a kept table (the logarithms were half of a decoding
                     # step's time at context 8192); the same values as normalized() computes
                     psi = gather(self._kept_psi(int(distance.max()), distance.device), distance)
-                    norm = torch.maximum(q_pos[0].to(psi.dtype), self.threshold.to(psi.dtype))
-                    return mlp(psi / (torch.log1p(self.c.abs().to(psi.dtype) * norm) + _EPS), None, rows=True)
+                    return mlp(psi / self._normalizer(q_pos[0]), None, rows=True)
 
             return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset,
                                 pointwise=False)
@@ -185,11 +189,8 @@ class FIRE(PositionEncoding):
         span = max(int(q_pos.max()) - int(kv_pos.min()), int(kv_pos.max()) - int(q_pos.min()), 0)
         if span > _PSI_TABLE_MAX:
             return None
-        work = self._work_dtype()
-        c = self.c.abs().to(work)
-        psi = torch.log1p(c * torch.arange(span + 1, device=self.c.device, dtype=work))  # [span + 1]
-        norm = torch.maximum(q_pos.to(work), self.threshold.to(work))  # [B or 1, Tq]
-        return psi, 1 / (torch.log1p(c * norm) + _EPS)
+        psi = self._psi(torch.arange(span + 1, device=self.c.device, dtype=self._work_dtype()))  # [span + 1]
+        return psi, 1 / self._normalizer(q_pos)  # [B or 1, Tq]
 
     def _kept_psi(self, distance: int, device: torch.device) -> Tensor:
         """``psi(n) = log(1 + |c| n)`` for ``n = 0 .. m - 1`` ``[m]``, ``m >= distance + 1`` a power
@@ -201,9 +202,9 @@ class FIRE(PositionEncoding):
         work = self._work_dtype()
 
         def build() -> Tensor:
-            return torch.log1p(self.c.abs().to(work) * torch.arange(n, device=device, dtype=work))
+            return self._psi(torch.arange(n, device=device, dtype=work))
 
-        return self._psi.get((self.c,), build, key=(n, work, device))
+        return self._psi_table.get((self.c,), build, key=(n, work, device))
 
     def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP ``f(x) = W2 relu(w1 x + b1) + b2`` as ``f(x) = slope[s] x + offset[s]`` on the
