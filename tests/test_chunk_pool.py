@@ -10,13 +10,13 @@ import torch
 import posenc
 from posenc.common import chunk_pool, kernels
 
+from .threads import torch_threads
+
 
 @pytest.fixture
 def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(2):
+        yield
 
 
 def test_results_come_in_the_order_of_the_items(two_threads):
@@ -90,12 +90,8 @@ def test_the_caller_consumes_results_on_one_thread_and_gets_its_setting_back(two
 
 
 def test_one_thread_runs_inline():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         names = list(chunk_pool.ordered_map(lambda _: threading.current_thread().name, range(3)))
-    finally:
-        torch.set_num_threads(before)
     assert names == [threading.current_thread().name] * 3
 
 

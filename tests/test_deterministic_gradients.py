@@ -12,15 +12,15 @@ import torch
 import posenc
 from posenc.common.pairwise import gather
 
+from .threads import torch_threads
+
 DIMS = posenc.ModelDims(dim=64, num_heads=4, max_len=256)
 
 
 @pytest.fixture(autouse=True)
 def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(2):
+        yield
 
 
 def _grads(encoding: str, mask: posenc.AttentionMask) -> list[torch.Tensor]:

@@ -12,14 +12,14 @@ from posenc.seq import PositionalAutoencoder, SmoothCurves, SplineTransformer, e
 from posenc.seq.latent_autoencoder import spread_positions
 from posenc.seq.spline import bspline_basis, clamped_uniform_knots, greville_abscissae, uniform_times
 
+from .threads import torch_threads
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
     # Tiny models: two OpenMP threads mostly wait on each other (and on a busy machine, much longer).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 # ----------------------------------------------------------------------------------------------

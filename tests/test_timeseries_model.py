@@ -15,14 +15,14 @@ from posenc.timeseries.classify import ClassifierSettings, train_classifier
 from posenc.timeseries.convtran import ConvTranClassifier
 from posenc.timeseries.datasets import from_arrays
 
+from .threads import torch_threads
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
     # Tiny models: two OpenMP threads mostly wait on each other (and on a busy machine, much longer).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def _model(encoding="tape+erpe", **kw) -> ConvTranClassifier:
