@@ -74,12 +74,12 @@ if [[ $dev == cuda ]]; then
     tests/test_kernel_paths.py tests/test_vision_encodings.py -k "cuda" &
   tests_pid=$!
 fi
-for check in plans linear_spe round_2026_12 generation bridges autocast_backward; do
+checks=(plans linear_spe round_2026_12 generation bridges autocast_backward)
+for check in "${checks[@]}"; do
   section "$check" 120 "$py" "scripts/gpu_checks/$check.py"
 done
 [[ $dev == cuda ]] && wait "$tests_pid"
-grep -h "^FAIL" "$out"/{plans,linear_spe,round_2026_12,generation,bridges,autocast_backward}.txt 2>/dev/null \
-  | tee "$out/failures.txt"
+for check in "${checks[@]}"; do grep -h "^FAIL" "$out/$check.txt" 2>/dev/null; done | tee "$out/failures.txt"
 [[ $dev == cuda ]] && grep -E "(FAILED|ERROR) tests/|passed|failed" "$out/cuda_tests.txt" | tail -n 80 | tee -a "$out/failures.txt"
 
 # Speed: one bench at a time.
