@@ -13,6 +13,41 @@ from posenc.common.derived import DerivedTensors
 from posenc.seq.deberta import DeBERTa
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "bfloat16"])
+def test_sources_compared_bit_by_bit(layout):
+    """One flipped bit anywhere rebuilds (memcmp on CPU; torch for a strided source); the same
+    bits keep the value, a NaN included (torch.equal calls NaN unequal to itself), and -0.0
+    against 0.0 rebuilds (the bits differ), which is harmless."""
+    base = torch.randn(64, 48, dtype=torch.bfloat16 if layout == "bfloat16" else torch.float32)
+    source = base.t() if layout == "strided" else base
+    cache = DerivedTensors()
+    builds = []
+
+    def build():
+        builds.append(1)
+        return source.float().sum()
+
+    with torch.no_grad():
+        cache.get((source,), build)
+        for i, j in ((0, 0), (63, 47), (31, 5)):
+            bits = base.view(torch.int16 if layout == "bfloat16" else torch.int32)
+            bits[i, j] ^= 1  # the lowest mantissa bit
+            before = len(builds)
+            cache.get((source,), build)
+            assert len(builds) == before + 1, (i, j)
+        base[3, 3] = float("nan")
+        cache.get((source,), build)
+        before = len(builds)
+        cache.get((source,), build)
+        assert len(builds) == before  # the same NaN bits: kept
+        base[5, 5] = 0.0
+        cache.get((source,), build)
+        base[5, 5] = -0.0
+        before = len(builds)
+        cache.get((source,), build)
+        assert len(builds) == before + 1
+
+
 def test_kept_while_the_sources_are_equal_and_rebuilt_on_any_edit():
     weight = nn.Parameter(torch.randn(4, 3))
     cache = DerivedTensors()

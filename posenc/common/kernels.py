@@ -1034,7 +1034,8 @@ def _transformed_scores(
     scores = raw
     if terms.bias is not None:
         scores = scores + terms.bias.dense(b, h, q_idx, kv_idx, dtype=raw.dtype)
-    allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, kv_len)
+    # (a cached decoding step's causal row sees every key: no mask tensor, no masked softmax)
+    allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(b, q_idx, kv_idx, q_len, kv_len)
     if terms.score_transform is not None:
         scores = terms.score_transform(scores, q_rows, k, rows, keys, allowed)
     return scores, allowed
@@ -1165,7 +1166,7 @@ def prob_bias_term(
         (v,) = keys  # [B, H, kv_end, D]
         q_idx, kv_idx = idx[s:e], idx[:kv_end]
         extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)  # [B or 1, H, rows, keys]
-        allowed = None if mask is None else mask.dense(b, q_idx, kv_idx, q_len, tk)
+        allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(b, q_idx, kv_idx, q_len, tk)
         if allowed is not None:
             extra = torch.where(allowed, extra, 0.0)
         if extra.shape[0] == 1 and b > 1:

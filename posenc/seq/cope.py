@@ -64,7 +64,12 @@ class CoPE(PositionEncoding):
     ) -> Tensor:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"CoPE was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
-        return _PositionalScores.apply(scores, q, self.pos_emb, allowed, self.head_dim ** -0.5)
+        scale = self.head_dim ** -0.5
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (scores, q, self.pos_emb))):
+            # no gradient (a cached decoding step, inference): the forward alone, without the
+            # autograd Function's context and the tensors it keeps for a backward
+            return _positional_forward(scores, q, self.pos_emb, allowed, scale)[0]
+        return _PositionalScores.apply(scores, q, self.pos_emb, allowed, scale)
 
 
 def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:
@@ -79,6 +84,38 @@ def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:
         if not math.isnan(top):
             npos = min(npos, int(top) + 3)
     return npos
+
+
+def _positional_forward(
+    scores: Tensor, q: Tensor, pos_emb: Tensor, allowed: Tensor | None, scale: float
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The forward of :class:`_PositionalScores`: ``scores + q.e(p) * scale`` and what its
+    backward reads, ``(gates, floor, weight, step, table)``."""
+    gates = torch.sigmoid(scores)  # [B, H, Tq, Tk]
+    if allowed is not None:
+        gates = gates.mul_(allowed)
+    # sum_{t >= j} g_t as the row total minus the running sum before j: one cumsum instead of
+    # a cumsum between two flipped copies (the hidden keys' gates are zero, so their
+    # positions are exactly 0). The lower clamp: rounding can take the difference a hair
+    # below 0 where a gate is tiny beside the row total.
+    running = gates.cumsum(-1)
+    total = running[..., -1:]  # [B, H, Tq, 1]
+    npos = _reachable_rows(total, pos_emb.shape[0], scores.shape[-1])
+    pos = torch.sub(total, running).add_(gates).clamp_(0, npos - 1)
+    # a NaN score gives NaN where it lands (through the scores added below), not a NaN index
+    pos = pos.nan_to_num_(nan=0.0)
+    del running, total
+    floor = pos.floor()
+    weight = pos.sub_(floor)  # w = p - floor p, in place of p
+    floor = floor.long()
+    table = pos_emb[:npos].to(q.dtype)  # [npos, d]
+    logits = torch.matmul(q, table.t()).mul_(scale)  # [B, H, Tq, npos]
+    # D, zero at the last row: the clamp's end (or a row no position reaches)
+    steps = F.pad(torch.sub(logits[..., 1:], logits[..., :-1]), (0, 1))
+    step = steps.gather(-1, floor)
+    del steps
+    out = logits.gather(-1, floor).add_(scores).addcmul_(weight, step)
+    return out, (gates, floor, weight, step, table)
 
 
 class _PositionalScores(torch.autograd.Function):
@@ -104,30 +141,7 @@ class _PositionalScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, q: Tensor, pos_emb: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
-        gates = torch.sigmoid(scores)  # [B, H, Tq, Tk]
-        if allowed is not None:
-            gates = gates.mul_(allowed)
-        # sum_{t >= j} g_t as the row total minus the running sum before j: one cumsum instead of
-        # a cumsum between two flipped copies (the hidden keys' gates are zero, so their
-        # positions are exactly 0). The lower clamp: rounding can take the difference a hair
-        # below 0 where a gate is tiny beside the row total.
-        running = gates.cumsum(-1)
-        total = running[..., -1:]  # [B, H, Tq, 1]
-        npos = _reachable_rows(total, pos_emb.shape[0], scores.shape[-1])
-        pos = torch.sub(total, running).add_(gates).clamp_(0, npos - 1)
-        # a NaN score gives NaN where it lands (through the scores added below), not a NaN index
-        pos = pos.nan_to_num_(nan=0.0)
-        del running, total
-        floor = pos.floor()
-        weight = pos.sub_(floor)  # w = p - floor p, in place of p
-        floor = floor.long()
-        table = pos_emb[:npos].to(q.dtype)  # [npos, d]
-        logits = torch.matmul(q, table.t()).mul_(scale)  # [B, H, Tq, npos]
-        # D, zero at the last row: the clamp's end (or a row no position reaches)
-        steps = F.pad(torch.sub(logits[..., 1:], logits[..., :-1]), (0, 1))
-        step = steps.gather(-1, floor)
-        del steps
-        out = logits.gather(-1, floor).add_(scores).addcmul_(weight, step)
+        out, (gates, floor, weight, step, table) = _positional_forward(scores, q, pos_emb, allowed, scale)
         ctx.save_for_backward(gates, floor, weight, step, q, table)
         ctx.scale, ctx.npos_max, ctx.emb_dtype = scale, pos_emb.shape[0], pos_emb.dtype
         return out

@@ -222,22 +222,29 @@ class DeBERTa(PositionEncoding):
         and no ``[B, H, 2k, Tk]`` table or gradient buffer is kept."""
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
         tq, tk = q.shape[2], k.shape[2]
-        # bucket_of[m]: the p2c row where j - i = m - (Tq - 1); non-decreasing in m
-        bucket_of = deberta_index(offset - (tq - 1) + torch.arange(tq + tk - 1), span, log_buckets, max_position)
         k_rows = SharedGradTable(k)
+        kept: list[Tensor] = []
+
+        def buckets() -> Tensor:
+            """``bucket_of[m]``: the p2c row where ``j - i = m - (Tq - 1)``; non-decreasing in ``m``
+            (built on first use: a decoding step without log buckets needs none)."""
+            if not kept:
+                kept.append(deberta_index(offset - (tq - 1) + torch.arange(tq + tk - 1), span, log_buckets, max_position))
+            return kept[0]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             if is_dense_block(b, h, q_idx, kv_idx) and int(kv_idx[0, 0, 0, 0]) == 0:
-                rel = q_idx - kv_idx - offset  # i - j in positions
-                c = deberta_index(rel, span, log_buckets, max_position)
-                c2p = _content_to_position(q_rows, q_idx, kr_by_dim, c)
                 start, rows = int(q_idx[0, 0, 0, 0]), q_idx.shape[2]
-                if torch.equal(q_idx.reshape(-1), torch.arange(start, start + rows, device=q_idx.device)):
+                if rows == 1 or torch.equal(q_idx.reshape(-1), torch.arange(start, start + rows, device=q_idx.device)):
                     keys = k_rows.rows(kv_idx)  # [B, H, n, d]; its gradient adds into one buffer
+                    if rows < _MIN_SKEW_ROWS and not log_buckets:  # cached decoding
+                        return _few_rows_linear(q_rows.rows(q_idx), keys, kr_by_dim, qr, offset - start + span)
+                    rel = q_idx - kv_idx - offset  # i - j in positions
+                    c2p = _content_to_position(q_rows, q_idx, kr_by_dim, deberta_index(rel, span, log_buckets, max_position))
                     if rows >= _MIN_SKEW_ROWS:
-                        return c2p + _SkewedPositionToContent.apply(qr, keys, bucket_of, tq, start, rows)
+                        return c2p + _SkewedPositionToContent.apply(qr, keys, buckets(), tq, start, rows)
                     m = kv_idx.reshape(1, -1) - q_idx.reshape(-1, 1) + (tq - 1)  # [rows, n]
-                    return c2p + torch.stack([_row_position_to_content(keys, qr, bucket_of[m[r]]) for r in range(rows)],
+                    return c2p + torch.stack([_row_position_to_content(keys, qr, buckets()[m[r]]) for r in range(rows)],
                                              dim=2)
             rel = q_idx - kv_idx - offset
             c = deberta_index(rel, span, log_buckets, max_position)
@@ -273,6 +280,37 @@ def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tenso
     if n > b:
         parts.append(matvec(keys[:, :, b:], qr[:, last]))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _few_rows_linear(rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, shift: int) -> Tensor:
+    """The whole bias of a few query rows over keys ``0 .. n-1`` without log buckets (a cached
+    decoding step), from where the buckets clip, found by arithmetic on the host: row ``r``'s
+    key ``j`` reads p2c row ``clip(j + s, 0, 2k - 1)`` and c2p row ``clip(2k - j - s, 0, 2k - 1)``
+    with ``s = shift - r`` (``shift = kv_pos[0] - q_pos[first row] + k``). The keys before the
+    span share one ``Qr`` row (one matrix-vector product) and one c2p entry; those within it read
+    a slice of ``Qr`` and the c2p row reversed; no bucket or index tensor is built.
+
+    ``rows [B, H, R, d]`` (``q / sqrt(3)``), ``keys [B, H, n, d]``, ``kr_by_dim [H, d, 2k]``,
+    ``qr [H, 2k, d]`` (both scaled) -> ``[B, H, R, n]``."""
+    n, top = keys.shape[2], qr.shape[1] - 1
+    two_k = top + 1
+    c2p_rows = rows_times_table(rows, kr_by_dim)  # [B, H, R, 2k]
+    out = []
+    for r in range(rows.shape[2]):
+        s, c2p = shift - r, c2p_rows[:, :, r]  # [B, H, 2k]
+        a = min(n, max(0, 1 - s))  # keys 0 .. a-1: j + s <= 0, p2c row 0, c2p row 2k - 1
+        b = min(n, max(a, top - s))  # keys b .. n-1: j + s >= 2k - 1, p2c row 2k - 1
+        parts = []
+        if a > 0:
+            parts.append(matvec(keys[:, :, :a], qr[:, 0]) + c2p[..., top:])
+        if b > a:  # c2p rows 2k - a - s down to 2k + 1 - b - s
+            parts.append((keys[:, :, a:b] * qr[:, a + s: b + s]).sum(-1)
+                         + c2p[..., two_k + 1 - b - s: two_k + 1 - a - s].flip(-1))
+        if n > b:  # keys after the query (no causal mask): c2p rows 1, 0, 0, ...
+            c = (two_k - s - torch.arange(b, n, device=keys.device)).clamp(0, top)
+            parts.append(matvec(keys[:, :, b:], qr[:, top]) + c2p[..., c])
+        out.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
+    return torch.stack(out, dim=2)
 
 
 def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tensor, c: Tensor) -> Tensor:

@@ -42,9 +42,19 @@ from torch import Tensor, nn
 from ..common.checks import check_int, check_sequence_positions
 from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, rows_times_table, take
+from ..common.pairwise import (
+    PairwiseBias,
+    SharedGradTable,
+    is_dense_block,
+    rows_times_table,
+    shared_run_offset,
+    take,
+)
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
+
+# Fewer query rows than this (a cached decoding step) read their distances as slices of the table.
+_FEW_ROWS = 8
 
 
 @register(
@@ -98,34 +108,52 @@ class TransformerXLRelative(PositionEncoding):
         qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
         if torch.compiler.is_compiling():
             return self._traced_bias(qv, q_pos, kv_pos)
-        lo = int(q_pos.min()) - int(kv_pos.max())
-        hi = int(q_pos.max()) - int(kv_pos.min())
         b, h, tq, d = qv.shape
+        tk = kv_pos.shape[1]
+        offset = shared_run_offset(q_pos, kv_pos)  # kv_pos[j] - q_pos[i] = offset + j - i
+        if offset is not None:  # the distance range by arithmetic, no reduction read back
+            lo, hi = -offset - (tk - 1), tq - 1 - offset
+        else:
+            lo = int(q_pos.min()) - int(kv_pos.max())
+            hi = int(q_pos.max()) - int(kv_pos.min())
         dists = hi - lo + 1
         if DerivedTensors.keeps((self.r_proj.weight,)):
-            wr = self._kept_table(lo, hi, q.dtype, q.device)  # [R, H, d]
+            wr = self._kept_table(lo, hi, q.dtype, q.device)  # [H, R, d]
         elif b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
             # Few queries against many distances (a cached decoding step): the same term as
             # ((q + v) W_R^h) . R, the queries taken back to the sinusoid's width instead of
             # projecting every distance's R again, d times less work there.
             w = self.r_proj.weight.view(h, d, self.dim).to(qv.dtype)  # [H, d, dim]
             qv = torch.matmul(qv, w)  # [B, H, Tq, dim]
-            wr = self._sinusoids(lo, hi, q.device).to(q.dtype).unsqueeze(1)  # [R, 1, dim]: one table for every head
-        else:
-            wr = self.r_proj(self._sinusoids(lo, hi, q.device)).view(-1, h, d).to(q.dtype)  # [R, H, d]: W_R R per distance
-        heads_r = wr.shape[1] > 1
+            wr = self._sinusoids(lo, hi, q.device).to(q.dtype).unsqueeze(0)  # [1, R, dim]: one table for every head
+        else:  # W_R R per distance
+            wr = self.r_proj(self._sinusoids(lo, hi, q.device)).view(-1, h, d).transpose(0, 1).to(q.dtype)  # [H, R, d]
+        heads_r = wr.shape[0] > 1
         qv_rows = SharedGradTable(qv)  # read a chunk of rows at a time, one gradient buffer
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            dense = is_dense_block(b, h, q_idx, kv_idx)
+            if dense and offset is not None and q_idx.shape[2] < _FEW_ROWS and int(kv_idx[0, 0, 0, 0]) == 0:
+                # A few rows (a cached decoding step) over keys 0 .. n-1 of one run of positions:
+                # row i reads the distances i - offset down to i - offset - n + 1, one slice of
+                # the table read backwards: a product and a flip, no index tensor.
+                n, start = kv_idx.shape[3], int(q_idx[0, 0, 0, 0])
+                rows = qv_rows.rows(q_idx)  # [B, H, rows, d or dim]
+                out = []
+                for r in range(rows.shape[2]):
+                    top = start + r - offset - lo  # the row of wr at key 0
+                    part = rows_times_table(rows[:, :, r: r + 1], wr[:, top - n + 1: top + 1].transpose(-1, -2))
+                    out.append(part.flip(-1))  # [B, H, 1, n]
+                return out[0] if len(out) == 1 else torch.cat(out, dim=2)
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo  # row of wr, [B or 1, 1, rows, keys]
-            if is_dense_block(b, h, q_idx, kv_idx):
+            if dense:
                 # A block of query rows: one matmul against the distances these rows need, then a
                 # gather by distance. Only [B, H, rows, R'] lives, never [B, H, Tq, R].
                 first, last = int(rel.min()), int(rel.max())
                 rows = qv_rows.rows(q_idx)  # [B, H, rows, d or dim]
-                table = rows_times_table(rows, wr[first : last + 1].permute(1, 2, 0))  # [B, H, rows, R']
+                table = rows_times_table(rows, wr[:, first: last + 1].transpose(-1, -2))  # [B, H, rows, R']
                 return table.gather(-1, (rel - first).expand(table.shape[0], table.shape[1], -1, -1))
-            return (qv[b, h, q_idx] * wr[rel, h if heads_r else h * 0]).sum(-1)  # scalar indices (FlexAttention's score_mod)
+            return (qv[b, h, q_idx] * wr[h if heads_r else h * 0, rel]).sum(-1)  # scalar indices (FlexAttention's score_mod)
 
         learned = (*qv_rows.learned, wr) if heads_r and wr.requires_grad else qv_rows.learned
         return PairwiseBias(bias, per_batch=True, learned=learned, name="TransformerXLRelative", pointwise=False)
@@ -163,7 +191,7 @@ class TransformerXLRelative(PositionEncoding):
         return sinusoid_table(torch.arange(lo, hi + 1, device=device), self.dim, dtype=self.r_proj.weight.dtype)
 
     def _kept_table(self, lo: int, hi: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """``W_R R`` ``[hi - lo + 1, H, d]`` cut from a table kept between calls (valid while
+        """``W_R R`` ``[H, hi - lo + 1, d]`` cut from a table kept between calls (valid while
         ``W_R`` is unchanged, see :class:`~posenc.common.derived.DerivedTensors`). A call past its
         range grows the range by half its width at least, so a cached decoding step, whose
         distances reach one further each time, neither evaluates every distance's sinusoid
@@ -176,7 +204,8 @@ class TransformerXLRelative(PositionEncoding):
             a, b = (lo - extra if lo < a else a), (hi + extra if hi > b else b)
         self._covered = (a, b)
 
-        def build() -> Tensor:
-            return self.r_proj(self._sinusoids(a, b, device)).view(-1, self.num_heads, self.head_dim)
+        def build() -> Tensor:  # by head: a head's slice of distances is one block of memory
+            table = self.r_proj(self._sinusoids(a, b, device)).view(-1, self.num_heads, self.head_dim)
+            return table.transpose(0, 1).contiguous()
 
-        return self._projected.get((self.r_proj.weight,), build, key=(a, b, device))[lo - a: hi - a + 1].to(dtype)
+        return self._projected.get((self.r_proj.weight,), build, key=(a, b, device))[:, lo - a: hi - a + 1].to(dtype)
