@@ -52,6 +52,7 @@ from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
     SharedGradTable,
+    dense_bias,
     is_dense_block,
     matvec,
     rows_times_table,
@@ -180,10 +181,14 @@ class DeBERTa(PositionEncoding):
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
         span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
         k, kr, qr = self._scaled_relative(q, k)  # kr, qr [H, 2k, d]
-        q_rows = SharedGradTable(q)
         kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
         traced = torch.compiler.is_compiling()
         offset = None if traced else shared_run_offset(q_pos, kv_pos)
+        if offset is not None and q.device.type == "cpu" and q.shape[2] < _MIN_SKEW_ROWS and not log_buckets:
+            # A few rows (a cached decoding step): the whole [B, H, Tq, Tk] bias at once, small
+            # beside the keys, with none of the per-block reads around it.
+            return dense_bias(_few_rows_linear(q, k, kr_by_dim, qr, offset + span), name="DeBERTa")
+        q_rows = SharedGradTable(q)
         if offset is not None and q.device.type == "cpu":
             return self._skewed_bias(q, k, kr, kr_by_dim, qr, q_rows, offset)
         p2c_t = torch.matmul(qr, k.transpose(-1, -2))  # [B, H, 2k, Tk]
