@@ -180,13 +180,15 @@ def test_deberta_forward_backward_against_reference(backend, causal, log_buckets
 @pytest.mark.parametrize("backend", ["dense", "math"])
 @pytest.mark.parametrize("log_buckets", [False, True])
 @pytest.mark.parametrize("causal,q_len,offset,heads_kv",
-                         [(True, 300, 0, H), (False, 300, 7, H), (True, 60, 0, 1), (True, 5, 0, H), (False, 3, -150, 1)])
+                         [(True, 300, 0, H), (False, 300, 7, H), (True, 60, 0, 1), (True, 68, 0, H), (True, 5, 0, H),
+                          (False, 3, -150, 1)])
 def test_deberta_over_consecutive_positions_matches_reference_across_key_blocks(
     monkeypatch, backend, log_buckets, causal, q_len, offset, heads_kv,
 ):
     """Positions shared by the batch take the skewed p2c path (no bucket table); with small chunks
     and 300 keys a block spans several key windows, clamped ones included (span 8); five rows (a
-    cached decoding step) take the per-row product; three rows in the middle without a mask reach
+    cached decoding step) take the per-row product, as do the last four rows of 68 (a chunk of 64
+    rows, then 4); three rows in the middle without a mask reach
     keys clipped on both sides (before and after the span)."""
     from posenc.common import kernels
 

@@ -22,7 +22,10 @@ computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gather
   strided view (the skew of Transformer-XL's relative shift); keys whose every pair in the block
   is beyond the span take one product per key. Nothing of size ``2k x Tk`` is built: peak memory
   of forward and backward 1.8x bare SDPA's on CPU (B=4, H=8, d=64; T=1024, 2048, 4096), growing
-  linearly with ``T``, for about twice the p2c multiply-adds of a table.
+  linearly with ``T``, for about twice the p2c multiply-adds of a table. A few query rows (a
+  cached decoding step) without log buckets build their whole bias at once, where the buckets
+  clip found by arithmetic: the keys before the span take one product with ``Qr[0]``, those within
+  it a slice of ``Qr`` and the c2p row read backwards.
 - any other positions, code being traced by ``torch.compile`` (no host reads: one graph), and
   FlexAttention (scalar indices, as a ``d``-long dot product per element): the per-call table
   ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major through a
@@ -242,7 +245,7 @@ class DeBERTa(PositionEncoding):
                 start, rows = int(q_idx[0, 0, 0, 0]), q_idx.shape[2]
                 if rows == 1 or torch.equal(q_idx.reshape(-1), torch.arange(start, start + rows, device=q_idx.device)):
                     keys = k_rows.rows(kv_idx)  # [B, H, n, d]; its gradient adds into one buffer
-                    if rows < _MIN_SKEW_ROWS and not log_buckets:  # cached decoding
+                    if rows < _MIN_SKEW_ROWS and not log_buckets:  # a last chunk of a few rows
                         return _few_rows_linear(q_rows.rows(q_idx), keys, kr_by_dim, qr, offset - start + span)
                     rel = q_idx - kv_idx - offset  # i - j in positions
                     c2p = _content_to_position(q_rows, q_idx, kr_by_dim, deberta_index(rel, span, log_buckets, max_position))
@@ -315,7 +318,7 @@ def _few_rows_linear(rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, 
             c = (two_k - s - torch.arange(b, n, device=keys.device)).clamp(0, top)
             parts.append(matvec(keys[:, :, b:], qr[:, top]) + c2p[..., c])
         out.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
-    return torch.stack(out, dim=2)
+    return out[0].unsqueeze(2) if len(out) == 1 else torch.stack(out, dim=2)
 
 
 def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tensor, c: Tensor) -> Tensor:
