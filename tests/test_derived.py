@@ -184,3 +184,41 @@ def test_kerple_decoding_cuts_its_kernel_from_a_kept_table(variant):
     assert out.requires_grad
     out.sum().backward()
     assert enc.raw_r1.grad.abs().sum() > 0 and enc.raw_r2.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("base", ["alibi", "kerple", "fire"])
+def test_cape_decoding_reads_its_static_bias_from_a_kept_table(base):
+    """Without gradients, a decoding row of CAPE over ALiBi or KERPLE reads the static bias and its
+    first-layer part from a table by distance kept per doubling of the context; every step equals
+    the transform computed from scratch (gradients on), also after the MLP is edited through
+    .data. FIRE's bias depends on the query's own position too: it keeps no such table."""
+    from posenc.seq.cape import CAPE
+
+    torch.manual_seed(0)
+    heads = 3
+    enc = CAPE(12, heads, 64, base=base)
+    fresh = copy.deepcopy(enc)
+    sizes = []
+    get = enc._static_table.get
+    enc._static_table.get = lambda *a, **kw: sizes.append(kw["key"][0]) or get(*a, **kw)
+
+    def step(e, n):  # query n over keys 0 .. n, scores and q, k as the math path passes them
+        g = torch.Generator().manual_seed(n)
+        scores = torch.randn(2, heads, 1, n + 1, generator=g)
+        q, k = torch.randn(2, heads, 1, 4, generator=g), torch.randn(2, heads, n + 1, 4, generator=g)
+        return e.transform_scores(scores, q, k, torch.tensor([[n]]), torch.arange(n + 1)[None], None)
+
+    def reference(n):
+        with torch.enable_grad():
+            return step(fresh, n).detach()
+
+    with torch.no_grad():
+        for n in (0, 5, 255, 256, 700):
+            torch.testing.assert_close(step(enc, n), reference(n), rtol=1e-6, atol=1e-6)
+        enc.mlp[0].weight.data.mul_(-1)
+        fresh.mlp[0].weight.data.mul_(-1)
+        torch.testing.assert_close(step(enc, 701), reference(701), rtol=1e-6, atol=1e-6)
+    if base == "fire":
+        assert sizes == []
+    else:
+        assert sizes == [256, 256, 256, 512, 1024, 1024]

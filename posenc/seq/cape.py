@@ -28,10 +28,13 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_choice, check_int
+from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
+from ..common.pairwise import shared_run_offset
 from ..common.registry import ModelDims, build, register
 
 CAPE_BASES = ("alibi", "kerple", "fire")
+_DISTANCE_ONLY_BASES = ("alibi", "kerple")  # a bias of the distance alone: kept by distance for decoding
 
 
 @register(
@@ -68,16 +71,26 @@ class CAPE(PositionEncoding):
         self.base = build(base, dims=ModelDims(dim=dim, num_heads=num_heads, max_len=max_len), **(base_options or {}))
         self.causal_only = self.base.causal_only
         self.mlp = nn.Sequential(nn.Linear(2 * num_heads, hidden), nn.LeakyReLU(), nn.Linear(hidden, num_heads))
+        # the static bias by distance and its first-layer part, kept for cached decoding
+        self._static_table: DerivedTensors[tuple[Tensor, Tensor] | None] = DerivedTensors()
 
     def transform_scores(
         self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None
     ) -> Tensor:
         b, h, tq, tk = scores.shape
+        first, act, second = self.mlp
+        dtype = first.weight.dtype
+        kept = self._kept_row(scores, q, k, q_pos, kv_pos)
+        if kept is not None:  # a cached decoding step: the static bias and its first-layer part read from a table
+            static, on_static = kept  # [1, H, 1, Tk], [hidden, Tk]
+            hidden = torch.baddbmm(on_static.expand(b, -1, -1), first.weight[:, :h].expand(b, -1, -1),
+                                   scores.reshape(b, h, tk))
+            hidden = F.leaky_relu(hidden, act.negative_slope, inplace=True)  # [B, hidden, Tk]
+            base = torch.add(scores, static).add_(second.bias[:, None, None]).reshape(b, h, tk)
+            return torch.baddbmm(base, second.weight.expand(b, -1, -1), hidden).view(b, h, tq, tk)
         idx = torch.arange(max(tq, tk), device=scores.device)
         static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
         static = static.expand(-1, h, -1, -1)  # [B or 1, H, Tq, Tk]: one for the batch unless the base differs
-        first, act, second = self.mlp
-        dtype = first.weight.dtype
         # f in the head-major layout of the scores, as batched products of its small weights
         # with the [B, H, Tq * Tk] block (no channel-last copies of the scores, their gradient
         # or the result): [hidden, H] x [H, pairs] per batch row. The first layer splits into a
@@ -108,6 +121,46 @@ class CAPE(PositionEncoding):
             return torch.baddbmm(base, w_out, hidden).view(b, h, tq, tk)
         adapt = torch.baddbmm(second.bias[:, None], w_out, hidden).to(scores.dtype)  # [B, H, pairs]
         return (scores + static).add_(adapt.view(b, h, tq, tk))
+
+
+    def _kept_row(
+        self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor
+    ) -> tuple[Tensor, Tensor] | None:
+        """For one query row at or after every key of one run of positions (a cached decoding
+        step) with no gradient wanted: the static bias ``[1, H, 1, Tk]`` and its part of ``f``'s
+        first layer ``[hidden, Tk]`` (``W_static B + b_1``), as views of a table by distance kept
+        between calls (:class:`~posenc.common.derived.DerivedTensors`, one per doubling of the
+        context). A step then evaluates neither the base bias nor that product. Only for a base
+        that is a function of the distance alone (ALiBi, KERPLE; FIRE's depends on the query's
+        own position too). None where this does not apply."""
+        first = self.mlp[0]
+        tq, tk = scores.shape[2], scores.shape[3]
+        if (self.base_name not in _DISTANCE_ONLY_BASES or tq != 1 or torch.compiler.is_compiling()
+                or first.weight.dtype != scores.dtype):
+            return None
+        sources = (first.weight, first.bias, *self.base.parameters(), *self.base.buffers())
+        offset = shared_run_offset(q_pos, kv_pos)  # kv_pos[j] - q_pos[0] = offset + j
+        if offset is None or offset + tk - 1 > 0 or not DerivedTensors.keeps(sources):
+            return None
+        distance = -offset  # of key 0, the largest
+        n = max(256, 1 << distance.bit_length())  # distances 0 .. n - 1
+
+        def build() -> tuple[Tensor, Tensor]:
+            # column m is distance n - 1 - m (offset m - (n - 1)): a row's keys are one increasing slice
+            offsets = torch.arange(-(n - 1), 1, device=scores.device)
+            bias = self.base.score_bias(q, k, offsets[-1:].view(1, 1), offsets.view(1, -1))
+            if bias.by_offset is None or bias.per_batch:
+                return None
+            static = bias.by_offset(offsets).to(first.weight.dtype)  # [H, n]
+            h = static.shape[0]
+            return static, torch.addmm(first.bias[:, None], first.weight[:, h:], static)  # [hidden, n]
+
+        tables = self._static_table.get(sources, build, key=(n, scores.dtype, scores.device))
+        if tables is None:
+            return None
+        static, on_static = tables
+        start = n - 1 - distance
+        return static[None, :, None, start: start + tk], on_static[:, start: start + tk]
 
 
 # Pairs per tile of the CPU form of f: its [hidden, tile] layer (1 MB at hidden 32) stays in cache
