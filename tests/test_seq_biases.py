@@ -685,3 +685,26 @@ def test_deberta_row_p2c_by_runs_equals_the_gather(buckets):
     grad = torch.randn(want.shape, dtype=torch.float64, generator=gen)
     for g, w in zip(torch.autograd.grad(got, [keys, qr], grad), torch.autograd.grad(want, [keys, qr], grad)):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_dense_bias_blocks_are_views_for_runs_and_gathers_otherwise():
+    """A dense bias read at one run of rows and keys (the dense path's blocks) is a view of the
+    table, no copy; any other indices (reversed, with a gap, repeated) read the right entries."""
+    from posenc.common.pairwise import dense_bias
+
+    table = torch.randn(2, 3, 5, 7, requires_grad=True)
+    bias = dense_bias(table)
+
+    def block(rows, keys):
+        return bias.dense(2, 3, torch.tensor(rows), torch.tensor(keys))
+
+    run = block([1, 2, 3], [0, 1, 2, 3, 4, 5, 6])
+    assert run.data_ptr() == table[:, :, 1:].data_ptr() and torch.equal(run, table[:, :, 1:4])
+    assert torch.equal(block([4], [2, 3]), table[:, :, 4:5, 2:4])
+    for rows, keys in (([3, 2, 1], [0, 1]), ([0, 2], [6, 5, 4]), ([1, 1], [0, 2, 3]), ([0, 1, 3], [0, 1, 2, 3]),
+                       ([0, 2, 1, 3], [4, 6, 5])):
+        torch.testing.assert_close(block(rows, keys), table[:, :, rows][:, :, :, keys], rtol=0, atol=0)
+    block([0, 1], [2, 3]).sum().backward()
+    expected = torch.zeros_like(table)
+    expected[:, :, 0:2, 2:4] = 1
+    assert torch.equal(table.grad, expected)

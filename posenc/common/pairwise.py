@@ -296,6 +296,18 @@ class SharedGradTable:
         return _SliceRows.apply(self._values, start, stop, self._sink, self.handle)
 
 
+def _select_run(table: Tensor, dim: int, idx: Tensor) -> Tensor:
+    """``table.index_select(dim, idx)``, as a view (``narrow``) when ``idx`` is one run ``start,
+    start + 1, ...`` (the dense path's blocks; a decoding step's whole bias): no copy. Checked
+    exactly, not assumed; traced code takes the copy (no host read)."""
+    n = idx.numel()
+    if n and not torch.compiler.is_compiling():
+        start = int(idx[0])
+        if n == 1 or (int(idx[-1]) == start + n - 1 and _is_run(idx, start)):
+            return table.narrow(dim, start, n)
+    return table.index_select(dim, idx)
+
+
 def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
     """A :class:`PairwiseBias` that reads a dense tensor ``[B or 1, H or 1, Tq, Tk]`` (a float
     attention mask given by the caller, e.g. torch's ``attn_mask``); differentiable in ``table``."""
@@ -306,7 +318,7 @@ def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
 
     def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if is_dense_block(b, h, q_idx, kv_idx):  # a block of rows: slice, keeping broadcast axes
-            return table.index_select(2, q_idx.reshape(-1)).index_select(3, kv_idx.reshape(-1))
+            return _select_run(_select_run(table, 2, q_idx.reshape(-1)), 3, kv_idx.reshape(-1))
         return table[b if table.shape[0] > 1 else b * 0, h if per_head else h * 0, q_idx, kv_idx]
 
     learned = (table,) if table.requires_grad else ()
