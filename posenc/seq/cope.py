@@ -105,8 +105,9 @@ def _positional_forward(
     # a NaN score gives NaN where it lands (through the scores added below), not a NaN index
     pos = pos.nan_to_num_(nan=0.0)
     del running, total
-    floor = pos.long()  # p >= 0 here, where truncation is the floor: one pass, not floor then long
+    floor = pos.floor()
     weight = pos.sub_(floor)  # w = p - floor p, in place of p
+    floor = floor.long()
     table = pos_emb[:npos].to(q.dtype)  # [npos, d]
     logits = torch.matmul(q, table.t()).mul_(scale)  # [B, H, Tq, npos]
     # D, zero at the last row: the clamp's end (or a row no position reaches)
