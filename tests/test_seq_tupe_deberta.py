@@ -247,3 +247,26 @@ def test_tupe_and_deberta_build_with_defaults_and_train_in_a_stack():
         stack(torch.randn(2, 12, 32), mask=posenc.AttentionMask(causal=True)).square().sum().backward()
         for pname, p in enc.named_parameters():
             assert p.grad is not None and p.grad.abs().sum() > 0, (name, pname)
+
+
+@pytest.mark.parametrize("name", ["deberta", "transformer_xl"])
+@pytest.mark.parametrize("positions", ["run", "general"])
+def test_dense_blocks_at_any_indices_read_the_pairs_asked_for(name, positions):
+    """A block that is not one run of rows over keys 0 .. n-1 (keys from 3, keys out of order,
+    rows out of order) gives the entries of those pairs: the readers that take a block as
+    slices check the run first (the dense path only asks for runs; other callers may not)."""
+    torch.manual_seed(0)
+    enc = posenc.build(name, dims=ModelDims(C, H, 64), **({"span": 4} if name == "deberta" else {})).double().eval()
+    tq, tk = 3, 12
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, H, tq, D, dtype=torch.float64, generator=g)
+    k = torch.randn(1, H, tk, D, dtype=torch.float64, generator=g)
+    kv_pos = torch.arange(tk)[None] if positions == "run" else torch.tensor([[0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 13, 14]])
+    q_pos = kv_pos[:, -tq:]
+    with torch.no_grad():
+        q_t, k_t = enc.transform_qk(q, k, q_pos, kv_pos)
+        bias = enc.score_bias(q_t, k_t, q_pos, kv_pos)
+        full = bias.dense(1, H, torch.arange(tq), torch.arange(tk))  # one run: the reference
+        for rows, keys in (([0, 1, 2], [3, 4, 5, 6]), ([0], [5, 2, 9]), ([2, 0], list(range(tk))), ([1], [0, 1, 3])):
+            got = bias.dense(1, H, torch.tensor(rows), torch.tensor(keys))
+            torch.testing.assert_close(got, full[:, :, rows][:, :, :, keys], rtol=1e-12, atol=1e-12, msg=str((rows, keys)))

@@ -83,6 +83,20 @@ def _is_run(pos: Tensor, start: int) -> bool:
     return n == 1 or torch.equal(pos, torch.arange(start, start + n, device=pos.device, dtype=pos.dtype))
 
 
+def run_start(idx: Tensor) -> int | None:
+    """``start`` when the integer indices ``idx`` (any shape, read flattened) are one run ``start,
+    start + 1, ...`` (a block of the dense path), else None (also for no index). Checked exactly:
+    a reader that takes such a block as a slice relies on it."""
+    flat = idx.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        return None
+    start = int(flat[0])
+    if n == 1 or (int(flat[-1]) == start + n - 1 and _is_run(flat, start)):
+        return start
+    return None
+
+
 def gather(table: Tensor, *index: Tensor) -> Tensor:
     """``table[index...]``, one integer index per axis of ``table`` (broadcast together), for a
     learned table a bias reads.
@@ -288,9 +302,10 @@ class SharedGradTable:
         flat = idx.reshape(-1)
         if self._traced:  # no host read of the indices while tracing: plain indexing, differentiable
             return self.table.index_select(2, flat)
-        start, stop = int(flat[0]), int(flat[-1]) + 1
-        if stop - start != flat.numel() or not torch.equal(flat, torch.arange(start, stop, device=flat.device)):
+        start = run_start(flat)
+        if start is None:
             return self.table[:, :, flat]
+        stop = start + flat.numel()
         if not self._tracked():
             return self._values[:, :, start:stop]
         return _SliceRows.apply(self._values, start, stop, self._sink, self.handle)
@@ -300,12 +315,8 @@ def _select_run(table: Tensor, dim: int, idx: Tensor) -> Tensor:
     """``table.index_select(dim, idx)``, as a view (``narrow``) when ``idx`` is one run ``start,
     start + 1, ...`` (the dense path's blocks; a decoding step's whole bias): no copy. Checked
     exactly, not assumed; traced code takes the copy (no host read)."""
-    n = idx.numel()
-    if n and not torch.compiler.is_compiling():
-        start = int(idx[0])
-        if n == 1 or (int(idx[-1]) == start + n - 1 and _is_run(idx, start)):
-            return table.narrow(dim, start, n)
-    return table.index_select(dim, idx)
+    start = None if torch.compiler.is_compiling() else run_start(idx)
+    return table.index_select(dim, idx) if start is None else table.narrow(dim, start, idx.numel())
 
 
 def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:

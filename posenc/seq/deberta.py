@@ -59,6 +59,7 @@ from ..common.pairwise import (
     is_dense_block,
     matvec,
     rows_times_table,
+    run_start,
     shared_run_offset,
     take,
 )
@@ -206,7 +207,7 @@ class DeBERTa(PositionEncoding):
             p = deberta_index(-rel, span, log_buckets, max_position)
             # traced: any keys (no host read of where they start); else keys 0 .. n-1, the leading
             # columns of the table, whose gradients go into one buffer
-            if is_dense_block(b, h, q_idx, kv_idx) and (traced or int(kv_idx[0, 0, 0, 0]) == 0):
+            if is_dense_block(b, h, q_idx, kv_idx) and (traced or run_start(kv_idx) == 0):
                 # A dense block of rows x keys: the c2p rows by one matmul, gathered by bucket; the
                 # p2c entries gathered from the bucket-major table.
                 c2p = _content_to_position(q_rows, q_idx, kr_by_dim, c)
@@ -241,9 +242,10 @@ class DeBERTa(PositionEncoding):
             return kept[0]
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            if is_dense_block(b, h, q_idx, kv_idx) and int(kv_idx[0, 0, 0, 0]) == 0:
-                start, rows = int(q_idx[0, 0, 0, 0]), q_idx.shape[2]
-                if rows == 1 or torch.equal(q_idx.reshape(-1), torch.arange(start, start + rows, device=q_idx.device)):
+            # a block of one run of rows over keys 0 .. n-1 (the readers below take both as slices)
+            if is_dense_block(b, h, q_idx, kv_idx) and run_start(kv_idx) == 0:
+                start, rows = run_start(q_idx), q_idx.shape[2]
+                if start is not None:
                     keys = k_rows.rows(kv_idx)  # [B, H, n, d]; its gradient adds into one buffer
                     if rows < _MIN_SKEW_ROWS and not log_buckets:  # a last chunk of a few rows
                         return _few_rows_linear(q_rows.rows(q_idx), keys, kr_by_dim, qr, offset - start + span)

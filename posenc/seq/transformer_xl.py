@@ -47,6 +47,7 @@ from ..common.pairwise import (
     SharedGradTable,
     is_dense_block,
     rows_times_table,
+    run_start,
     shared_run_offset,
     take,
 )
@@ -133,11 +134,12 @@ class TransformerXLRelative(PositionEncoding):
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dense = is_dense_block(b, h, q_idx, kv_idx)
-            if dense and offset is not None and q_idx.shape[2] < _FEW_ROWS and int(kv_idx[0, 0, 0, 0]) == 0:
-                # A few rows (a cached decoding step) over keys 0 .. n-1 of one run of positions:
-                # row i reads the distances i - offset down to i - offset - n + 1, one slice of
-                # the table read backwards: a product and a flip, no index tensor.
-                n, start = kv_idx.shape[3], int(q_idx[0, 0, 0, 0])
+            start = run_start(q_idx) if dense and offset is not None and q_idx.shape[2] < _FEW_ROWS else None
+            if start is not None and run_start(kv_idx) == 0:
+                # A few rows (a cached decoding step), one run, over keys 0 .. n-1 of one run of
+                # positions: row i reads the distances i - offset down to i - offset - n + 1, one
+                # slice of the table read backwards: a product and a flip, no index tensor.
+                n = kv_idx.shape[3]
                 rows = qv_rows.rows(q_idx)  # [B, H, rows, d or dim]
                 out = []
                 for r in range(rows.shape[2]):
