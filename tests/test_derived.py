@@ -222,3 +222,12 @@ def test_cape_decoding_reads_its_static_bias_from_a_kept_table(base):
         assert sizes == []
     else:
         assert sizes == [256, 256, 256, 512, 1024, 1024]
+
+
+def test_doubling_length_known_values_and_bad_input():
+    from posenc.common.derived import doubling_length
+
+    assert [doubling_length(n) for n in (0, 1, 255, 256, 700, 1023, 1024)] == [256, 256, 256, 512, 1024, 1024, 2048]
+    for bad in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match=r"largest must be a non-negative int \(a distance\); got"):
+            doubling_length(bad)

@@ -708,3 +708,17 @@ def test_dense_bias_blocks_are_views_for_runs_and_gathers_otherwise():
     expected = torch.zeros_like(table)
     expected[:, :, 0:2, 2:4] = 1
     assert torch.equal(table.grad, expected)
+
+
+def test_run_start_known_values_and_bad_input():
+    from posenc.common.pairwise import run_start
+
+    assert run_start(torch.tensor([4, 5, 6])) == 4
+    assert run_start(torch.tensor([[7]])) == 7
+    assert run_start(torch.arange(3).view(1, 1, 1, 3)) == 0
+    for not_a_run in ([], [0, 2, 1, 3], [0, 1, 3], [2, 1, 0], [1, 1]):
+        assert run_start(torch.tensor(not_a_run, dtype=torch.long)) is None, not_a_run
+    for bad, what in ((torch.tensor([0.0, 1.0]), "torch.float32 tensor"), (torch.tensor([True]), "torch.bool tensor"),
+                      ([0, 1], "list")):
+        with pytest.raises(TypeError, match=f"idx must be an integer tensor of indices; got {what}"):
+            run_start(bad)

@@ -68,6 +68,15 @@ class DerivedTensors(Generic[T]):
         self._sources, self._key, self._value = None, (), None
 
 
+def doubling_length(largest: int) -> int:
+    """The length of a table by distance kept for cached decoding: a power of two above
+    ``largest`` (the farthest distance a call needs), at least 256. A decoding step reaches one
+    distance further each time, so such a table is built once per doubling of the context."""
+    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
+        raise ValueError(f"largest must be a non-negative int (a distance); got {largest!r}")
+    return max(256, 1 << largest.bit_length())
+
+
 def _same(kept: tuple[Tensor, ...], sources: tuple[Tensor, ...]) -> bool:
     return len(kept) == len(sources) and all(
         a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and _same_bits(a, b)

@@ -87,6 +87,9 @@ def run_start(idx: Tensor) -> int | None:
     """``start`` when the integer indices ``idx`` (any shape, read flattened) are one run ``start,
     start + 1, ...`` (a block of the dense path), else None (also for no index). Checked exactly:
     a reader that takes such a block as a slice relies on it."""
+    if not isinstance(idx, Tensor) or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+        got = f"{idx.dtype} tensor" if isinstance(idx, Tensor) else type(idx).__name__
+        raise TypeError(f"idx must be an integer tensor of indices; got {got}")
     flat = idx.reshape(-1)
     n = flat.numel()
     if n == 0:

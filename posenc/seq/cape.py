@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_choice, check_int
-from ..common.derived import DerivedTensors
+from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import shared_run_offset
 from ..common.registry import ModelDims, build, register
@@ -143,7 +143,7 @@ class CAPE(PositionEncoding):
         if offset is None or offset + tk - 1 > 0 or not DerivedTensors.keeps(sources):
             return None
         distance = -offset  # of key 0, the largest
-        n = max(256, 1 << distance.bit_length())  # distances 0 .. n - 1
+        n = doubling_length(distance)  # distances 0 .. n - 1
 
         def build() -> tuple[Tensor, Tensor]:
             # column m is distance n - 1 - m (offset m - (n - 1)): a row's keys are one increasing slice

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
-from ..common.derived import DerivedTensors
+from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, is_dense_block, take
 from ..common.registry import register
@@ -198,7 +198,7 @@ class FIRE(PositionEncoding):
         (:class:`~posenc.common.derived.DerivedTensors`; comparing it costs one value): a cached
         decoding step reaches one distance further each time, so the table is built once per
         doubling of the context instead of a logarithm per key, layer and step."""
-        n = max(256, 1 << distance.bit_length())
+        n = doubling_length(distance)
         work = self._work_dtype()
 
         def build() -> Tensor:

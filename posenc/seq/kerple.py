@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_choice, check_int, check_sequence_positions
-from ..common.derived import DerivedTensors
+from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
@@ -138,7 +138,7 @@ class KERPLE(PositionEncoding):
         (:class:`~posenc.common.derived.DerivedTensors`; comparing them costs ``2H`` values). A
         cached decoding step reaches one distance further each time: one table per doubling of
         the context instead of a logarithm per distance, head and layer at every step."""
-        n = max(256, 1 << distance.bit_length())
+        n = doubling_length(distance)
 
         def build() -> Tensor:
             dist = torch.arange(n, device=device, dtype=dtype)[:, None]
