@@ -80,17 +80,6 @@ class CAPE(PositionEncoding):
         b, h, tq, tk = scores.shape
         first, act, second = self.mlp
         dtype = first.weight.dtype
-        kept = self._kept_row(scores, q, k, q_pos, kv_pos)
-        if kept is not None:  # a cached decoding step: the static bias and its first-layer part read from a table
-            static, on_static = kept  # [1, H, 1, Tk], [hidden, Tk]
-            hidden = torch.baddbmm(on_static.expand(b, -1, -1), first.weight[:, :h].expand(b, -1, -1),
-                                   scores.reshape(b, h, tk))
-            hidden = F.leaky_relu(hidden, act.negative_slope, inplace=True)  # [B, hidden, Tk]
-            base = torch.add(scores, static).add_(second.bias[:, None, None]).reshape(b, h, tk)
-            return torch.baddbmm(base, second.weight.expand(b, -1, -1), hidden).view(b, h, tq, tk)
-        idx = torch.arange(max(tq, tk), device=scores.device)
-        static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
-        static = static.expand(-1, h, -1, -1)  # [B or 1, H, Tq, Tk]: one for the batch unless the base differs
         # f in the head-major layout of the scores, as batched products of its small weights
         # with the [B, H, Tq * Tk] block (no channel-last copies of the scores, their gradient
         # or the result): [hidden, H] x [H, pairs] per batch row. The first layer splits into a
@@ -100,19 +89,27 @@ class CAPE(PositionEncoding):
         # forward + backward of f: 13.9 -> 7.5 ms against the channel-last F.linear.)
         pairs = tq * tk
         w_scores, w_static = first.weight[:, :h], first.weight[:, h:]  # [hidden, H] x2
-        flat_static = static.reshape(static.shape[0], h, pairs).to(dtype)  # [B or 1, H, pairs]
-        # (not for a few pairs without gradients, a cached decoding step: there the batched
-        # products below are 4-5% faster a step, their hidden layer small enough for the cache)
-        few = pairs <= _TILE_PAIRS and not (torch.is_grad_enabled() and first.weight.requires_grad)
-        if (scores.device.type == "cpu" and dtype == scores.dtype and flat_static.shape[0] == 1 and not few
-                and not torch.compiler.is_compiling()):
-            out = _TiledAdaptiveBias.apply(scores.reshape(b, h, pairs), flat_static, first.weight, first.bias,
-                                           second.weight, second.bias, act.negative_slope)
-            return out.view(b, h, tq, tk)
-        if flat_static.shape[0] == 1:
-            on_static = torch.addmm(first.bias[:, None], w_static, flat_static[0]).expand(b, -1, -1)
+        kept = self._kept_row(scores, q, k, q_pos, kv_pos)
+        if kept is not None:  # a cached decoding step: the static bias and its first-layer part read from a table
+            static, on_static = kept  # [1, H, 1, Tk], [hidden, Tk]
+            on_static = on_static.expand(b, -1, -1)
         else:
-            on_static = torch.baddbmm(first.bias[:, None], w_static.expand(b, -1, -1), flat_static)
+            idx = torch.arange(max(tq, tk), device=scores.device)
+            static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
+            static = static.expand(-1, h, -1, -1)  # [B or 1, H, Tq, Tk]: one for the batch unless the base differs
+            flat_static = static.reshape(static.shape[0], h, pairs).to(dtype)  # [B or 1, H, pairs]
+            # (not for a few pairs without gradients, a cached decoding step: there the batched
+            # products below are 4-5% faster a step, their hidden layer small enough for the cache)
+            few = pairs <= _TILE_PAIRS and not (torch.is_grad_enabled() and first.weight.requires_grad)
+            if (scores.device.type == "cpu" and dtype == scores.dtype and flat_static.shape[0] == 1 and not few
+                    and not torch.compiler.is_compiling()):
+                out = _TiledAdaptiveBias.apply(scores.reshape(b, h, pairs), flat_static, first.weight, first.bias,
+                                               second.weight, second.bias, act.negative_slope)
+                return out.view(b, h, tq, tk)
+            if flat_static.shape[0] == 1:
+                on_static = torch.addmm(first.bias[:, None], w_static, flat_static[0]).expand(b, -1, -1)
+            else:
+                on_static = torch.baddbmm(first.bias[:, None], w_static.expand(b, -1, -1), flat_static)
         hidden = torch.baddbmm(on_static, w_scores.expand(b, -1, -1), scores.reshape(b, h, pairs).to(dtype))
         hidden = F.leaky_relu(hidden, act.negative_slope, inplace=True)  # [B, hidden, pairs]
         w_out = second.weight.expand(b, -1, -1)  # [B, H, hidden]
@@ -121,7 +118,6 @@ class CAPE(PositionEncoding):
             return torch.baddbmm(base, w_out, hidden).view(b, h, tq, tk)
         adapt = torch.baddbmm(second.bias[:, None], w_out, hidden).to(scores.dtype)  # [B, H, pairs]
         return (scores + static).add_(adapt.view(b, h, tq, tk))
-
 
     def _kept_row(
         self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor
