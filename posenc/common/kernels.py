@@ -188,6 +188,17 @@ def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale
     return out.masked_fill(~row_any, 0.0)
 
 
+def _allowed(
+    mask: AttentionMask | None, batch: int, q_idx: Tensor, kv_idx: Tensor, q_len: int, kv_len: int
+) -> Tensor | None:
+    """The mask's ``allowed [B or 1, 1, rows, keys]`` at these indices, or None where nothing is
+    hidden (no mask, or a cached decoding step's causal row, which sees every key: no mask tensor,
+    no masked softmax)."""
+    if mask is None or mask.hides_nothing(q_len):
+        return None
+    return mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
+
+
 def _bias_block(
     bias: PairwiseBias,
     mask: AttentionMask | None,
@@ -208,7 +219,7 @@ def _bias_block(
     if dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     block = bias.dense(batch, heads, q_idx, kv_idx, dtype=dtype) if block is None else block.to(dtype)
-    allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(batch, q_idx, kv_idx, q_len, kv_len)
+    allowed = _allowed(mask, batch, q_idx, kv_idx, q_len, kv_len)
     if allowed is None:
         return block, None
     if mask.only_causal(q_len, kv_len):  # every row sees its first key: no marker, nothing to zero after
@@ -1034,8 +1045,7 @@ def _transformed_scores(
     scores = raw
     if terms.bias is not None:
         scores = scores + terms.bias.dense(b, h, q_idx, kv_idx, dtype=raw.dtype)
-    # (a cached decoding step's causal row sees every key: no mask tensor, no masked softmax)
-    allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(b, q_idx, kv_idx, q_len, kv_len)
+    allowed = _allowed(mask, b, q_idx, kv_idx, q_len, kv_len)
     if terms.score_transform is not None:
         scores = terms.score_transform(scores, q_rows, k, rows, keys, allowed)
     return scores, allowed
@@ -1166,7 +1176,7 @@ def prob_bias_term(
         (v,) = keys  # [B, H, kv_end, D]
         q_idx, kv_idx = idx[s:e], idx[:kv_end]
         extra = prob_bias.dense(b, heads, q_idx, kv_idx, dtype=v.dtype)  # [B or 1, H, rows, keys]
-        allowed = None if mask is None or mask.hides_nothing(q_len) else mask.dense(b, q_idx, kv_idx, q_len, tk)
+        allowed = _allowed(mask, b, q_idx, kv_idx, q_len, tk)
         if allowed is not None:
             extra = torch.where(allowed, extra, 0.0)
         if extra.shape[0] == 1 and b > 1:
