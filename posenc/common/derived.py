@@ -17,7 +17,6 @@ rebuild (the result must be part of their graph).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from typing import Callable, Generic, TypeVar
 
@@ -87,7 +86,9 @@ def _same(kept: tuple[Tensor, ...], sources: tuple[Tensor, ...]) -> bool:
 def _load_memcmp():
     """libc's ``memcmp``, or None where it cannot be found (the comparison then stays in torch)."""
     try:
-        libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(ctypes.util.find_library("c"))
+        # the process's own symbols hold libc's on POSIX: no library search (find_library runs
+        # ldconfig or a compiler in a subprocess at import)
+        libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
         fn = libc.memcmp
     except (OSError, AttributeError, TypeError):
         return None
