@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from posenc.common.derived import DerivedTensors
+from posenc.common.derived import DerivedTensors, tracked_edits_only
 from posenc.seq.deberta import DeBERTa
 
 
@@ -72,6 +72,70 @@ def test_kept_while_the_sources_are_equal_and_rebuilt_on_any_edit():
     assert out.requires_grad and len(builds) == 5
     out.sum().backward()
     torch.testing.assert_close(weight.grad, torch.full_like(weight, 2.0))
+
+
+def test_tracked_edits_only_checks_versions_not_bits():
+    """Inside the scope every edit torch tracks rebuilds (an in-place op under no_grad, a new
+    tensor or storage in the parameter's place, load_state_dict); an in-place edit through
+    ``.data`` is not seen there (as documented), and the next call outside it catches it."""
+    lin = nn.Linear(3, 4)
+    cache = DerivedTensors()
+    builds = []
+
+    def build():
+        builds.append(1)
+        return lin.weight * 2
+
+    def check(expect_builds):
+        torch.testing.assert_close(cache.get((lin.weight,), build), lin.weight * 2, rtol=0, atol=0)
+        assert len(builds) == expect_builds
+
+    with torch.no_grad():
+        check(1)
+        with tracked_edits_only():
+            check(1)
+            lin.weight.add_(1)  # an optimizer-style step
+            check(2)
+            lin.weight.data = torch.randn(4, 3)  # new storage
+            check(3)
+            lin.load_state_dict({"weight": torch.randn(4, 3), "bias": lin.bias.clone()})
+            check(4)
+            lin.weight = nn.Parameter(torch.randn(4, 3))  # a new tensor object
+            check(5)
+            stale = lin.weight * 2
+            lin.weight.data.mul_(3)  # untracked: the scope trusts the counter
+            torch.testing.assert_close(cache.get((lin.weight,), build), stale, rtol=0, atol=0)
+            assert len(builds) == 5
+        check(6)  # outside: compared bit by bit, rebuilt
+        with tracked_edits_only():
+            check(6)
+        lin.weight.add_(0.0)  # the version moves, the bits stay: kept, and trusted again after
+        check(6)
+        with tracked_edits_only():
+            check(6)
+
+
+def test_cached_decoding_steps_rebuild_on_tracked_edits_between_steps():
+    """A step over a non-empty KV cache keeps DeBERTa's tables by version counter; an in-place
+    edit of its relative embeddings between two steps (tracked) gives the step a fresh encoding
+    gives over the same cache."""
+    from posenc.seq.models import CausalLM
+
+    torch.manual_seed(0)
+    model = CausalLM(32, 16, 2, 2, encoding="deberta", max_len=64).eval()
+    tokens = torch.randint(0, 32, (1, 12))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(tokens, cache=cache)
+        model(tokens[:, :1], cache=cache)  # a first step keeps the tables
+        for block in model.encoder.blocks:
+            block.attn.encoding.rel.mul_(1.5)  # tracked
+        twin = copy.deepcopy(model)
+        for block in twin.encoder.blocks:
+            block.attn.encoding._tables.clear()
+        twin_cache = copy.deepcopy(cache)
+        torch.testing.assert_close(model(tokens[:, 1:2], cache=cache), twin(tokens[:, 1:2], cache=twin_cache),
+                                   rtol=0, atol=0)
 
 
 def test_deberta_decoding_tables_follow_the_parameters():

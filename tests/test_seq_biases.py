@@ -722,3 +722,35 @@ def test_run_start_known_values_and_bad_input():
                       ([0, 1], "list")):
         with pytest.raises(TypeError, match=f"idx must be an integer tensor of indices; got {what}"):
             run_start(bad)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding"])
+def test_a_decoding_rows_dense_table_is_read_whole(mask_kind, monkeypatch):
+    """Without gradients, a call of a few rows hands a dense bias table (a caller's attn_bias,
+    DeBERTa's decoding bias) to the kernel as it is, no blocks cut: the output equals float64
+    softmax(s q k^T + table + mask) v, and no per-index evaluation runs."""
+    from posenc.common.attention import attend
+    from posenc.common.masks import AttentionMask
+    from posenc.common.pairwise import PairwiseBias
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=gen) for n in (2, 9, 9))
+    table = torch.randn(2, 3, 2, 9, generator=gen)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, :3] = False
+    mask = {"none": None, "causal": AttentionMask(causal=True), "padding": AttentionMask(key_valid=valid)}[mask_kind]
+    hidden = torch.zeros(2, 1, 2, 9, dtype=torch.bool)
+    if mask_kind == "causal":
+        hidden[:, :, 0, 8] = True  # the first of the two rows (position 7) does not see key 8
+    if mask_kind == "padding":
+        hidden[1, :, :, :3] = True
+    scores = (q.double() @ k.double().transpose(-1, -2)) * 8 ** -0.5 + table.double()
+    want = torch.softmax(scores.masked_fill(hidden, float("-inf")), -1) @ v.double()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the whole table was cut into blocks")
+
+    monkeypatch.setattr(PairwiseBias, "dense", refuse)
+    with torch.no_grad():
+        got = attend(q, k, v, q_pos=torch.tensor([[7, 8]]), kv_pos=torch.arange(9)[None], mask=mask, attn_bias=table)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

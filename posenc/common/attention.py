@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from . import kernels
 from .call import AttentionCall, check_attention_args, check_encoding, normalize_positions
 from .checks import check_bool, check_int, check_number
+from .derived import tracked_edits_only
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
 from .kernels import NO_TERMS, EncodingTerms
 from .kv_cache import LayerKVCache
@@ -401,7 +402,13 @@ class MultiheadAttention(nn.Module):
         Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
         cached position. Pass them explicitly for packed sequences, float or 2D positions.
         """
-        out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))  # [B, H, Tq, D]
+        if cache is not None and cache.length > 0 and not torch.compiler.is_compiling():
+            # (traced code keeps no table.) A step over a KV cache already takes the parameters as they were when the cache was
+            # filled: tables kept from them are checked by version counters, not bit by bit.
+            with tracked_edits_only():
+                out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))
+        else:
+            out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))  # [B, H, Tq, D]
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
     def plan(

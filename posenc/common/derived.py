@@ -7,23 +7,48 @@ layer, which in a cached decoding step costs far more than the attention itself.
 per-call state: the value is a pure function of the parameters, and it is checked against them
 at every use, bit by bit, so an edit of any kind -- an optimizer step, a ``load_state_dict``,
 ``param.data.copy_(...)``, which no version counter sees -- rebuilds it. (Bits, not values: the
-same bits give the same table, and a CPU comparison of bytes is ``memcmp``, four times faster
-than ``torch.equal`` here: 12 against 47 us for DeBERTa's ``[512, 256]`` table, compared in
-every layer at every decoding step.)
+same bits give the same table, and a CPU comparison of bytes is ``memcmp``.)
+
+Inside :func:`tracked_edits_only` the check is torch's version counters instead (the same source
+tensors, each at the version and storage it had), which reads no bytes. A cached decoding step
+runs inside it (:class:`~posenc.common.attention.MultiheadAttention` with a non-empty KV cache):
+its cache already holds keys and values computed from the parameters as they were, so an edit
+that no counter sees leaves such a step stale whatever the tables hold, while the bitwise
+comparison read every source twice per layer and step (DeBERTa: 2 MB, as much again as the
+layer's KV cache; at context 512 a quarter of its decoding step on a 2-core CPU).
 Calls that track gradients to the sources, and code being traced by ``torch.compile``, always
 rebuild (the result must be part of their graph).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import sys
-from typing import Callable, Generic, TypeVar
+import weakref
+from typing import Callable, Generic, Iterator, TypeVar
 
 import torch
 from torch import Tensor
 
 T = TypeVar("T")
+
+_TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("posenc_tracked_edits_only", default=False)
+
+
+@contextlib.contextmanager
+def tracked_edits_only() -> Iterator[None]:
+    """Within this block, a kept value is checked against its sources by torch's version counters
+    (every tracked edit: an optimizer step, ``load_state_dict``, an in-place operation under
+    ``no_grad``, a new tensor in the parameter's place), not bit by bit: an in-place edit through
+    ``.data``, which no counter sees, is not caught here. For code whose result already assumes
+    unchanged parameters, as a step that reads a KV cache does."""
+    token = _TRACKED_EDITS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _TRACKED_EDITS_ONLY.reset(token)
 
 
 class DerivedTensors(Generic[T]):
@@ -37,7 +62,8 @@ class DerivedTensors(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._sources: tuple[Tensor, ...] | None = None
+        self._sources: tuple[Tensor, ...] | None = None  # copies, compared bit by bit
+        self._stamps: tuple[tuple, ...] = ()  # per source: (weak reference, version, storage address)
         self._key: tuple = ()
         self._value: T | None = None
 
@@ -57,14 +83,19 @@ class DerivedTensors(Generic[T]):
             raise TypeError(f"key must be a tuple; got {type(key).__name__} {key!r:.80}")
         if not self.keeps(sources):
             return build()
-        if self._sources is not None and key == self._key and _same(self._sources, sources):
-            return self._value  # type: ignore[return-value]
+        if self._sources is not None and key == self._key:
+            if _TRACKED_EDITS_ONLY.get() and _same_stamps(self._stamps, sources):
+                return self._value  # type: ignore[return-value]
+            if _same(self._sources, sources):
+                self._stamps = _stamps(sources)  # (an edit that kept every bit: the versions moved on)
+                return self._value  # type: ignore[return-value]
         value = build()
         self._sources, self._key, self._value = tuple(s.detach().clone() for s in sources), key, value
+        self._stamps = _stamps(sources)
         return value
 
     def clear(self) -> None:
-        self._sources, self._key, self._value = None, (), None
+        self._sources, self._stamps, self._key, self._value = None, (), (), None
 
 
 def doubling_length(largest: int) -> int:
@@ -74,6 +105,18 @@ def doubling_length(largest: int) -> int:
     if isinstance(largest, bool) or not isinstance(largest, int) or largest < 0:
         raise ValueError(f"largest must be a non-negative int (a distance); got {largest!r}")
     return max(256, 1 << largest.bit_length())
+
+
+def _stamps(sources: tuple[Tensor, ...]) -> tuple[tuple, ...]:
+    return tuple((weakref.ref(s), s._version, s.data_ptr()) for s in sources)
+
+
+def _same_stamps(stamps: tuple[tuple, ...], sources: tuple[Tensor, ...]) -> bool:
+    """The same tensor objects as when stamped, each at the same version and storage address."""
+    return len(stamps) == len(sources) and all(
+        ref() is s and s._version == version and s.data_ptr() == address
+        for (ref, version, address), s in zip(stamps, sources)
+    )
 
 
 def _same(kept: tuple[Tensor, ...], sources: tuple[Tensor, ...]) -> bool:

@@ -431,7 +431,9 @@ def _forward_rows(
     if values is not None:  # every row sees a key (consecutive_offset checked it)
         block, row_any = offsets.block(values, s, e, kv_end), None  # [1, H or 1, rows, kv_end]
     else:  # [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
-        block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, k.shape[2], q.dtype)
+        # the whole call's block of a dense table is the table itself
+        whole = bias.table if s == 0 and e == tq and kv_end == k.shape[2] else None
+        block, row_any = _bias_block(bias, mask, b, h, idx[s:e], idx[:kv_end], tq, k.shape[2], q.dtype, whole)
     o, lse = _chunk_forward(q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], block, scale)
     return (o if row_any is None else o.masked_fill(~row_any, 0.0)), lse
 

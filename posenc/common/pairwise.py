@@ -153,6 +153,9 @@ class PairwiseBias:
             subgraph and refuses a reduction in it, so a bias with a ``d``-long dot product per
             element (Transformer-XL, DeBERTa, TUPE, vector eRPE) or an MLP (FIRE) says False
             and takes the dense path there.
+        table: the dense tensor ``[B or 1, H or 1, Tq, Tk]`` that ``fn`` reads, when the bias
+            is one (:func:`dense_bias`): a kernel that needs the whole call's bias at once (a
+            cached decoding step) takes it as it is, with no indices built and no block cut.
     """
 
     fn: PairFn
@@ -161,6 +164,7 @@ class PairwiseBias:
     name: str = "bias"
     by_offset: Callable[[Tensor], Tensor] | None = None
     pointwise: bool = True
+    table: Tensor | None = None
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if not self.per_batch:
@@ -336,7 +340,7 @@ def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
         return table[b if table.shape[0] > 1 else b * 0, h if per_head else h * 0, q_idx, kv_idx]
 
     learned = (table,) if table.requires_grad else ()
-    return PairwiseBias(fn, per_batch=table.shape[0] > 1, learned=learned, name=name)
+    return PairwiseBias(fn, per_batch=table.shape[0] > 1, learned=learned, name=name, table=table)
 
 
 def sum_of_biases(*biases: PairwiseBias | None) -> PairwiseBias | None:
