@@ -754,3 +754,61 @@ def test_a_decoding_rows_dense_table_is_read_whole(mask_kind, monkeypatch):
     with torch.no_grad():
         got = attend(q, k, v, q_pos=torch.tensor([[7, 8]]), kv_pos=torch.arange(9)[None], mask=mask, attn_bias=table)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_key_linear_bias_known_values_and_bad_input():
+    """``rest + k_j . w_r`` for the keys before ``stop``, ``rest`` after them; misuse is one line."""
+    from posenc.common.pairwise import key_linear_bias
+
+    gen = torch.Generator().manual_seed(1)
+    rest, keys = torch.randn(2, 3, 1, 7, generator=gen), torch.randn(2, 3, 7, 4, generator=gen)
+    w = torch.randn(1, 3, 1, 4, generator=gen)
+    bias = key_linear_bias(rest, keys, w, 3, name="test")
+    want = rest.clone()
+    for j in range(3):
+        want[:, :, 0, j] += (keys[:, :, j] * w[:, :, 0]).sum(-1)
+    torch.testing.assert_close(bias.dense(2, 3, torch.tensor([0]), torch.arange(7)), want)
+    assert bias.key_linear.stop == 3 and bias.key_linear.rest is rest and bias.key_linear.weights is w
+    torch.testing.assert_close(bias(torch.tensor(1), torch.tensor(2), torch.tensor(0), torch.tensor(1)), want[1, 2, 0, 1])
+    for args, match in (((rest, keys, w, 8), r"test: stop must be an int in \[0, 7\] \(keys\); got 8"),
+                        ((rest, keys, w, True), "stop must be an int"),
+                        ((rest[..., :5], keys, w, 2), "disagree"),
+                        ((rest, keys, w[..., :3], 2), "disagree"),
+                        ((rest[0], keys, w, 2), "must be 4-D")):
+        with pytest.raises(ValueError, match=match):
+            key_linear_bias(*args, name="test")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding"])
+def test_key_linear_kernel_matches_a_float64_reference(mask_kind, dtype):
+    """The dense path's fold of a key-linear bias (weights sent through the product with the
+    keys beside the query) gives float64 softmax(s q k^T + bias) v and its log-sum-exp, with
+    grouped keys (GQA), a batch, a padded batch row seeing no key at all (zeros)."""
+    from posenc.common.kernels import dense_path
+    from posenc.common.masks import AttentionMask
+    from posenc.common.pairwise import key_linear_bias
+
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(3, 4, 1, 8, generator=gen)
+    k, v = torch.randn(3, 2, 9, 8, generator=gen), torch.randn(3, 2, 9, 8, generator=gen)
+    rest, w = torch.randn(3, 4, 1, 9, generator=gen), torch.randn(1, 4, 1, 8, generator=gen)
+    q, k, v, rest, w = (t.to(dtype) for t in (q, k, v, rest, w))
+    k_heads = k.repeat_interleave(2, dim=1)
+    bias = key_linear_bias(rest, k_heads, w, 5)
+    valid = torch.ones(3, 9, dtype=torch.bool)
+    valid[1, :4] = False
+    valid[2] = False
+    mask = {"none": None, "causal": AttentionMask(causal=True), "padding": AttentionMask(key_valid=valid)}[mask_kind]
+    full = bias.dense(3, 4, torch.tensor([0]), torch.arange(9)).double()
+    scores = (q.double() @ k_heads.double().transpose(-1, -2)) * 8 ** -0.5 + full
+    if mask_kind == "padding":
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    want_lse = torch.logsumexp(scores, -1)
+    want = torch.nan_to_num(torch.softmax(scores, -1)) @ v.double().repeat_interleave(2, dim=1)
+    with torch.no_grad():
+        out, lse = dense_path(q, k, v, mask, bias, 8 ** -0.5, return_lse=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=tol, atol=tol)
+    assert out.dtype == dtype

@@ -227,6 +227,34 @@ def test_deberta_cached_decoding_matches_full_forward():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+def test_deberta_decoding_steps_without_gradients_fold_the_far_keys_into_the_query_product(monkeypatch):
+    """Without gradients a decoding row's keys beyond the span take Qr[0] through the kernel's
+    product with the keys (a key-linear bias): still the full forward, at 1e-10 in float64."""
+    from posenc.common import kernels
+
+    folds = []
+    real = kernels._key_linear_forward
+
+    def spy(*args, **kwargs):
+        folds.append(args[3].stop)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_key_linear_forward", spy)
+    torch.manual_seed(0)
+    enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=4)
+    stack = posenc.TransformerEncoder(C, 2, H, encoding=enc).double().eval()
+    x = torch.randn(2, 12, C, dtype=torch.float64)
+    mask = posenc.AttentionMask(causal=True)
+    with torch.no_grad():
+        full = stack(x, mask=mask)
+        cache = KVCache(2)
+        steps = [stack(x[:, :3], mask=mask, cache=cache)]
+        steps += [stack(x[:, t : t + 1], mask=mask, cache=cache) for t in range(3, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    # two layers per step; the keys before the span: t - 3 of the t + 1 (span 4)
+    assert folds == [max(0, t - 3) for t in range(3, 12) for _ in range(2)]
+
+
 def test_deberta_bad_input():
     enc = DeBERTa(C, H, span=4)
     q, k, v = (t.float() for t in qkv())

@@ -42,7 +42,7 @@ from torch import Tensor
 from . import chunk_pool
 from .amp import autocast_off
 from .masks import AttentionMask
-from .pairwise import PairwiseBias, shared_run_offset
+from .pairwise import KeyLinearPart, PairwiseBias, shared_run_offset
 
 # Default chunking (the plan may choose otherwise): query rows such that one [B, H, rows, Tk]
 # block holds about this many elements, and at least _MIN_CHUNK_ROWS rows. Small enough to stay
@@ -357,6 +357,31 @@ def _explicit_forward(q: Tensor, k: Tensor, v: Tensor, block: Tensor, scale: flo
     return out.to(q.dtype), lse
 
 
+def _key_linear_forward(
+    q: Tensor, k: Tensor, v: Tensor, part: KeyLinearPart, allowed: Tensor | None, scale: float, with_lse: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """A few rows without gradients whose bias has a part linear in the keys (:class:`~posenc.
+    common.pairwise.KeyLinearPart`): the bias's weights go through the product with the keys as
+    extra query rows, ``[s q; w] k^T``, so the keys are read once for the content scores and the
+    bias (DeBERTa's decoding step: its separate product over the keys beyond the span and the
+    fused kernel's own pass read them twice), then softmax and the values explicitly, the scores
+    in float32 for half-precision inputs. Rows that see no key are zero, with ``lse`` -inf.
+    ``q [B, H, R, D]``, ``k, v [B, H, Tk, D]``, ``allowed [B or 1, 1, R, Tk]`` or None ->
+    ``(out [B, H, R, Dv], lse [B, H, R] or None without with_lse)``."""
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    b, h, r, _ = q.shape
+    rows = torch.cat((q.to(work) * scale, part.weights.to(work).expand(b, h, r, -1)), dim=2)  # [B, H, 2R, D]
+    products = torch.matmul(rows, k.to(work).transpose(-1, -2))  # [B, H, 2R, Tk]
+    scores = products[:, :, :r] + part.rest.to(work)  # [B, H, R, Tk], a new tensor
+    if part.stop:
+        scores[..., : part.stop] += products[:, :, r:, : part.stop]
+    lse = None
+    if with_lse:
+        lse = torch.logsumexp(scores if allowed is None else torch.where(allowed, scores, float("-inf")), dim=-1)
+    out = torch.matmul(_masked_softmax(scores, allowed), v.to(work))  # [B, H, R, Dv]
+    return out.to(q.dtype), lse
+
+
 def consecutive_offset(
     bias: PairwiseBias | None, mask: AttentionMask | None, q_pos: Tensor, kv_pos: Tensor, q_len: int, kv_len: int
 ) -> int | None:
@@ -600,8 +625,13 @@ def dense_path(
     if tq <= chunk and not learned and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         # One chunk, no gradients (a cached decoding step, inference): the kernel on the whole
         # call, without the autograd node and the chunk machinery around it.
-        values = None if offsets is None else offsets.values(q.dtype)
-        out, lse = _forward_rows(q, k, v, bias, mask, offsets, values, _indices(max(tq, tk), q.device), 0, tq, tk, scale)
+        idx = _indices(max(tq, tk), q.device)
+        if bias.key_linear is not None and offsets is None:
+            allowed = _allowed(mask, b, idx[:tq], idx[:tk], tq, tk)
+            out, lse = _key_linear_forward(q, k, v, bias.key_linear, allowed, scale, return_lse)
+        else:
+            values = None if offsets is None else offsets.values(q.dtype)
+            out, lse = _forward_rows(q, k, v, bias, mask, offsets, values, idx, 0, tq, tk, scale)
     else:
         out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
     return (out, lse) if return_lse else out

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .amp import autocast_off
@@ -126,6 +127,22 @@ def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
     return table[b if table.shape[0] > 1 else b * 0, idx]
 
 
+@dataclass(frozen=True, eq=False)
+class KeyLinearPart:
+    """A bias of a few query rows written as ``rest[b, h, r, j] + k[b, h, j] . weights[b, h, r]``
+    for the keys ``j < stop`` (``rest`` alone after them): DeBERTa's position-to-content term of
+    a decoding row, where every key beyond the span reads the same ``Qr`` row. A kernel can send
+    ``weights`` through the product of queries and keys beside the queries themselves, reading
+    the keys once for both (:func:`posenc.common.kernels.dense_path`).
+
+    ``rest [B or 1, H, R, Tk]``, ``weights [B or 1, H, R, D]`` (in score units: added as they
+    are, not scaled), ``0 <= stop <= Tk``."""
+
+    rest: Tensor
+    weights: Tensor
+    stop: int
+
+
 # eq=False: hashed and compared by identity. A bias holds closures and tensors, whose equality
 # means nothing here, and torch.compile hashes a callable it meets while tracing, which for a
 # field-hashed frozen dataclass failed when the object was not built yet (DeBERTa, TUPE, TXL).
@@ -156,6 +173,9 @@ class PairwiseBias:
         table: the dense tensor ``[B or 1, H or 1, Tq, Tk]`` that ``fn`` reads, when the bias
             is one (:func:`dense_bias`): a kernel that needs the whole call's bias at once (a
             cached decoding step) takes it as it is, with no indices built and no block cut.
+        key_linear: the same bias as a dense remainder plus a term linear in the keys
+            (:class:`KeyLinearPart`, built by :func:`key_linear_bias`), for a kernel that folds
+            that term into its product of queries and keys.
     """
 
     fn: PairFn
@@ -165,6 +185,7 @@ class PairwiseBias:
     by_offset: Callable[[Tensor], Tensor] | None = None
     pointwise: bool = True
     table: Tensor | None = None
+    key_linear: KeyLinearPart | None = None
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if not self.per_batch:
@@ -341,6 +362,40 @@ def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
 
     learned = (table,) if table.requires_grad else ()
     return PairwiseBias(fn, per_batch=table.shape[0] > 1, learned=learned, name=name, table=table)
+
+
+def key_linear_bias(rest: Tensor, keys: Tensor, weights: Tensor, stop: int, name: str = "bias") -> PairwiseBias:
+    """The bias ``rest + k_j . weights_r`` over the keys ``j < stop`` (:class:`KeyLinearPart`) as a
+    :class:`PairwiseBias`: ``fn`` reads the whole sum, built once on first use (every path can
+    take it), and ``key_linear`` carries the parts for a kernel that folds the products in.
+
+    ``rest [B or 1, H, R, Tk]``, ``keys [B, H, Tk, D]`` (the call's keys, at the query heads),
+    ``weights [B or 1, H, R, D]``."""
+    if rest.dim() != 4 or keys.dim() != 4 or weights.dim() != 4:
+        raise ValueError(f"{name}: rest, keys and weights must be 4-D; got {tuple(rest.shape)}, {tuple(keys.shape)}, "
+                         f"{tuple(weights.shape)}")
+    if rest.shape[-1] != keys.shape[2] or weights.shape[-1] != keys.shape[-1] or weights.shape[2] != rest.shape[2]:
+        raise ValueError(f"{name}: rest [B, H, R, Tk], keys [B, H, Tk, D] and weights [B, H, R, D] disagree: "
+                         f"{tuple(rest.shape)}, {tuple(keys.shape)}, {tuple(weights.shape)}")
+    if isinstance(stop, bool) or not isinstance(stop, int) or not 0 <= stop <= keys.shape[2]:
+        raise ValueError(f"{name}: stop must be an int in [0, {keys.shape[2]}] (keys); got {stop!r}")
+    built: list[Tensor] = []
+
+    def whole() -> Tensor:  # [B, H, R, Tk]
+        if not built:
+            products = torch.matmul(weights, keys[:, :, :stop].transpose(-1, -2))  # [B, H, R, stop]
+            built.append(rest + F.pad(products, (0, rest.shape[-1] - stop)))
+        return built[0]
+
+    def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        table = whole()
+        if is_dense_block(b, h, q_idx, kv_idx):
+            return _select_run(_select_run(table, 2, q_idx.reshape(-1)), 3, kv_idx.reshape(-1))
+        return table[b if table.shape[0] > 1 else b * 0, h, q_idx, kv_idx]
+
+    learned = tuple(t for t in (rest, keys, weights) if t.requires_grad)
+    return PairwiseBias(fn, per_batch=True, learned=learned, name=name, pointwise=False,
+                        key_linear=KeyLinearPart(rest, weights, stop))
 
 
 def sum_of_biases(*biases: PairwiseBias | None) -> PairwiseBias | None:

@@ -57,6 +57,7 @@ from ..common.pairwise import (
     SharedGradTable,
     dense_bias,
     is_dense_block,
+    key_linear_bias,
     matvec,
     rows_times_table,
     run_start,
@@ -191,6 +192,13 @@ class DeBERTa(PositionEncoding):
         if offset is not None and q.device.type == "cpu" and q.shape[2] < _MIN_SKEW_ROWS and not log_buckets:
             # A few rows (a cached decoding step): the whole [B, H, Tq, Tk] bias at once, small
             # beside the keys, with none of the per-block reads around it.
+            grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, kr, qr))
+            if q.shape[2] == 1 and not grad:
+                # One row: the keys before the span take Qr[0] alone, handed to the kernel as
+                # weights beside the query (one pass over the keys for both products).
+                stop = min(k.shape[2], max(0, 1 - offset - span))
+                rest = _few_rows_linear(q, k, kr_by_dim, qr, offset + span, far_products=False)
+                return key_linear_bias(rest, k, qr[:, :1].unsqueeze(0), stop, name="DeBERTa")
             return dense_bias(_few_rows_linear(q, k, kr_by_dim, qr, offset + span), name="DeBERTa")
         q_rows = SharedGradTable(q)
         if offset is not None and q.device.type == "cpu":
@@ -292,7 +300,9 @@ def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tenso
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
-def _few_rows_linear(rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, shift: int) -> Tensor:
+def _few_rows_linear(
+    rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, shift: int, far_products: bool = True,
+) -> Tensor:
     """The whole bias of a few query rows over keys ``0 .. n-1`` without log buckets (a cached
     decoding step), from where the buckets clip, found by arithmetic on the host: row ``r``'s
     key ``j`` reads p2c row ``clip(j + s, 0, 2k - 1)`` and c2p row ``clip(2k - j - s, 0, 2k - 1)``
@@ -300,24 +310,32 @@ def _few_rows_linear(rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, 
     span share one ``Qr`` row (one matrix-vector product) and one c2p entry; those within it read
     a slice of ``Qr`` and the c2p row reversed; no bucket or index tensor is built.
 
+    ``far_products=False`` leaves the keys before the span their c2p entry alone, without the
+    product with ``Qr[0]`` (which a kernel then folds in: :func:`~posenc.common.pairwise.
+    key_linear_bias`).
+
     ``rows [B, H, R, d]`` (``q / sqrt(3)``), ``keys [B, H, n, d]``, ``kr_by_dim [H, d, 2k]``,
     ``qr [H, 2k, d]`` (both scaled) -> ``[B, H, R, n]``."""
     n, top = keys.shape[2], qr.shape[1] - 1
     two_k = top + 1
-    c2p_rows = rows_times_table(rows, kr_by_dim)  # [B, H, R, 2k]
+    # the c2p rows these keys reach start at ``lo`` (the last key of the first row): only Kr's
+    # columns from there are multiplied (at most half of them once the context passes the span)
+    lo = min(top, max(0, two_k - (n - 1) - shift))
+    c2p_rows = rows_times_table(rows, kr_by_dim[..., lo:])  # [B, H, R, 2k - lo]: c2p row m at m - lo
     out = []
     for r in range(rows.shape[2]):
-        s, c2p = shift - r, c2p_rows[:, :, r]  # [B, H, 2k]
+        s, c2p = shift - r, c2p_rows[:, :, r]  # [B, H, 2k - lo]
         a = min(n, max(0, 1 - s))  # keys 0 .. a-1: j + s <= 0, p2c row 0, c2p row 2k - 1
         b = min(n, max(a, top - s))  # keys b .. n-1: j + s >= 2k - 1, p2c row 2k - 1
         parts = []
         if a > 0:
-            parts.append(matvec(keys[:, :, :a], qr[:, 0]) + c2p[..., top:])
+            far_c2p = c2p[..., -1:]  # [B, H, 1], c2p row 2k - 1
+            parts.append(matvec(keys[:, :, :a], qr[:, 0]) + far_c2p if far_products else far_c2p.expand(-1, -1, a))
         if b > a:  # c2p rows 2k - a - s down to 2k + 1 - b - s
             parts.append((keys[:, :, a:b] * qr[:, a + s: b + s]).sum(-1)
-                         + c2p[..., two_k + 1 - b - s: two_k + 1 - a - s].flip(-1))
+                         + c2p[..., two_k + 1 - b - s - lo: two_k + 1 - a - s - lo].flip(-1))
         if n > b:  # keys after the query (no causal mask): c2p rows 1, 0, 0, ...
-            c = (two_k - s - torch.arange(b, n, device=keys.device)).clamp(0, top)
+            c = (two_k - s - torch.arange(b, n, device=keys.device)).clamp(0, top) - lo
             parts.append(matvec(keys[:, :, b:], qr[:, top]) + c2p[..., c])
         out.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
     return out[0].unsqueeze(2) if len(out) == 1 else torch.stack(out, dim=2)
