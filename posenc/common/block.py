@@ -16,6 +16,12 @@ from .masks import AttentionMask
 from .planning import Backend, check_attention_kind
 
 
+def _dropout(drop: nn.Dropout, x: Tensor) -> Tensor:
+    """``drop(x)``, without the module call where it is the identity (evaluation, ``p = 0``): three
+    per block, in every decoding step."""
+    return drop(x) if drop.training and drop.p > 0 else x
+
+
 class MLP(nn.Module):
     """``Linear -> GELU -> Dropout -> Linear``."""
 
@@ -27,7 +33,7 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.drop(self.act(self.fc1(x))))
+        return self.fc2(_dropout(self.drop, self.act(self.fc1(x))))
 
 
 class TransformerBlock(nn.Module):
@@ -77,8 +83,8 @@ class TransformerBlock(nn.Module):
         mask: AttentionMask | None = None,
         cache=None,
     ) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), q_pos=positions, mask=mask, cache=cache))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        x = x + _dropout(self.drop, self.attn(self.norm1(x), q_pos=positions, mask=mask, cache=cache))
+        return x + _dropout(self.drop, self.mlp(self.norm2(x)))
 
 
 class TransformerEncoder(nn.Module):

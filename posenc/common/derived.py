@@ -22,12 +22,11 @@ rebuild (the result must be part of their graph).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import ctypes
 import sys
 import weakref
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -37,18 +36,21 @@ T = TypeVar("T")
 _TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("posenc_tracked_edits_only", default=False)
 
 
-@contextlib.contextmanager
-def tracked_edits_only() -> Iterator[None]:
+class tracked_edits_only:  # noqa: N801 (a context manager, used as a function: with tracked_edits_only(): ...)
     """Within this block, a kept value is checked against its sources by torch's version counters
     (every tracked edit: an optimizer step, ``load_state_dict``, an in-place operation under
     ``no_grad``, a new tensor in the parameter's place), not bit by bit: an in-place edit through
     ``.data``, which no counter sees, is not caught here. For code whose result already assumes
-    unchanged parameters, as a step that reads a KV cache does."""
-    token = _TRACKED_EDITS_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _TRACKED_EDITS_ONLY.reset(token)
+    unchanged parameters, as a step that reads a KV cache does. (A class, not a generator: it is
+    entered in every layer of every decoding step.)"""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _TRACKED_EDITS_ONLY.set(True)
+
+    def __exit__(self, *exc) -> None:
+        _TRACKED_EDITS_ONLY.reset(self._token)
 
 
 class DerivedTensors(Generic[T]):
@@ -96,6 +98,12 @@ class DerivedTensors(Generic[T]):
 
     def clear(self) -> None:
         self._sources, self._stamps, self._key, self._value = None, (), (), None
+
+    def __getstate__(self) -> dict:
+        return {}  # pickled (torch.save of a whole module) empty: the value is rebuilt on use
+
+    def __setstate__(self, state: dict) -> None:
+        self.clear()
 
 
 def doubling_length(largest: int) -> int:

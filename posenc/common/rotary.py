@@ -141,6 +141,7 @@ def apply_rotary_qk(
     *,
     pairing: Pairing,
     attention_factor: float = 1.0,
+    by_position: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Rotate queries and keys at their own positions with one set of frequencies.
 
@@ -151,14 +152,23 @@ def apply_rotary_qk(
         inv_freq: ``[R/2]``, or ``[B or 1, R/2]`` (one set per batch row), ``R <= D``.
         pairing: "half_split" or "interleaved".
         attention_factor: multiplies ``cos`` and ``sin`` (both q and k).
+        by_position: ``cos`` and ``sin`` of these frequencies (attention factor included) at the
+            integer positions ``0 .. L-1``, ``[L, R/2]`` each, read at the positions instead of
+            computed (a table kept for cached decoding); every position must lie in it.
 
     Returns ``(q, k)`` of the same shapes.
     """
     interleaved = check_pairing(pairing)
-    cos, sin = rotary_cos_sin(q_pos, inv_freq, attention_factor=attention_factor)  # [B, Tq, R/2]
+
+    def tables(positions: Tensor) -> tuple[Tensor, Tensor]:  # [B, T, R/2] each
+        if by_position is not None:
+            return by_position[0][positions], by_position[1][positions]
+        return rotary_cos_sin(positions, inv_freq, attention_factor=attention_factor)
+
+    cos, sin = tables(q_pos)
     q = apply_rotary(q, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=interleaved)
     if k.shape[2] > 0:
         if kv_pos is not q_pos:
-            cos, sin = rotary_cos_sin(kv_pos, inv_freq, attention_factor=attention_factor)
+            cos, sin = tables(kv_pos)
         k = apply_rotary(k, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=interleaved)
     return q, k

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..common.checks import check_dtype, check_int, check_sequence_positions, check_static_positions, check_tensor
+from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.rotary import (
@@ -184,6 +185,10 @@ def apply_rope(
     return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq.to(q_pos.device), pairing=pairing, attention_factor=factor)
 
 
+# Calls of at most this many positions read cos/sin from a kept table (cached decoding).
+_FEW_POSITIONS = 8
+
+
 @register(
     "rope",
     modality="seq",
@@ -221,6 +226,7 @@ class RotaryEncoding(PositionEncoding):
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing
         self.scaling = None
         self.register_buffer("inv_freq", default_inv_freq(2, 10000.0), persistent=False)
+        self._tables: DerivedTensors[tuple[Tensor, Tensor]] = DerivedTensors()  # cos, sin by position
         self.set_scaling(scaling)  # validates every parameter
 
     def set_scaling(self, scaling: RopeScaling | None) -> None:
@@ -273,7 +279,32 @@ class RotaryEncoding(PositionEncoding):
         check_sequence_positions(q_pos, kv_pos)
         inv_freq = self._inv_freq(q_pos, kv_pos)
         return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq, pairing=self.pairing,
-                               attention_factor=self.attention_factor)
+                               attention_factor=self.attention_factor, by_position=self._kept_tables(q_pos, kv_pos, q))
+
+    def _kept_tables(self, q_pos: Tensor, kv_pos: Tensor, q: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``cos`` and ``sin`` by position ``[L, r/2]`` in ``q``'s dtype, kept between calls
+        (:class:`~posenc.common.derived.DerivedTensors`, ``L`` doubling as positions grow), for a
+        call of a few integer positions that shares them between queries and keys (a cached
+        decoding step): two lookups in place of the angles' six operations per layer. The same
+        numbers: the table is the same float64 computation, cast as the rotation casts it. None
+        (computed as usual) for longer calls, float or negative positions, a length-dependent
+        scaling, and traced code."""
+        if (kv_pos is not q_pos or q_pos.numel() > _FEW_POSITIONS or q_pos.is_floating_point()
+                or torch.compiler.is_compiling() or self.inv_freq.dtype != torch.float64
+                or (self.scaling is not None and self.scaling.dynamic)):
+            return None
+        positions = q_pos.flatten().tolist()
+        if not positions or min(positions) < 0:
+            return None
+        length = doubling_length(max(positions))
+        factor, dtype, device = self.attention_factor, q.dtype, q.device
+
+        def build() -> tuple[Tensor, Tensor]:
+            cos, sin = rotary_cos_sin(torch.arange(length, device=device), self.inv_freq.to(device),
+                                      attention_factor=factor)
+            return cos.to(dtype), sin.to(dtype)
+
+        return self._tables.get((self.inv_freq,), build, key=(length, dtype, device, factor))
 
 
 # --- moved to .rope_scaled (these names keep working here for one release) ------------------------
