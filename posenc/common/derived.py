@@ -36,7 +36,7 @@ T = TypeVar("T")
 _TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("posenc_tracked_edits_only", default=False)
 
 
-class tracked_edits_only:  # noqa: N801 (a context manager, used as a function: with tracked_edits_only(): ...)
+class tracked_edits_only:  # a context manager named as one: with tracked_edits_only(): ...
     """Within this block, a kept value is checked against its sources by torch's version counters
     (every tracked edit: an optimizer step, ``load_state_dict``, an in-place operation under
     ``no_grad``, a new tensor in the parameter's place), not bit by bit: an in-place edit through
