@@ -287,9 +287,10 @@ class RotaryEncoding(PositionEncoding):
         call of a few integer positions that shares them between queries and keys (a cached
         decoding step): two lookups in place of the angles' six operations per layer. The same
         numbers: the table is the same float64 computation, cast as the rotation casts it. None
-        (computed as usual) for longer calls, float or negative positions, a length-dependent
-        scaling, and traced code."""
+        (computed as usual) for longer calls, float or negative positions, positions off the CPU,
+        a length-dependent scaling, and traced code."""
         if (kv_pos is not q_pos or q_pos.numel() > _FEW_POSITIONS or q_pos.is_floating_point()
+                or q_pos.device.type != "cpu"  # (reading the positions would wait for a GPU stream)
                 or torch.compiler.is_compiling() or self.inv_freq.dtype != torch.float64
                 or (self.scaling is not None and self.scaling.dynamic)):
             return None
