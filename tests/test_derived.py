@@ -295,3 +295,25 @@ def test_doubling_length_known_values_and_bad_input():
     for bad in (-1, 2.0, True, None):
         with pytest.raises(ValueError, match=r"largest must be a non-negative int \(a distance\); got"):
             doubling_length(bad)
+
+
+def test_inference_tensors_as_sources_are_compared_bit_by_bit():
+    """A source made under torch.inference_mode has no version counter: the scope cannot vouch
+    for it, so it is compared bit by bit there too (an edit is seen), and nothing raises."""
+    with torch.inference_mode():
+        source = torch.randn(5)
+    cache = DerivedTensors()
+    builds = []
+
+    def build():
+        builds.append(1)
+        return source * 2
+
+    with torch.inference_mode():
+        cache.get((source,), build)
+        with tracked_edits_only():
+            cache.get((source,), build)
+            assert len(builds) == 1
+            source.add_(1.0)  # no counter to see it
+            torch.testing.assert_close(cache.get((source,), build), source * 2, rtol=0, atol=0)
+            assert len(builds) == 2

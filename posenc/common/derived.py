@@ -116,12 +116,17 @@ def doubling_length(largest: int) -> int:
 
 
 def _stamps(sources: tuple[Tensor, ...]) -> tuple[tuple, ...]:
+    """Per source ``(weak reference, version, storage address)``; empty when a source is an
+    inference tensor (made under ``torch.inference_mode``), which has no version counter: such
+    sources are then always compared bit by bit."""
+    if any(s.is_inference() for s in sources):
+        return ()
     return tuple((weakref.ref(s), s._version, s.data_ptr()) for s in sources)
 
 
 def _same_stamps(stamps: tuple[tuple, ...], sources: tuple[Tensor, ...]) -> bool:
     """The same tensor objects as when stamped, each at the same version and storage address."""
-    return len(stamps) == len(sources) and all(
+    return bool(stamps) and len(stamps) == len(sources) and all(
         ref() is s and s._version == version and s.data_ptr() == address
         for (ref, version, address), s in zip(stamps, sources)
     )
