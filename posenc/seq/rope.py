@@ -185,8 +185,10 @@ def apply_rope(
     return apply_rotary_qk(q, k, q_pos, kv_pos, inv_freq.to(q_pos.device), pairing=pairing, attention_factor=factor)
 
 
-# Calls of at most this many positions read cos/sin from a kept table (cached decoding).
+# Calls of at most this many positions read cos/sin from a kept table (cached decoding), for
+# positions below _TABLE_POSITIONS (the table then holds at most 2 x 65536 x r/2 values).
 _FEW_POSITIONS = 8
+_TABLE_POSITIONS = 1 << 16
 
 
 @register(
@@ -287,15 +289,16 @@ class RotaryEncoding(PositionEncoding):
         call of a few integer positions that shares them between queries and keys (a cached
         decoding step): two lookups in place of the angles' six operations per layer. The same
         numbers: the table is the same float64 computation, cast as the rotation casts it. None
-        (computed as usual) for longer calls, float or negative positions, positions off the CPU,
-        a length-dependent scaling, and traced code."""
+        (computed as usual) for longer calls, float or negative positions, positions from 65536 on
+        (the table's size stays bounded), positions off the CPU, a length-dependent scaling, and
+        traced code."""
         if (kv_pos is not q_pos or q_pos.numel() > _FEW_POSITIONS or q_pos.is_floating_point()
                 or q_pos.device.type != "cpu"  # (reading the positions would wait for a GPU stream)
                 or torch.compiler.is_compiling() or self.inv_freq.dtype != torch.float64
                 or (self.scaling is not None and self.scaling.dynamic)):
             return None
         positions = q_pos.flatten().tolist()
-        if not positions or min(positions) < 0:
+        if not positions or min(positions) < 0 or max(positions) >= _TABLE_POSITIONS:
             return None
         length = doubling_length(max(positions))
         factor, dtype, device = self.attention_factor, q.dtype, q.device
