@@ -13,6 +13,17 @@ from posenc.common.derived import DerivedTensors, tracked_edits_only
 from posenc.seq.deberta import DeBERTa
 
 
+def counted(make):
+    """``(build, builds)``: ``build()`` returns ``make()`` and appends to ``builds`` each time."""
+    builds = []
+
+    def build():
+        builds.append(1)
+        return make()
+
+    return build, builds
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "bfloat16"])
 def test_sources_compared_bit_by_bit(layout):
     """One flipped bit anywhere rebuilds (memcmp on CPU; torch for a strided source); the same
@@ -21,11 +32,7 @@ def test_sources_compared_bit_by_bit(layout):
     base = torch.randn(64, 48, dtype=torch.bfloat16 if layout == "bfloat16" else torch.float32)
     source = base.t() if layout == "strided" else base
     cache = DerivedTensors()
-    builds = []
-
-    def build():
-        builds.append(1)
-        return source.float().sum()
+    build, builds = counted(lambda: source.float().sum())
 
     with torch.no_grad():
         cache.get((source,), build)
@@ -51,11 +58,7 @@ def test_sources_compared_bit_by_bit(layout):
 def test_kept_while_the_sources_are_equal_and_rebuilt_on_any_edit():
     weight = nn.Parameter(torch.randn(4, 3))
     cache = DerivedTensors()
-    builds = []
-
-    def build():
-        builds.append(1)
-        return weight * 2
+    build, builds = counted(lambda: weight * 2)
 
     with torch.no_grad():
         first = cache.get((weight,), build)
@@ -80,11 +83,7 @@ def test_tracked_edits_only_checks_versions_not_bits():
     ``.data`` is not seen there (as documented), and the next call outside it catches it."""
     lin = nn.Linear(3, 4)
     cache = DerivedTensors()
-    builds = []
-
-    def build():
-        builds.append(1)
-        return lin.weight * 2
+    build, builds = counted(lambda: lin.weight * 2)
 
     def check(expect_builds):
         torch.testing.assert_close(cache.get((lin.weight,), build), lin.weight * 2, rtol=0, atol=0)
@@ -303,11 +302,7 @@ def test_inference_tensors_as_sources_are_compared_bit_by_bit():
     with torch.inference_mode():
         source = torch.randn(5)
     cache = DerivedTensors()
-    builds = []
-
-    def build():
-        builds.append(1)
-        return source * 2
+    build, builds = counted(lambda: source * 2)
 
     with torch.inference_mode():
         cache.get((source,), build)
