@@ -13,6 +13,7 @@ and an optional KV cache) are views over that way.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import torch
@@ -402,12 +403,11 @@ class MultiheadAttention(nn.Module):
         Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
         cached position. Pass them explicitly for packed sequences, float or 2D positions.
         """
-        if cache is not None and cache.length > 0 and not torch.compiler.is_compiling():
-            # (traced code keeps no table.) A step over a KV cache already takes the parameters as they were when the cache was
-            # filled: tables kept from them are checked by version counters, not bit by bit.
-            with tracked_edits_only():
-                out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))
-        else:
+        # A step over a non-empty KV cache already takes the parameters as they were when the cache
+        # was filled: tables kept from them are checked by version counters, not bit by bit.
+        # (Traced code keeps no table.)
+        decoding = cache is not None and cache.length > 0 and not torch.compiler.is_compiling()
+        with tracked_edits_only() if decoding else contextlib.nullcontext():
             out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))  # [B, H, Tq, D]
         return self.out_proj(out.transpose(1, 2).flatten(2))
 

@@ -347,18 +347,24 @@ def _select_run(table: Tensor, dim: int, idx: Tensor) -> Tensor:
     return table.index_select(dim, idx) if start is None else table.narrow(dim, start, idx.numel())
 
 
+def _read_dense(table: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """``table [B or 1, H or 1, Tq, Tk]`` read as a pair function: a block of rows by keys (the
+    dense path) as a slice where it is one run, keeping the broadcast axes; scalar or other
+    broadcast indices (FlexAttention) by indexing."""
+    if is_dense_block(b, h, q_idx, kv_idx):
+        return _select_run(_select_run(table, 2, q_idx.reshape(-1)), 3, kv_idx.reshape(-1))
+    return table[b if table.shape[0] > 1 else b * 0, h if table.shape[1] > 1 else h * 0, q_idx, kv_idx]
+
+
 def dense_bias(table: Tensor, name: str = "attn_bias") -> PairwiseBias:
     """A :class:`PairwiseBias` that reads a dense tensor ``[B or 1, H or 1, Tq, Tk]`` (a float
     attention mask given by the caller, e.g. torch's ``attn_mask``); differentiable in ``table``."""
     if table.dim() != 4 or not table.dtype.is_floating_point:
         raise ValueError(f"{name} must be a float tensor [batch or 1, heads or 1, queries, keys]; got "
                          f"{tuple(table.shape)} {table.dtype}")
-    per_head = table.shape[1] > 1
 
     def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        if is_dense_block(b, h, q_idx, kv_idx):  # a block of rows: slice, keeping broadcast axes
-            return _select_run(_select_run(table, 2, q_idx.reshape(-1)), 3, kv_idx.reshape(-1))
-        return table[b if table.shape[0] > 1 else b * 0, h if per_head else h * 0, q_idx, kv_idx]
+        return _read_dense(table, b, h, q_idx, kv_idx)
 
     learned = (table,) if table.requires_grad else ()
     return PairwiseBias(fn, per_batch=table.shape[0] > 1, learned=learned, name=name, table=table)
@@ -388,10 +394,7 @@ def key_linear_bias(rest: Tensor, keys: Tensor, weights: Tensor, stop: int, name
         return built[0]
 
     def fn(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        table = whole()
-        if is_dense_block(b, h, q_idx, kv_idx):
-            return _select_run(_select_run(table, 2, q_idx.reshape(-1)), 3, kv_idx.reshape(-1))
-        return table[b if table.shape[0] > 1 else b * 0, h, q_idx, kv_idx]
+        return _read_dense(whole(), b, h, q_idx, kv_idx)
 
     learned = tuple(t for t in (rest, keys, weights) if t.requires_grad)
     return PairwiseBias(fn, per_batch=True, learned=learned, name=name, pointwise=False,
