@@ -777,6 +777,11 @@ def test_key_linear_bias_known_values_and_bad_input():
                         ((rest[0], keys, w, 2), "must be 4-D")):
         with pytest.raises(ValueError, match=match):
             key_linear_bias(*args, name="test")
+    for args, match in (((rest.tolist(), keys, w, 2), "test: rest must be a tensor; got list"),
+                        ((rest, keys.long(), w, 2), "test: keys must be a floating-point tensor; got dtype torch.int64"),
+                        ((rest, keys, w.double(), 2), "test: weights and keys must have one dtype")):
+        with pytest.raises(TypeError, match=match):
+            key_linear_bias(*args, name="test")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .amp import autocast_off
+from .checks import check_tensor
 
 PairFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -377,6 +378,11 @@ def key_linear_bias(rest: Tensor, keys: Tensor, weights: Tensor, stop: int, name
 
     ``rest [B or 1, H, R, Tk]``, ``keys [B, H, Tk, D]`` (the call's keys, at the query heads),
     ``weights [B or 1, H, R, D]``."""
+    for what, t in (("rest", rest), ("keys", keys), ("weights", weights)):
+        check_tensor(f"{name}: {what}", t, floating=True)
+    if weights.dtype != keys.dtype:
+        raise TypeError(f"{name}: weights and keys must have one dtype (they are multiplied); got {weights.dtype} and "
+                        f"{keys.dtype}")
     if rest.dim() != 4 or keys.dim() != 4 or weights.dim() != 4:
         raise ValueError(f"{name}: rest, keys and weights must be 4-D; got {tuple(rest.shape)}, {tuple(keys.shape)}, "
                          f"{tuple(weights.shape)}")
