@@ -200,11 +200,17 @@ class _TiledAdaptiveBias(torch.autograd.Function):
         need_scores, need_static, need_w1, need_b1, need_w2, need_b2, _ = ctx.needs_input_grad
         h, slope = scores.shape[1], ctx.slope
         w_scores, w_static = w1[:, :h], w1[:, h:]
+        w_scores_t, w2_t = w_scores.t().contiguous(), w2.t().contiguous()
         # d_scores is grad plus the MLP's part, written tile by tile (no copy of grad first)
         d_scores = torch.empty_like(scores) if need_scores else None
         d_static = grad.sum(0, keepdim=True) if need_static else None
-        d_w1, d_b1, d_w2, d_b2 = torch.zeros_like(w1), torch.zeros_like(b1), torch.zeros_like(w2), torch.zeros_like(w2[:, 0])
-        on_static, pre, act, d_act, d_pre = _buffers(scores, w1.shape[0], 5)
+        # The first layer's weight gradients as [H, hidden] products x dp^T (1.4x faster than
+        # [hidden, H] ones, dp x^T, over a tile). The static side is shared by the batch: its
+        # products take the tile's d_pre summed over the batch rows, once per tile.
+        d_w1_scores_t, d_w1_static_t = w1.new_zeros(h, w1.shape[0]), w1.new_zeros(h, w1.shape[0])
+        d_b1, d_w2, d_b2 = torch.zeros_like(b1), torch.zeros_like(w2), torch.zeros_like(w2[:, 0])
+        on_static, pre, act, d_act, d_pre, d_pre_rows = _buffers(scores, w1.shape[0], 6)
+        static_side = need_w1 or need_b1 or need_static
         for p0, p1 in _tiles(scores.shape[2]):
             n = p1 - p0
             part_static = static[0, :, p0:p1]
@@ -216,20 +222,29 @@ class _TiledAdaptiveBias(torch.autograd.Function):
                     d_w2.addmm_(g, torch.ops.aten.leaky_relu.out(pre[:, :n], slope, out=act[:, :n]).T)
                 if need_b2:
                     d_b2 += g.sum(1)  # the tile is in cache now; a pass over grad later would not be
-                torch.mm(w2.T, g, out=d_act[:, :n])
+                torch.mm(w2_t, g, out=d_act[:, :n])
                 torch.ops.aten.leaky_relu_backward.grad_input(d_act[:, :n], pre[:, :n], slope, False,
                                                               grad_input=d_pre[:, :n])
                 dp = d_pre[:, :n]  # [hidden, tile]
                 if need_w1:
-                    d_w1[:, :h].addmm_(dp, x.T)
-                    d_w1[:, h:].addmm_(dp, part_static.T)
-                if need_b1:
-                    d_b1 += dp.sum(1)
+                    d_w1_scores_t.addmm_(x, dp.T)
+                if static_side:
+                    if row == 0:
+                        d_pre_rows[:, :n].copy_(dp)
+                    else:
+                        d_pre_rows[:, :n].add_(dp)
                 if need_scores:
-                    torch.addmm(g, w_scores.T, dp, out=d_scores[row, :, p0:p1])
+                    torch.addmm(g, w_scores_t, dp, out=d_scores[row, :, p0:p1])
+            if static_side:
+                dp_rows = d_pre_rows[:, :n]  # [hidden, tile], summed over the batch
+                if need_w1:
+                    d_w1_static_t.addmm_(part_static, dp_rows.T)
+                if need_b1:
+                    d_b1 += dp_rows.sum(1)
                 if need_static:
-                    d_static[0, :, p0:p1].addmm_(w_static.T, dp)
-        return (d_scores, d_static, d_w1 if need_w1 else None, d_b1 if need_b1 else None, d_w2 if need_w2 else None,
+                    d_static[0, :, p0:p1].addmm_(w_static.T, dp_rows)
+        d_w1 = torch.cat([d_w1_scores_t.t(), d_w1_static_t.t()], 1) if need_w1 else None
+        return (d_scores, d_static, d_w1, d_b1 if need_b1 else None, d_w2 if need_w2 else None,
                 d_b2 if need_b2 else None, None)
 
 
