@@ -23,7 +23,7 @@ from posenc.cli.bench.attention import (
 from posenc.cli.bench.load import background_load
 from posenc.cli.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
 from posenc.common.report import format_table
-from posenc.cli.bench.timing import time_interleaved
+from posenc.cli.bench.timing import paired_ratio, time_interleaved
 
 TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]
 REQUIRED = {"name", "impl", "ms", "ratio", "peak_mb"}
@@ -384,6 +384,18 @@ def test_time_interleaved_round_robin_and_failures():
     assert order[:3] == ["a", "b", "c"] and order[3:5] == ["b", "a"]  # the order rotates per round
     with pytest.raises(ValueError, match="repeats"):
         time_interleaved(steps, repeats=0, warmup=0, device=torch.device("cpu"))
+
+
+def test_paired_ratio_compares_round_by_round():
+    # the baseline's second round fell in a slow phase that the row's second round missed: the
+    # ratio of the medians (20 / 40) reads the row twice as fast, the rounds say twice as slow
+    row, base = [20.0, 20.0, 80.0], [10.0, 40.0, 40.0]
+    assert paired_ratio(row, base) == 2.0
+    assert paired_ratio(base, base) == 1.0
+    # rounds that do not pair (a row stopped part-way): the ratio of the medians
+    assert paired_ratio([10.0, 20.0], [5.0]) == 3.0
+    assert paired_ratio([], base) is None and paired_ratio(row, []) is None
+    assert paired_ratio([1.0, 2.0], [0.0, 0.0]) is None
 
 
 def test_format_table_aligns_columns():

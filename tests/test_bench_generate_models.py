@@ -13,7 +13,8 @@ import torch
 
 from posenc.cli.bench import models as models_bench
 from posenc.cli.bench.generate import (
-    Decoder, GenerateBenchConfig, causal_encodings, estimate_bytes, measure_cells_round_robin,
+    Cell, Decoder, GenerateBenchConfig, GenerateResult, Row, causal_encodings, estimate_bytes,
+    measure_cells_round_robin, ratios,
 )
 
 
@@ -41,6 +42,24 @@ def test_bench_generate_tiny_writes_every_row(tmp_path, capsys):
     assert data["ratios"]["posenc:rope"]["8/1"] == 1.0
     assert (tmp_path / "generate.txt").read_text().startswith("cached decoding")
     assert "batch 2" in capsys.readouterr().out
+
+
+def test_x_rope_pairs_the_rounds_of_round_robin_cells():
+    """``x rope`` is the median over rounds of RoPE's step over the row's when both decoded in the
+    same rounds, and the ratio of their tokens/s (their medians) when the rows ran one after
+    another."""
+    def cell(times, round_robin=True):
+        c = Cell(8, 1, step_ms=sorted(times)[1], step_times_ms=times, round_robin=round_robin)
+        c.tokens_per_s = 1e3 / c.step_ms
+        return c
+
+    rope = Row("rope", "posenc", [cell([10.0, 40.0, 40.0]), cell([10.0, 40.0, 40.0], round_robin=False)])
+    rope.cells[1].context = 16
+    alibi = Row("alibi", "posenc", [cell([20.0, 20.0, 80.0]), cell([20.0, 20.0, 80.0], round_robin=False)])
+    alibi.cells[1].context = 16
+    got = ratios(GenerateResult(config={}, rows=[rope, alibi], notes=[]))["posenc:alibi"]
+    assert got["8/1"] == 0.5  # half RoPE's speed in every round; the medians (40 / 20) would say 2
+    assert got["16/1"] == 2.0
 
 
 @pytest.mark.parametrize("argv", [["--encodings", "rope_longrope"], ["--contexts", "16,8"], ["--batches", "0"]])

@@ -39,8 +39,9 @@ peer rows (impl ``x-transformers`` / ``attention-smithy``)
     ``PosencAttentionMethod``, for none, rope, alibi, t5 and fire, beside posenc's own rows
     (:mod:`.smithy_rows`); the notes give the ratios between them.
 
-Rows are timed round robin (see :mod:`.timing`); each row reports its median, the ratio to the
-baseline's median, the peak memory of one step above what was allocated before it (see
+Rows are timed round robin (see :mod:`.timing`); each row reports its median, its ratio to the
+baseline round by round (the median over rounds of row / baseline, :func:`.timing.paired_ratio`),
+the peak memory of one step above what was allocated before it (see
 :mod:`.memory`) and the kernel path its attention took, with the reason for it (``--plans``
 prints the reasons). A row that fails is reported with its error; the others still run.
 
@@ -77,7 +78,7 @@ from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
-from .timing import error_text, synchronize, time_interleaved
+from .timing import error_text, paired_ratio, synchronize, time_interleaved
 
 if TYPE_CHECKING:  # torch is imported when a row is built: --help and argument errors answer without it
     import torch
@@ -456,7 +457,7 @@ def _measure(config: AttentionBenchConfig, *, progress: bool) -> BenchResult:
     base = by_name[BASELINE].ms
     for row in rows:
         if row.ms is not None and base:
-            row.ratio = row.ms / base
+            row.ratio = paired_ratio(row.times_ms, by_name[BASELINE].times_ms)
     if device.type == "cpu":
         notes.append(
             "CPU peak memory is measured with each chunked path's chunks on the calling thread (the profiler sees "
@@ -608,7 +609,7 @@ def render(result: BenchResult, *, plans: bool = False) -> str:
         f"{cfg['threads']} threads",
         _load_line(cfg),
         f"median of {cfg['repeats']} timed rounds after {cfg['warmup']} warm-up, rows interleaved; "
-        f"ratio = row median / '{BASELINE}' median; peak MB above memory allocated before the step",
+        f"ratio = median over rounds of row / '{BASELINE}' in the same round; peak MB above memory allocated before the step",
         "",
     ]
     table = [

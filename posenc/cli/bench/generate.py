@@ -40,7 +40,9 @@ each other on a 2-core VM. That keeps every row's cache alive at once; where the
 rows together would not fit in half the memory available (8192 tokens at batch 8 is about 1 GB a
 row), that cell's rows run one after another instead, and the notes say so. A context/batch that
 would not fit for one row is skipped with a note. ``--background-load`` runs one busy
-process for the whole run (see :mod:`.load`); the header and the JSON say so.
+process for the whole run (see :mod:`.load`); the header and the JSON say so. ``x rope`` pairs the
+rounds too: the median over rounds of RoPE's ms per step over the row's in the same round
+(:func:`.timing.paired_ratio`; the ratio of the medians where the two did not run in the same rounds).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from ...common.registry import available, get
 from ...common.report import Progress, format_table, write_atomic, write_json
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
-from .timing import error_text
+from .timing import error_text, paired_ratio
 
 DEFAULT_CONTEXTS = (512, 2048, 8192)
 DEFAULT_BATCHES = (1, 8)
@@ -338,6 +340,7 @@ class Cell:
     prefill_times_ms: list[float] = field(default_factory=list)
     step_times_ms: list[float] = field(default_factory=list)
     error: str | None = None
+    round_robin: bool = True  # decoded in the same rounds as the other rows of its context and batch
 
 
 @dataclass
@@ -497,7 +500,9 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
                 notes.append(f"context {t} batch {b}: rows one after another (their caches together would not fit "
                              "in half the memory available)")
                 for name, decoder in decoders.items():
-                    by_name[name].cells.append(measure_cells_round_robin({name: decoder}, tokens, config)[name])
+                    cell = measure_cells_round_robin({name: decoder}, tokens, config)[name]
+                    cell.round_robin = False
+                    by_name[name].cells.append(cell)
                     gc.collect()
                     bar.update(note=f"{name} T={t} B={b}")
             gc.collect()
@@ -533,10 +538,12 @@ def ratios(result: GenerateResult) -> dict[str, dict[str, float | None]]:
         per = {}
         for cell in row.cells:
             base = ref.cell(cell.context, cell.batch) if ref is not None else None
-            per[f"{cell.context}/{cell.batch}"] = (
-                cell.tokens_per_s / base.tokens_per_s
-                if cell.tokens_per_s and base is not None and base.tokens_per_s else None
-            )
+            if not (cell.tokens_per_s and base is not None and base.tokens_per_s):
+                per[f"{cell.context}/{cell.batch}"] = None
+            elif cell.round_robin and base.round_robin:  # tok/s over rope's: rope's step over the row's
+                per[f"{cell.context}/{cell.batch}"] = paired_ratio(base.step_times_ms, cell.step_times_ms)
+            else:
+                per[f"{cell.context}/{cell.batch}"] = cell.tokens_per_s / base.tokens_per_s
         out[f"{row.impl}:{row.name}"] = per
     return out
 
@@ -556,7 +563,8 @@ def render(result: GenerateResult) -> str:
         f"{cfg['dtype']} on {cfg['device']} ({cfg['threads']} CPU threads); {cfg['decode_tokens']} greedy tokens per round, "
         f"{cfg['repeats']} rounds after {cfg['warmup']} warm-up",
         f"background load: {cfg['background_load']}; load average at the end: {format_load_average(cfg['load_average'])}",
-        "prefill: ms for the prompt; tok/s: decoded tokens per second over the batch; x rope: tok/s over posenc rope's; "
+        "prefill: ms for the prompt; tok/s: decoded tokens per second over the batch; x rope: tok/s over posenc rope's "
+        "(median over rounds of the two rows' ratio in the same round); "
         f"ms/step {contexts[-1]}/{contexts[0]}: growth of one step's cost with the context",
     ]
     rel = ratios(result)

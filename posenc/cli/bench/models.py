@@ -38,7 +38,8 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
 
 Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (rows of a
 pair interleaved round robin, see :mod:`.timing`), steps/s, peak memory of one step (see
-:mod:`.memory`), the posenc row's time over its peer's. ``--device cuda`` runs every model and
+:mod:`.memory`), the posenc row's time over its peer's round by round (the median over rounds
+of the two rows' ratio in each round, :func:`.timing.paired_ratio`). ``--device cuda`` runs every model and
 its batch there; ``--dtype bfloat16`` runs each step's forward pass and loss under
 ``torch.autocast`` in bfloat16 (float32 weights and optimizer: mixed precision, as models are
 trained), the same for every row. With compiling on (the default) each row
@@ -67,7 +68,7 @@ from ...common.report import Progress, format_table, write_atomic, write_json
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
-from .timing import error_text, time_interleaved
+from .timing import error_text, paired_ratio, time_interleaved
 
 MODELS = ("lm", "vit", "gps", "convtran")
 DEFAULT_MODELS = ("lm", "vit", "gps")
@@ -506,10 +507,11 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
                     row.compiled_ms = t.median_ms
                     if row.compiled_ms and row.ms:
                         row.compile_speedup = row.ms / row.compiled_ms
-        ours = next((r for _, r in members if r.impl == "posenc"), None)
-        peer = next((r for _, r in members if r.impl != "posenc"), None)
-        if ours is not None and peer is not None and ours.ms and peer.ms:
-            ours.vs_peer = ours.ms / peer.ms
+        ours = next(((c, r) for c, r in members if r.impl == "posenc"), None)
+        peer = next(((c, r) for c, r in members if r.impl != "posenc"), None)
+        if ours is not None and peer is not None and ours[1].ms and peer[1].ms:
+            # round by round: the pair's two rows alternate in the same rounds
+            ours[1].vs_peer = paired_ratio(timings[ours[0].name].times_ms, timings[peer[0].name].times_ms)
         bar.update(note=pair)
     bar.close()
     config = asdict(cfg)
@@ -551,7 +553,8 @@ def render(result: ModelsResult) -> str:
         f"dim={c['gps_dim']} depth={c['gps_depth']}; convtran B={c['series']} C={c['series_channels']} "
         f"T={c['series_len']}",
         f"background load: {c['background_load']}; load average at the end: {format_load_average(c['load_average'])}",
-        "vs peer: posenc ms / peer ms (target <= 1.10); breaks: torch._dynamo.explain graph breaks of the forward; "
+        "vs peer: median over rounds of posenc ms / peer ms in the same round (target <= 1.10); "
+        "breaks: torch._dynamo.explain graph breaks of the forward; "
         "compiled x: eager ms / compiled ms",
         "",
     ]

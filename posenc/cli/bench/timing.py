@@ -2,8 +2,10 @@
 
 :func:`time_interleaved` runs every step once per round (round robin, the order rotated from round
 to round), so that slow drift on a shared machine -- other processes, thermal limits -- falls on
-all rows alike and the ratios between their medians stay meaningful. A step that raises is
-dropped from the remaining rounds and its error is kept.
+all rows alike. A step that raises is dropped from the remaining rounds and its error is kept.
+:func:`paired_ratio` compares two rows timed so round by round: a slow phase of the machine that
+falls on one round cancels in that round's ratio, where a ratio of two medians can take one row's
+median from a fast phase and the other's from a slow one.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ...common.report import Progress
 
@@ -50,6 +52,19 @@ class TimingResult:
     @property
     def median_cpu_ms(self) -> float | None:
         return statistics.median(self.cpu_ms) if self.cpu_ms and self.error is None else None
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float | None:
+    """The median over rounds of ``numerator[r] / denominator[r]``, for two rows timed in the
+    same rounds (round robin: round ``r`` of one is seconds from round ``r`` of the other). Rows
+    with different numbers of timed rounds (one stopped part-way) are not paired: the ratio of
+    their medians. None when either has no times or a zero median."""
+    if not numerator or not denominator:
+        return None
+    if len(numerator) == len(denominator) and all(d > 0 for d in denominator):
+        return statistics.median(n / d for n, d in zip(numerator, denominator))
+    bottom = statistics.median(denominator)
+    return statistics.median(numerator) / bottom if bottom > 0 else None
 
 
 def time_interleaved(
