@@ -390,6 +390,10 @@ def _relative_encoding(kind: str, case: Case):
         enc = FIRE(H, mlp_width=6, init_threshold=4.0)  # a threshold inside the test lengths
     elif kind == "cape":
         enc = CAPE(16, H, 16, base="alibi", hidden=5, base_options={"symmetric": not case.causal})
+    elif kind == "cape_kerple":  # a learned base: its gradient goes through the static bias
+        enc = CAPE(16, H, 16, base="kerple", hidden=5, base_options={"symmetric": not case.causal})
+    elif kind == "cape_fire":
+        enc = CAPE(16, H, 16, base="fire", hidden=5, base_options={"mlp_width": 6, "init_threshold": 4.0})
     elif kind.startswith("cope"):
         # small table: the clamp is exercised; wide: a table longer than any chunk's keys (rows
         # past them are never read and get no gradient)
@@ -429,8 +433,15 @@ def _relative_reference(kind, enc, case, q, k, v):
         m = enc.mlp
         bias = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, q_pos, kv_pos)
         return ref.attention(q, k, v, allowed, score_bias=bias)
-    if kind == "cape":
-        static = ref.alibi_bias(ALIBI_SLOPES_4, q_pos, kv_pos, symmetric=not case.causal)
+    if kind.startswith("cape"):
+        if kind == "cape":
+            static = ref.alibi_bias(ALIBI_SLOPES_4, q_pos, kv_pos, symmetric=not case.causal)
+        elif kind == "cape_kerple":
+            static = ref.kerple_bias(enc.base.r1, enc.base.r2, enc.base.variant, q_pos, kv_pos)
+        else:
+            f = enc.base.mlp
+            static = ref.fire_bias(enc.base.c, enc.base.threshold, f[0].weight, f[0].bias, f[2].weight, f[2].bias,
+                                   q_pos, kv_pos)
         m = enc.mlp
         scores = ref.cape_scores(ref.content_scores(q, k), static, m[0].weight, m[0].bias, m[2].weight, m[2].bias)
         return ref.attention_from_scores(scores, v, allowed)
@@ -459,6 +470,8 @@ RELATIVE_BACKENDS = {
     "kerple_power": ["auto", "dense", "flex", "math"],
     "fire": ["auto", "dense", "flex", "math"],
     "cape": ["auto", "math"],  # needs the score matrix
+    "cape_kerple": ["math"],
+    "cape_fire": ["math"],
     "cope": ["auto", "math"],
     "cope_wide": ["auto", "math"],
     "deberta": ["auto", "dense", "flex", "math"],
@@ -466,7 +479,7 @@ RELATIVE_BACKENDS = {
     "erpe_vector": ["auto", "dense", "flex", "math"],
     "erpe": ["auto", "dense", "math"],
 }
-CAUSAL_ONLY_KINDS = {"fire", "cope", "cope_wide"}
+CAUSAL_ONLY_KINDS = {"fire", "cope", "cope_wide", "cape_fire"}
 # biases with a reduction per element (PairwiseBias.pointwise False): eager flex on the CPU, dense on CUDA
 NOT_POINTWISE_KINDS = {"transformer_xl", "fire", "deberta", "erpe_vector"}
 RELATIVE_PARAMS = [

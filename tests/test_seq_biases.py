@@ -390,6 +390,48 @@ def test_cape_with_bfloat16_weights_on_float32_scores():
     torch.testing.assert_close(out, want, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("base", ["alibi", "kerple"])
+@pytest.mark.parametrize("tile_pairs", [8192, 20])
+def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(base, tile_pairs, monkeypatch):
+    """A training call on CPU: the math path's backward goes through CAPE's own pass over tiles
+    of rows (transform, softmax and gradients from one hidden layer), and gives the gradients the
+    generic chunk backward (autograd through transform_scores) gives, to q, k, v, the MLP and a
+    learned base, with a padded batch row, rows that see no key, and tiles of one row (20 pairs
+    over 12 keys) or of many."""
+    import posenc.seq.cape as cape_module
+
+    monkeypatch.setattr(cape_module, "_TILE_PAIRS", tile_pairs)
+    gen = torch.Generator().manual_seed(3)
+    enc = CAPE(16, 4, 16, base=base, hidden=6).double()
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.copy_(torch.randn(p.shape, dtype=torch.float64, generator=gen))
+    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    pos = torch.arange(12)[None]
+    key_valid = torch.ones(2, 12, dtype=torch.bool)
+    key_valid[1, :5] = False  # batch row 1: its first five queries see no key
+    mask = posenc.AttentionMask(causal=True, key_valid=key_valid)
+    grad = torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen)
+    params = [q, k, v, *enc.parameters()]
+
+    def gradients():
+        out = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="math")
+        return out, torch.autograd.grad(out, params, grad)
+
+    calls = []
+    fused = cape_module._fused_softmax_backward
+    monkeypatch.setattr(cape_module, "_fused_softmax_backward", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    out, got = gradients()
+    assert calls, "the fused backward did not run"
+    monkeypatch.setattr(CAPE, "transform_softmax_backward", lambda self, *args: None)
+    want_out, want = gradients()
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    names = ["q", "k", "v", *(n for n, _ in enc.named_parameters())]
+    for name, g, w in zip(names, got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"grad {name}: {m}")
+    assert got[0][1, :, :5].abs().max() == 0  # rows that see no key: no gradient
+
+
 def test_transformer_xl_position_term_uses_q_not_q_plus_u():
     """Terms (a)-(d) separately: changing u moves only u.k_j, changing v only v.W_R R."""
     torch.manual_seed(0)

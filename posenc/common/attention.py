@@ -77,11 +77,17 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds) -> EncodingTerms:
     if own.score_bias or call.attn_bias is not None:
         mine = enc.score_bias(call.q, call.k, q_pos, kv_pos) if own.score_bias else None
         bias = sum_of_biases(mine, None if call.attn_bias is None else dense_bias(call.attn_bias))
-    score_transform = value_term = None
+    score_transform = value_term = transform_softmax_backward = None
     if own.score_transform:
 
         def score_transform(scores: Tensor, q: Tensor, k: Tensor, rows: slice, keys: slice, allowed) -> Tensor:
             return enc.transform_scores(scores, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
+
+        if type(enc).transform_softmax_backward is not PositionEncoding.transform_softmax_backward:
+
+            def transform_softmax_backward(scores: Tensor, centered: Tensor, q: Tensor, k: Tensor, rows: slice,
+                                           keys: slice, allowed):
+                return enc.transform_softmax_backward(scores, centered, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
 
     if own.value_term:
 
@@ -94,6 +100,7 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds) -> EncodingTerms:
         score_transform=score_transform,
         value_term=value_term,
         transform_inputs=tuple(enc.math_parameters()) if own.score_transform or own.value_term else (),
+        transform_softmax_backward=transform_softmax_backward,
     )
 
 

@@ -146,6 +146,23 @@ class PositionEncoding(nn.Module):
         """
         raise TypeError(f"{type(self).__name__} has no score transform")
 
+    def transform_softmax_backward(
+        self, scores: Tensor, centered_grad: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+        allowed: Tensor | None,
+    ) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]] | None:
+        """Optional, for a :meth:`transform_scores` that reads the scores and the encoding's own
+        tensors only (not ``q`` or ``k``): the math path's backward of one block of rows in one
+        pass, ``P = softmax(mask(transform(S)))`` and the gradients through the transform and the
+        softmax together. ``scores`` ``S [B, H, rows, keys]`` as :meth:`transform_scores` takes
+        them; ``centered_grad`` ``dO V^T - rowsum(dO * O)`` ``[B, H, rows, keys]``, so that the
+        gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there.
+
+        Returns ``(P, dS, ((tensor, gradient), ...))`` -- the probabilities (zero outside
+        ``allowed`` and on rows that see no key), the gradient of ``S`` and of the encoding's
+        tensors that need one -- or None where the core should differentiate
+        :meth:`transform_scores` itself (the default)."""
+        return None
+
     def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """Additive bias on the attention probabilities (masked entries are excluded by the core)."""
         raise TypeError(f"{type(self).__name__} has no after-softmax bias")

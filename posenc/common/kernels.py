@@ -781,6 +781,11 @@ def flex_path(
 
 
 ScoreTransform = Callable[[Tensor, Tensor, Tensor, slice, slice, "Tensor | None"], Tensor]
+# (scores, centered_grad, q_rows, k_keys, rows, keys, allowed) -> (probs, d_scores, ((tensor, grad), ...)) or None
+TransformSoftmaxBackward = Callable[
+    [Tensor, Tensor, Tensor, Tensor, slice, slice, "Tensor | None"],
+    "tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]] | None",
+]
 ValueTerm = Callable[[Tensor, slice, slice], Tensor]
 
 
@@ -794,6 +799,9 @@ class EncodingTerms:
         score_transform: ``(scores, q_rows, k_keys, rows, keys, allowed) -> scores`` over whole
             score blocks ``[B, H, rows, keys]`` (CAPE, CoPE).
         value_term: ``(probs, rows, keys) -> [B, H, rows, Dv]`` added to ``P V`` (Shaw values).
+        transform_softmax_backward: the encoding's
+            :meth:`~posenc.common.encoding.PositionEncoding.transform_softmax_backward` over whole
+            blocks ``(scores, centered_grad, q_rows, k_keys, rows, keys, allowed)``, or None.
         transform_inputs: the tensors ``score_transform`` and ``value_term`` read that may need a
             gradient (the encoding's :meth:`~posenc.common.encoding.PositionEncoding.math_parameters`).
     """
@@ -803,6 +811,7 @@ class EncodingTerms:
     score_transform: ScoreTransform | None = None
     value_term: ValueTerm | None = None
     transform_inputs: tuple[Tensor, ...] = ()
+    transform_softmax_backward: TransformSoftmaxBackward | None = None
 
 
 NO_TERMS = EncodingTerms()
@@ -948,7 +957,11 @@ class _ChunkedTransformAttention(torch.autograd.Function):
     bias read (``q``, ``k``, the encoding's parameters, the bias's ``learned``). The generic
     chunks (:class:`_RowChunks`) differentiate the masking, softmax and both matmuls through
     autograd as well: fewer, larger kernels here (CAPE at B=4 H=8 T=1024 on 2 cores, against
-    bare SDPA: about the same quiet, 2.85x -> 2.15x with a busy process beside it).
+    bare SDPA: about the same quiet, 2.85x -> 2.15x with a busy process beside it). An encoding
+    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE on
+    CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
+    tensors' gradients instead (CAPE at B=4 H=8 T=1024, attention alone on 2 cores, alternate
+    steps: 507 -> 424 ms).
 
     ``others``: the tensors the transform and the bias read by closure that may need a
     gradient; they must not depend on one another. Returns ``[B, H, Tq, D]`` in the working
@@ -989,8 +1002,37 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         delta = (grad_out * out).sum(dim=-1, keepdim=True)  # [B, H, Tq, 1]
         dq = torch.empty_like(q)
+        # the encoding's own backward of transform and softmax, where it has one (only the
+        # transform's own terms: a score bias beside it goes through autograd with the transform)
+        fused = terms.transform_softmax_backward is not None and terms.bias is None
+
+        def fused_run(rows: tuple[int, int, int]):
+            """The chunk through the encoding's own backward of transform and softmax, or None."""
+            s, e, kv_end = rows
+            q_c, k_c, v_c, g = q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], grad_out[:, :, s:e]
+            with torch.no_grad():
+                q_scaled = q_c * scale
+                raw = torch.matmul(q_scaled, k_c.transpose(-1, -2))  # [B, H, rows, keys]
+                allowed = _allowed(mask, b, idx[s:e], idx[:kv_end], tq, tk)
+                centered = torch.matmul(g, v_c.transpose(-1, -2)).sub_(delta[:, :, s:e])
+                done = terms.transform_softmax_backward(raw, centered, q_c, k_c, slice(s, e), slice(0, kv_end), allowed)
+                if done is None:
+                    return None
+                probs, d_raw, pairs = done
+                del raw, centered
+                gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
+                del probs
+                if need_q:
+                    dq[:, :, s:e] = torch.matmul(d_raw, k_c).mul_(scale)  # chunks own disjoint rows
+                gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled) if need_k else None
+            by_id = {id(t): grad for t, grad in pairs}
+            return kv_end, gk, gv, [by_id.get(id(t)) for t in wanted]
 
         def run(rows: tuple[int, int, int]):
+            if fused:
+                done = fused_run(rows)
+                if done is not None:
+                    return done
             s, e, kv_end = rows
             q_c, k_c, v_c, g = q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end], grad_out[:, :, s:e]
             with torch.enable_grad():
