@@ -155,7 +155,9 @@ class PositionEncoding(nn.Module):
         pass, ``P = softmax(mask(transform(S)))`` and the gradients through the transform and the
         softmax together. ``scores`` ``S [B, H, rows, keys]`` as :meth:`transform_scores` takes
         them; ``centered_grad`` ``dO V^T - rowsum(dO * O)`` ``[B, H, rows, keys]``, so that the
-        gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there.
+        gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there. It reads
+        ``scores`` and ``centered_grad`` and writes neither (returning None, the core goes on with
+        them).
 
         Returns ``(P, dS, ((tensor, gradient), ...))`` -- the probabilities (zero outside
         ``allowed`` and on rows that see no key), the gradient of ``S`` and of the encoding's
