@@ -96,9 +96,7 @@ class CAPE(PositionEncoding):
             static, on_static = kept  # [1, H, 1, Tk], [hidden, Tk]
             on_static = on_static.expand(b, -1, -1)
         else:
-            idx = torch.arange(max(tq, tk), device=scores.device)
-            static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
-            static = static.expand(-1, h, -1, -1)  # [B or 1, H, Tq, Tk]: one for the batch unless the base differs
+            static = self._static_block(q, k, q_pos, kv_pos, scores)  # [B or 1, H, Tq, Tk]
             flat_static = static.reshape(static.shape[0], h, pairs).to(dtype)  # [B or 1, H, pairs]
             # (not for a few pairs without gradients, a cached decoding step: there the batched
             # products below are 4-5% faster a step, their hidden layer small enough for the cache)
@@ -135,14 +133,13 @@ class CAPE(PositionEncoding):
         if (scores.device.type != "cpu" or torch.compiler.is_compiling() or first.weight.dtype != scores.dtype
                 or (allowed is not None and allowed.shape[1] != 1)):
             return None
-        b, h, tq, tk = scores.shape
+        h, tq, tk = scores.shape[1:]
         base_learned = [p for p in self.base.parameters() if p.requires_grad]  # (called in a backward: grad mode is off)
-        idx = torch.arange(max(tq, tk), device=scores.device)
         with torch.enable_grad() if base_learned else torch.no_grad():
-            static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
+            static = self._static_block(q, k, q_pos, kv_pos, scores)
             if static.shape[0] != 1:
                 return None
-            static = static.expand(-1, h, -1, -1).reshape(h, tq * tk)  # [H, pairs], shared by the batch
+            static = static.reshape(h, tq * tk)  # [H, pairs], shared by the batch
         probs, d_scores, d_w1, d_b1, d_w2, d_b2, d_static = _fused_softmax_backward(
             scores, centered_grad, static.detach(), allowed, first.weight, first.bias, second.weight, second.bias,
             act.negative_slope, static_grad=bool(base_learned))
@@ -151,6 +148,14 @@ class CAPE(PositionEncoding):
         if base_learned:
             pairs += zip(base_learned, torch.autograd.grad(static, base_learned, d_static, allow_unused=True))
         return probs, d_scores, tuple((t, g) for t, g in pairs if g is not None)
+
+    def _static_block(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, scores: Tensor) -> Tensor:
+        """The base bias ``[B or 1, H, Tq, Tk]`` at the pairs of ``scores [B, H, Tq, Tk]``, in their
+        dtype: one for the batch unless the base differs between sequences."""
+        b, h, tq, tk = scores.shape
+        idx = torch.arange(max(tq, tk), device=scores.device)
+        static = self.base.score_bias(q, k, q_pos, kv_pos).dense(b, h, idx[:tq], idx[:tk], dtype=scores.dtype)
+        return static.expand(-1, h, -1, -1)
 
     def _kept_row(
         self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor
@@ -233,15 +238,11 @@ class _TiledAdaptiveBias(torch.autograd.Function):
         need_scores, need_static, need_w1, need_b1, need_w2, need_b2, _ = ctx.needs_input_grad
         h, slope = scores.shape[1], ctx.slope
         w_scores, w_static = w1[:, :h], w1[:, h:]
-        w_scores_t, w2_t = w_scores.t().contiguous(), w2.t().contiguous()
+        w_scores_t = w_scores.t().contiguous()
         # d_scores is grad plus the MLP's part, written tile by tile (no copy of grad first)
         d_scores = torch.empty_like(scores) if need_scores else None
         d_static = grad.sum(0, keepdim=True) if need_static else None
-        # The first layer's weight gradients as [H, hidden] products x dp^T (1.4x faster than
-        # [hidden, H] ones, dp x^T, over a tile). The static side is shared by the batch: its
-        # products take the tile's d_pre summed over the batch rows, once per tile.
-        d_w1_scores_t, d_w1_static_t = w1.new_zeros(h, w1.shape[0]), w1.new_zeros(h, w1.shape[0])
-        d_b1, d_w2, d_b2 = torch.zeros_like(b1), torch.zeros_like(w2), torch.zeros_like(w2[:, 0])
+        weights = _WeightGrads(w1, b1, w2, (need_w1, need_b1, need_w2, need_b2))
         on_static, pre, act, d_act, d_pre, d_pre_rows = _buffers(scores, w1.shape[0], 6)
         static_side = need_w1 or need_b1 or need_static
         for p0, p1 in _tiles(scores.shape[2]):
@@ -251,34 +252,70 @@ class _TiledAdaptiveBias(torch.autograd.Function):
             for row in range(scores.shape[0]):
                 x, g = scores[row, :, p0:p1], grad[row, :, p0:p1]  # [H, tile] x2
                 torch.addmm(on_static[:, :n], w_scores, x, out=pre[:, :n])  # [hidden, tile]
-                if need_w2:
-                    d_w2.addmm_(g, torch.ops.aten.leaky_relu.out(pre[:, :n], slope, out=act[:, :n]).T)
-                if need_b2:
-                    d_b2 += g.sum(1)  # the tile is in cache now; a pass over grad later would not be
-                torch.mm(w2_t, g, out=d_act[:, :n])
-                torch.ops.aten.leaky_relu_backward.grad_input(d_act[:, :n], pre[:, :n], slope, False,
-                                                              grad_input=d_pre[:, :n])
-                dp = d_pre[:, :n]  # [hidden, tile]
-                if need_w1:
-                    d_w1_scores_t.addmm_(x, dp.T)
+                activated = torch.ops.aten.leaky_relu.out(pre[:, :n], slope, out=act[:, :n]) if need_w2 else None
+                dp = weights.add_row(g, x, pre[:, :n], activated, d_act[:, :n], d_pre[:, :n], slope)  # [hidden, tile]
                 if static_side:
-                    if row == 0:
-                        d_pre_rows[:, :n].copy_(dp)
-                    else:
-                        d_pre_rows[:, :n].add_(dp)
+                    _add_row(d_pre_rows[:, :n], dp, row)
                 if need_scores:
                     torch.addmm(g, w_scores_t, dp, out=d_scores[row, :, p0:p1])
             if static_side:
                 dp_rows = d_pre_rows[:, :n]  # [hidden, tile], summed over the batch
-                if need_w1:
-                    d_w1_static_t.addmm_(part_static, dp_rows.T)
-                if need_b1:
-                    d_b1 += dp_rows.sum(1)
+                weights.add_static(part_static, dp_rows)
                 if need_static:
                     d_static[0, :, p0:p1].addmm_(w_static.T, dp_rows)
-        d_w1 = torch.cat([d_w1_scores_t.t(), d_w1_static_t.t()], 1) if need_w1 else None
-        return (d_scores, d_static, d_w1, d_b1 if need_b1 else None, d_w2 if need_w2 else None,
-                d_b2 if need_b2 else None, None)
+        return (d_scores, d_static, *weights.result(), None)
+
+
+class _WeightGrads:
+    """The gradients of ``f``'s weights, gathered tile by tile by both CPU backward passes
+    (:class:`_TiledAdaptiveBias`, :func:`_fused_softmax_backward`). The first layer's as
+    ``[H, hidden]`` products ``x dp^T`` (1.4x faster than ``[hidden, H]`` ones, ``dp x^T``, over a
+    tile); its static side, shared by the batch, once per tile on ``d_pre`` summed over the batch
+    rows. ``needs``: which of ``(w1, b1, w2, b2)`` want a gradient."""
+
+    def __init__(self, w1: Tensor, b1: Tensor, w2: Tensor, needs: tuple[bool, bool, bool, bool]) -> None:
+        h, hidden = w2.shape
+        self.need_w1, self.need_b1, self.need_w2, self.need_b2 = needs
+        self.w2_t = w2.t().contiguous()  # [hidden, H]
+        self.w1_scores_t, self.w1_static_t = w1.new_zeros(h, hidden), w1.new_zeros(h, hidden)
+        self.b1, self.w2, self.b2 = torch.zeros_like(b1), torch.zeros_like(w2), torch.zeros_like(w2[:, 0])
+
+    def add_row(self, g: Tensor, x: Tensor, pre: Tensor, act: Tensor | None, d_act: Tensor, d_pre: Tensor,
+                slope: float) -> Tensor:
+        """One batch row of a tile: ``g [H, n]`` the gradient of ``f``'s output, ``x [H, n]`` its
+        scores, ``pre`` and ``act`` its hidden layer before and after the activation (``act`` read
+        only for ``w2``'s gradient); ``d_act``, ``d_pre`` ``[hidden, n]`` buffers. Returns
+        ``d_pre``, the gradient of ``pre``."""
+        if self.need_w2:
+            self.w2.addmm_(g, act.T)
+        if self.need_b2:
+            self.b2 += g.sum(1)  # the tile is in cache now; a pass over the gradient later would not be
+        torch.mm(self.w2_t, g, out=d_act)
+        torch.ops.aten.leaky_relu_backward.grad_input(d_act, pre, slope, False, grad_input=d_pre)
+        if self.need_w1:
+            self.w1_scores_t.addmm_(x, d_pre.T)
+        return d_pre
+
+    def add_static(self, part_static: Tensor, d_pre_rows: Tensor) -> None:
+        """A tile's static side: ``part_static [H, n]``, ``d_pre_rows [hidden, n]`` summed over the batch."""
+        if self.need_w1:
+            self.w1_static_t.addmm_(part_static, d_pre_rows.T)
+        if self.need_b1:
+            self.b1 += d_pre_rows.sum(1)
+
+    def result(self) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """``(dW1, db1, dW2, db2)``, None where not wanted."""
+        d_w1 = torch.cat([self.w1_scores_t.t(), self.w1_static_t.t()], 1) if self.need_w1 else None
+        return (d_w1, self.b1 if self.need_b1 else None, self.w2 if self.need_w2 else None,
+                self.b2 if self.need_b2 else None)
+
+
+def _add_row(total: Tensor, part: Tensor, row: int) -> None:
+    """``total`` = the sum over batch rows of ``part``: written by row 0, added to by the others."""
+    if row == 0:
+        total.copy_(part)
+    else:
+        total.add_(part)
 
 
 def _fused_softmax_backward(
@@ -296,16 +333,13 @@ def _fused_softmax_backward(
     db1, dW2, db2, d_static [H, R * K] or None)``; ``P`` is zero outside ``allowed`` and on rows
     that see no key, as the generic path's softmax gives it."""
     b, h, rows, keys = scores.shape
-    hidden = w1.shape[0]
     w_scores, w_static = w1[:, :h], w1[:, h:]
-    w_scores_t, w2_t = w_scores.t().contiguous(), w2.t().contiguous()
+    w_scores_t = w_scores.t().contiguous()
     probs, d_scores = torch.empty_like(scores), torch.empty_like(scores)
     tile_rows = max(1, _TILE_PAIRS // max(1, keys))
-    width = min(rows, tile_rows) * keys
-    on_static, pre, act, d_act, d_pre, d_pre_rows = (scores.new_empty(hidden, width) for _ in range(6))
+    on_static, pre, act, d_act, d_pre, d_pre_rows = _buffers(scores, w1.shape[0], 6, min(rows, tile_rows) * keys)
     static_b2 = static.view(h, rows, keys) + b2[:, None, None]  # [H, R, K]
-    d_w1_scores_t, d_w1_static_t = w1.new_zeros(h, hidden), w1.new_zeros(h, hidden)
-    d_b1, d_w2, d_b2 = torch.zeros_like(b1), torch.zeros_like(w2), torch.zeros_like(b2)
+    weights = _WeightGrads(w1, b1, w2, (True, True, True, True))
     d_static = torch.empty_like(static) if static_grad else None
     # rows that see no key are zeroed after the softmax (a data-dependent check, free on CPU)
     blind = allowed is not None and not bool(allowed.any(dim=-1).all())
@@ -328,36 +362,23 @@ def _fused_softmax_backward(
             if blind:
                 p.masked_fill_(~seen.any(dim=-1, keepdim=True), 0.0)
             d_a = torch.mul(p, centered_grad[row, :, r0:r1], out=d_scores[row, :, r0:r1]).view(h, n)  # dA, then dS
-            d_w2.addmm_(d_a, act[:, :n].T)
-            d_b2 += d_a.sum(1)
-            torch.mm(w2_t, d_a, out=d_act[:, :n])
-            torch.ops.aten.leaky_relu_backward.grad_input(d_act[:, :n], pre[:, :n], slope, False,
-                                                          grad_input=d_pre[:, :n])
-            dp = d_pre[:, :n]  # [hidden, tile]
-            d_w1_scores_t.addmm_(x, dp.T)
-            if row == 0:
-                d_pre_rows[:, :n].copy_(dp)
-            else:
-                d_pre_rows[:, :n].add_(dp)
+            dp = weights.add_row(d_a, x, pre[:, :n], act[:, :n], d_act[:, :n], d_pre[:, :n], slope)  # [hidden, tile]
+            _add_row(d_pre_rows[:, :n], dp, row)
             if static_grad:
-                if row == 0:
-                    d_static[:, r0 * keys: r1 * keys].copy_(d_a)
-                else:
-                    d_static[:, r0 * keys: r1 * keys].add_(d_a)
+                _add_row(d_static[:, r0 * keys: r1 * keys], d_a, row)
             d_a.addmm_(w_scores_t, dp)  # dS = dA + W1_S^T dp, in place
         dp_rows = d_pre_rows[:, :n]  # summed over the batch
-        d_w1_static_t.addmm_(part_static, dp_rows.T)
-        d_b1 += dp_rows.sum(1)
+        weights.add_static(part_static, dp_rows)
         if static_grad:
             d_static[:, r0 * keys: r1 * keys].addmm_(w_static.T, dp_rows)
-    d_w1 = torch.cat([d_w1_scores_t.t(), d_w1_static_t.t()], 1)
-    return probs, d_scores, d_w1, d_b1, d_w2, d_b2, d_static
+    return probs, d_scores, *weights.result(), d_static
 
 
-def _buffers(like: Tensor, hidden: int, count: int) -> tuple[Tensor, ...]:
-    """``count`` work buffers ``[hidden, tile]`` for the tiles of one call: made once, not per tile
-    (a fresh megabyte per tile and batch row was a page fault per 4 kB on CPU)."""
-    width = min(_TILE_PAIRS, like.shape[2])
+def _buffers(like: Tensor, hidden: int, count: int, width: int | None = None) -> tuple[Tensor, ...]:
+    """``count`` work buffers ``[hidden, width]`` for the tiles of one call (default width: a tile
+    of ``like [B, H, P]``'s pairs): made once, not per tile (a fresh megabyte per tile and batch
+    row was a page fault per 4 kB on CPU)."""
+    width = min(_TILE_PAIRS, like.shape[2]) if width is None else width
     return tuple(like.new_empty((hidden, width)) for _ in range(count))
 
 
