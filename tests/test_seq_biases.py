@@ -432,6 +432,26 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
     assert got[0][1, :, :5].abs().max() == 0  # rows that see no key: no gradient
 
 
+def test_cape_fused_backward_rejects_bad_input_in_one_line():
+    enc = CAPE(16, 4, 16)
+    scores, pos = torch.randn(2, 4, 5, 5), torch.arange(5)[None]
+    ok_mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    cases = ((scores.tolist(), scores, None, TypeError, "scores must be a tensor; got list"),
+             (scores.long(), scores, None, TypeError, "scores must be a floating-point tensor"),
+             (scores[0], scores, None, ValueError, r"scores must have 4 dimensions; got shape \(4, 5, 5\)"),
+             (scores, scores[:, :, :4], None, ValueError, r"must both be \[B, 4 heads, queries, keys\]"),
+             (scores[:, :3], scores[:, :3], None, ValueError, "4 heads"),
+             (scores, scores, ok_mask.float(), ValueError, "allowed must be a bool mask"),
+             (scores, scores, ok_mask[..., :4], ValueError, r"allowed must be a bool mask \[B or 1, 1, 5, 5\]"),
+             (scores, scores, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"))
+    for s, centered, allowed, error, match in cases:
+        with pytest.raises(error, match=match) as info:
+            enc.transform_softmax_backward(s, centered, scores, scores, pos, pos, allowed)
+        assert "\n" not in str(info.value)
+    probs, d_scores, _ = enc.transform_softmax_backward(scores, scores, scores, scores, pos, pos, ok_mask)
+    assert probs.shape == d_scores.shape == scores.shape
+
+
 def test_transformer_xl_position_term_uses_q_not_q_plus_u():
     """Terms (a)-(d) separately: changing u moves only u.k_j, changing v only v.W_R R."""
     torch.manual_seed(0)
