@@ -113,3 +113,38 @@ def test_chunked_backward_on_workers_is_bitwise_reproducible(two_threads, monkey
             grads.append([x.grad.clone()] + [p.grad.clone() for p in attn.parameters() if p.grad is not None])
         for again in grads[1:]:
             assert all(torch.equal(a, b) for a, b in zip(grads[0], again)), name
+
+
+def test_chunks_are_handed_out_largest_first():
+    """Causal chunks grow with their rows; the largest goes first so it does not run alone at
+    the end (ties keep their order; a remainder chunk comes last)."""
+    causal = list(kernels._row_chunks(10, 10, 4, causal=True))
+    assert causal == [(0, 4, 4), (4, 8, 8), (8, 10, 10)]
+    assert kernels._largest_first(causal) == [(4, 8, 8), (8, 10, 10), (0, 4, 4)]
+    full = list(kernels._row_chunks(10, 10, 4, causal=False))
+    assert kernels._largest_first(full) == [(0, 4, 10), (4, 8, 10), (8, 10, 10)]
+    assert kernels._largest_first(iter(full)) == kernels._largest_first(full)
+
+
+def test_row_chunked_outputs_come_back_in_row_order_on_workers(two_threads, monkeypatch):
+    """The row-chunked terms (eRPE's probability bias) run their chunks largest first on the
+    workers and must still concatenate them in row order: the same output and gradients as one
+    chunk, causal and not."""
+    dims = posenc.ModelDims(dim=32, num_heads=4, max_len=64)
+    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    for name in ("erpe", "erpe_vector", "shaw"):
+        for mask in (posenc.AttentionMask(causal=True), None):
+            results = []
+            for elements in (kernels._CHUNK_ELEMENTS, 2 * 4 * 64 * 8):  # one chunk, then four of 16 rows
+                monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", elements)
+                torch.manual_seed(0)  # a new module (its plan is made for this chunk size), the same weights
+                attn = posenc.MultiheadAttention(32, 4, encoding=posenc.build(name, dims=dims)).double()
+                with torch.no_grad():  # eRPE's weights start at zero: a term of zeros reads the same in any order
+                    for p in attn.parameters():
+                        p.normal_(0.0, 0.3)
+                x = torch.randn(2, 64, 32, dtype=torch.float64, requires_grad=True)
+                out = attn(x, mask=mask)
+                out.square().sum().backward()
+                results.append([out.detach(), x.grad] + [p.grad for p in attn.parameters() if p.grad is not None])
+            for a, b in zip(*results, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
