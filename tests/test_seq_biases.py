@@ -646,6 +646,72 @@ def test_fire_training_gradients_equal_the_mlp_reference():
     torch.testing.assert_close(element, want_value[1, 2, 17, 4], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("counted", [True, False])
+@pytest.mark.parametrize("layout", ["self", "cache"])
+def test_fire_training_over_runs_of_positions_equals_the_mlp_reference(layout, counted, monkeypatch):
+    """Positions that are runs shared by the batch (the usual training call) read psi along the
+    diagonals of one row and take the written-out gradients of ``_RunBlock``; its blocks (rows
+    from the middle, keys cut short), element-wise calls and gradients of c, the threshold and the
+    MLP are those of the MLP itself (float64), with the segments found by counting breakpoints or
+    by searchsorted, and queries below and above the threshold."""
+    import posenc.seq.fire as fire_module
+
+    if not counted:
+        monkeypatch.setattr(fire_module, "_COUNTED_BREAKS", -1)
+    torch.manual_seed(3)
+    enc = FIRE(4, init_threshold=20.0).double()
+    with torch.no_grad():
+        enc.c.fill_(0.3)
+        for p in enc.mlp.parameters():
+            p.normal_()
+    tq, tk = (12, 40) if layout == "cache" else (40, 40)
+    kv_pos = torch.arange(tk)[None] + 3
+    q_pos = kv_pos[:, tk - tq:]
+    q = torch.zeros(1, 4, tq, 8, dtype=torch.float64)
+    bias = enc.score_bias(q, q, q_pos, kv_pos)
+    assert len(bias.learned) == 4  # psi by offset, the inverse norms, slope, offset: the run path
+    m = enc.mlp
+    want_value = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, q_pos, kv_pos)
+    assert want_value[0, 0].amax() - want_value[0, 0].amin() > 0.5  # the MLP's slopes differ across the pairs
+    params = [enc.c, enc.l_mult, *enc.mlp.parameters()]
+    idx = torch.arange(tk)
+    for rows, keys in ((slice(0, tq), slice(0, tk)), (slice(5, 11), slice(0, 23))):
+        upstream = torch.randn(1, 4, rows.stop - rows.start, keys.stop, dtype=torch.float64)
+        got_value = enc.score_bias(q, q, q_pos, kv_pos).dense(1, 4, idx[rows], idx[keys])
+        torch.testing.assert_close(got_value, want_value[:, :, rows, keys], rtol=1e-12, atol=1e-12)
+        with torch.no_grad():  # the forward pass's chunks: the same block without its gradients
+            plain = enc.score_bias(q, q, q_pos, kv_pos).dense(1, 4, idx[rows], idx[keys])
+        torch.testing.assert_close(plain, want_value[:, :, rows, keys].detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(got_value, params, upstream)
+        want = torch.autograd.grad(want_value[:, :, rows, keys], params, upstream, retain_graph=True)
+        for name, g, w in zip(["c", "l_mult", "w1", "b1", "w2", "b2"], got, want):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda text, n=name: f"{n}: {text}")
+            if name == "l_mult" and layout == "self":
+                assert g.abs() > 1e-6  # queries below the threshold: their norm depends on it
+    b, h = torch.tensor(0), torch.tensor(2)
+    element = bias(b, h, torch.tensor(9), torch.tensor(30))  # scalar indices: the lookup per element
+    torch.testing.assert_close(element, want_value[0, 2, 9, 30], rtol=1e-12, atol=1e-12)
+
+
+def test_fire_run_block_gradcheck():
+    """``_RunBlock``'s written-out backward against finite differences, for a block of rows from
+    the middle and keys cut short."""
+    from posenc.seq.fire import _counted_breaks, _RunBlock
+
+    torch.manual_seed(0)
+    q_len, kv_len, heads, segments = 9, 14, 3, 5
+    psi = torch.rand(q_len + kv_len - 1, dtype=torch.float64, requires_grad=True)
+    norm = torch.rand(1, q_len, dtype=torch.float64).add(0.5).requires_grad_()
+    slope = torch.randn(segments, heads, dtype=torch.float64, requires_grad=True)
+    offset = torch.randn(segments, heads, dtype=torch.float64, requires_grad=True)
+    breaks = torch.tensor([-0.5, 0.2, 0.6, 1.1], dtype=torch.float64)
+    counted = _counted_breaks(breaks, psi, norm)
+    assert counted is not None and counted[0] == 1
+    for use in (counted, None):
+        assert torch.autograd.gradcheck(
+            lambda *t, use=use: _RunBlock.apply(*t, breaks, use, 2, 7, 11), (psi, norm, slope, offset))
+
+
 @pytest.mark.parametrize("name, layout", [
     *((name, layout) for name in ("alibi", "t5", "kerple", "kerple_power") for layout in ("self", "cache")),
     ("t5_bidirectional", "bidirectional"),  # the causal-only encodings have no bidirectional case
