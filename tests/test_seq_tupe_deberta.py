@@ -228,8 +228,9 @@ def test_deberta_cached_decoding_matches_full_forward():
 
 
 def test_deberta_decoding_steps_without_gradients_fold_the_far_keys_into_the_query_product(monkeypatch):
-    """Without gradients a decoding row's keys beyond the span take Qr[0] through the kernel's
-    product with the keys (a key-linear bias): still the full forward, at 1e-10 in float64."""
+    """Without gradients a decoding row's p2c is k.Qr[0] for every key (a key-linear bias the
+    kernel folds into the query) plus k.(Qr[m] - Qr[0]), zero beyond the span: still the full
+    forward, at 1e-10 in float64."""
     from posenc.common import kernels
 
     folds = []
@@ -251,8 +252,37 @@ def test_deberta_decoding_steps_without_gradients_fold_the_far_keys_into_the_que
         steps = [stack(x[:, :3], mask=mask, cache=cache)]
         steps += [stack(x[:, t : t + 1], mask=mask, cache=cache) for t in range(3, 12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
-    # two layers per step; the keys before the span: t - 3 of the t + 1 (span 4)
-    assert folds == [max(0, t - 3) for t in range(3, 12) for _ in range(2)]
+    # two layers per step; the linear term reaches all t + 1 keys
+    assert folds == [t + 1 for t in range(3, 12) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reach", ["all", "some"])
+def test_key_linear_forward_equals_its_definition(dtype, reach):
+    """``softmax(s q.k + rest + [j < stop] w.k) V`` and its log-sum-exp: through SDPA's kernel with
+    the query moved by ``w / s`` where the term reaches every key in float32 or float64, and
+    explicitly otherwise (some keys, half precision, a mask)."""
+    from posenc.common import kernels
+    from posenc.common.pairwise import KeyLinearPart
+
+    torch.manual_seed(0)
+    b, h, r, tk, d = 2, 3, 2, 11, 8
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64) for n in (r, tk, tk))
+    rest = torch.randn(b, h, r, tk, dtype=torch.float64)
+    w = torch.randn(1, h, r, d, dtype=torch.float64)
+    stop = tk if reach == "all" else 7
+    scale = d ** -0.5
+    linear = torch.matmul(w, k.transpose(-1, -2)) * (torch.arange(tk) < stop)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + rest + linear
+    allowed = torch.arange(tk)[None, None, None, :] <= torch.tensor([[[[8], [10]]]])  # [1, 1, R, Tk]
+    for mask in (None, allowed):
+        masked = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+        want = torch.matmul(torch.softmax(masked, dim=-1), v)
+        part = KeyLinearPart(rest.to(dtype), w.to(dtype), stop)
+        out, lse = kernels._key_linear_forward(q.to(dtype), k.to(dtype), v.to(dtype), part, mask, scale, True)
+        tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 6e-2}[dtype]
+        torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+        torch.testing.assert_close(lse.double(), torch.logsumexp(masked, dim=-1), rtol=tol, atol=tol)
 
 
 def test_deberta_bad_input():

@@ -381,7 +381,19 @@ def _key_linear_forward(
     fused kernel's own pass read them twice), then softmax and the values explicitly, the scores
     in float32 for half-precision inputs. Rows that see no key are zero, with ``lse`` -inf.
     ``q [B, H, R, D]``, ``k, v [B, H, Tk, D]``, ``allowed [B or 1, 1, R, Tk]`` or None ->
-    ``(out [B, H, R, Dv], lse [B, H, R] or None without with_lse)``."""
+    ``(out [B, H, R, Dv], lse [B, H, R] or None without with_lse)``.
+
+    Where the linear term reaches every key (``stop == Tk``), nothing is masked and ``q`` is
+    float32 or float64 on CPU, ``s q.k + w.k = s (q + w / s).k``: the query moves by the weights
+    and SDPA's fused kernel takes the rest as its float mask, reading the keys once and the
+    values once with no scores tensor (DeBERTa's decoding step, batch 8, context 512, steps
+    alternated in one process: 0.71-0.73 -> 0.73-0.78x RoPE's in three runs). Half-precision
+    queries keep the explicit form: the moved query would be rounded to their precision."""
+    if part.stop == k.shape[2] and allowed is None and q.device.type == "cpu" and q.dtype in (torch.float32,
+                                                                                            torch.float64):
+        moved = q + part.weights.to(q.dtype) / scale  # [B, H, R, D]
+        out, lse = cpu_flash_forward(moved, k, v, part.rest.to(q.dtype), scale)
+        return out, (lse if with_lse else None)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     b, h, r, _ = q.shape
     rows = torch.cat((q.to(work) * scale, part.weights.to(work).expand(b, h, r, -1)), dim=2)  # [B, H, 2R, D]

@@ -25,7 +25,9 @@ computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gather
   linearly with ``T``, for about twice the p2c multiply-adds of a table. A few query rows (a
   cached decoding step) without log buckets build their whole bias at once, where the buckets
   clip found by arithmetic: the keys before the span take one product with ``Qr[0]``, those within
-  it a slice of ``Qr`` and the c2p row read backwards.
+  it a slice of ``Qr`` and the c2p row read backwards. One row without gradients hands
+  ``k.Qr[0]`` for every key to SDPA's fused kernel as a move of the query, and the rest
+  (``k.(Qr[m] - Qr[0])`` within the span, c2p) as its float mask.
 - any other positions, code being traced by ``torch.compile`` (no host reads: one graph), and
   FlexAttention (scalar indices, as a ``d``-long dot product per element): the per-call table
   ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major through a
@@ -140,6 +142,7 @@ class DeBERTa(PositionEncoding):
         self.pos_q = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wq_r
         self.pos_k = nn.Linear(dim, num_heads * head_dim, bias=False)  # Wk_r
         self._tables: DerivedTensors[tuple[Tensor, Tensor]] = DerivedTensors()  # Kr, Qr without gradients
+        self._row0_tables: DerivedTensors[Tensor] = DerivedTensors()  # Qr - Qr[0], for decoding
 
     def _relative(self, proj: nn.Linear) -> Tensor:
         return proj(self.rel).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)  # [H, 2k, d]
@@ -175,6 +178,12 @@ class DeBERTa(PositionEncoding):
         kr, qr = self._tables.get((self.rel, self.pos_k.weight, self.pos_q.weight), build, key=(q.dtype, k.dtype))
         return k, kr, qr
 
+    def _from_row0(self, qr: Tensor) -> Tensor:
+        """``Qr - Qr[0]`` ``[H, 2k, d]`` (``qr`` from :meth:`_scaled_relative`, without gradients),
+        kept while the parameters are unchanged: a decoding step's p2c relative to the row every
+        key before the span reads."""
+        return self._row0_tables.get((self.rel, self.pos_q.weight), lambda: qr - qr[:, :1], key=(qr.dtype, qr.device))
+
     def transform_qk(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
@@ -194,11 +203,11 @@ class DeBERTa(PositionEncoding):
             # beside the keys, with none of the per-block reads around it.
             grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, kr, qr))
             if q.shape[2] == 1 and not grad:
-                # One row: the keys before the span take Qr[0] alone, handed to the kernel as
-                # weights beside the query (one pass over the keys for both products).
-                stop = min(k.shape[2], max(0, 1 - offset - span))
-                rest = _few_rows_linear(q, k, kr_by_dim, qr, offset + span, far_products=False)
-                return key_linear_bias(rest, k, qr[:, :1].unsqueeze(0), stop, name="DeBERTa")
+                # One row: every key's p2c is k.Qr[0] + k.(Qr[m] - Qr[0]). The first term, one
+                # row of weights for all keys, goes to the kernel beside the query (the keys read
+                # once for both products); the rest holds the second, zero before the span.
+                rest = _few_rows_linear(q, k, kr_by_dim, self._from_row0(qr), offset + span, far_products=False)
+                return key_linear_bias(rest, k, qr[:, :1].unsqueeze(0), k.shape[2], name="DeBERTa")
             return dense_bias(_few_rows_linear(q, k, kr_by_dim, qr, offset + span), name="DeBERTa")
         q_rows = SharedGradTable(q)
         if offset is not None and q.device.type == "cpu":
@@ -311,8 +320,8 @@ def _few_rows_linear(
     a slice of ``Qr`` and the c2p row reversed; no bucket or index tensor is built.
 
     ``far_products=False`` leaves the keys before the span their c2p entry alone, without the
-    product with ``Qr[0]`` (which a kernel then folds in: :func:`~posenc.common.pairwise.
-    key_linear_bias`).
+    product with ``Qr[0]``: for a ``qr`` whose row 0 is zero (``Qr - Qr[0]``, with ``Qr[0]``
+    added to every key by the kernel: :func:`~posenc.common.pairwise.key_linear_bias`).
 
     ``rows [B, H, R, d]`` (``q / sqrt(3)``), ``keys [B, H, n, d]``, ``kr_by_dim [H, d, 2k]``,
     ``qr [H, 2k, d]`` (both scaled) -> ``[B, H, R, n]``."""
