@@ -161,9 +161,10 @@ def take(table: Tensor, b: Tensor, idx: Tensor) -> Tensor:
 class KeyLinearPart:
     """A bias of a few query rows written as ``rest[b, h, r, j] + k[b, h, j] . weights[b, h, r]``
     for the keys ``j < stop`` (``rest`` alone after them): DeBERTa's position-to-content term of
-    a decoding row, where every key beyond the span reads the same ``Qr`` row. A kernel can send
-    ``weights`` through the product of queries and keys beside the queries themselves, reading
-    the keys once for both (:func:`posenc.common.kernels.dense_path`).
+    a decoding row, ``k.Qr[0]`` for every key (``stop = Tk``) plus ``k.(Qr[m] - Qr[0])`` within the
+    span in ``rest``. A kernel can send ``weights`` through the product of queries and keys
+    beside the queries themselves, or, reaching every key, move the queries by them, reading the
+    keys once for both (:func:`posenc.common.kernels.dense_path`).
 
     ``rest [B or 1, H, R, Tk]``, ``weights [B or 1, H, R, D]`` (in score units: added as they
     are, not scaled), ``0 <= stop <= Tk``."""
