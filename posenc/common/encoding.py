@@ -150,10 +150,9 @@ class PositionEncoding(nn.Module):
         self, scores: Tensor, centered_grad: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
         allowed: Tensor | None,
     ) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]] | None:
-        """Optional, for a :meth:`transform_scores` that reads the scores and the encoding's own
-        tensors only (not ``q`` or ``k``): the math path's backward of one block of rows in one
-        pass, ``P = softmax(mask(transform(S)))`` and the gradients through the transform and the
-        softmax together. ``scores`` ``S [B, H, rows, keys]`` as :meth:`transform_scores` takes
+        """Optional: the math path's backward of one block of rows in one pass, ``P =
+        softmax(mask(transform(S)))`` and the gradients through the transform and the softmax
+        together. ``scores`` ``S [B, H, rows, keys]`` as :meth:`transform_scores` takes
         them; ``centered_grad`` ``dO V^T - rowsum(dO * O)`` ``[B, H, rows, keys]``, so that the
         gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there. It reads
         ``scores`` and ``centered_grad`` and writes neither (returning None, the core goes on with
@@ -161,8 +160,10 @@ class PositionEncoding(nn.Module):
 
         Returns ``(P, dS, ((tensor, gradient), ...))`` -- the probabilities (zero outside
         ``allowed`` and on rows that see no key), the gradient of ``S`` and of the encoding's
-        tensors that need one -- or None where the core should differentiate
-        :meth:`transform_scores` itself (the default)."""
+        tensors that need one; a transform that reads ``q`` or ``k`` (CoPE's positional logits
+        read ``q``) adds the gradient it sends there as ``(q, gradient)``, ``q`` the very tensor
+        passed in -- or None where the core should differentiate :meth:`transform_scores` itself
+        (the default)."""
         return None
 
     def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:

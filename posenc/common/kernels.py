@@ -404,7 +404,7 @@ def _key_linear_forward(
     lse = None
     if with_lse:
         lse = torch.logsumexp(scores if allowed is None else torch.where(allowed, scores, float("-inf")), dim=-1)
-    out = torch.matmul(_masked_softmax(scores, allowed), v.to(work))  # [B, H, R, Dv]
+    out = torch.matmul(masked_softmax(scores, allowed), v.to(work))  # [B, H, R, Dv]
     return out.to(q.dtype), lse
 
 
@@ -1033,10 +1033,17 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             probs, d_raw, pairs = done
             gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
             del probs
+            by_id = {id(t): grad for t, grad in pairs}  # q_c and k_c too, for a transform that reads them
             if need_q:
-                dq[:, :, s:e] = torch.matmul(d_raw, k_c).mul_(scale)  # chunks own disjoint rows
-            gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled) if need_k else None
-            by_id = {id(t): grad for t, grad in pairs}
+                gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
+                if by_id.get(id(q_c)) is not None:
+                    gq += by_id[id(q_c)]
+                dq[:, :, s:e] = gq  # chunks own disjoint rows
+            gk = None
+            if need_k:
+                gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
+                if by_id.get(id(k_c)) is not None:
+                    gk += by_id[id(k_c)]
             return kv_end, gk, gv, [by_id.get(id(t)) for t in wanted]
 
         def run(rows: tuple[int, int, int]):
@@ -1057,7 +1064,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
                 scores, allowed = _transformed_scores(q_leaf, k_leaf, idx[s:e], idx[:kv_end], slice(s, e),
                                                       slice(0, kv_end), tq, tk, mask, terms, scale, raw=raw)
             with torch.no_grad():
-                probs = _masked_softmax(scores.detach(), allowed)  # [B, H, rows, keys], as in the forward
+                probs = masked_softmax(scores.detach(), allowed)  # [B, H, rows, keys], as in the forward
                 gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
                 if centered is None:
                     centered = torch.matmul(g, v_c.transpose(-1, -2)).sub_(delta[:, :, s:e])
@@ -1118,7 +1125,7 @@ def _transform_chunk(
     s, e, kv_end = rows
     scores, allowed = _transformed_scores(q[:, :, s:e], k[:, :, :kv_end], idx[s:e], idx[:kv_end], slice(s, e),
                                           slice(0, kv_end), q.shape[2], k.shape[2], mask, terms, scale)
-    return torch.matmul(_masked_softmax(scores, allowed), v[:, :, :kv_end])
+    return torch.matmul(masked_softmax(scores, allowed), v[:, :, :kv_end])
 
 
 def _transformed_scores(
@@ -1141,7 +1148,7 @@ def _transformed_scores(
     return scores, allowed
 
 
-def _masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     """``P [B, H, rows, keys]``: the softmax of ``scores`` over the keys ``allowed`` marks
     (``[B or 1, 1, rows, keys]``; the entries outside it are zero, and so is a row that sees no
     key). ``scores`` is not written. The masked scores in one pass (``torch.where``, not a copy
