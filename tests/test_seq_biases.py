@@ -390,6 +390,17 @@ def test_cape_with_bfloat16_weights_on_float32_scores():
     torch.testing.assert_close(out, want, rtol=0.05, atol=0.05)
 
 
+def _padded_causal_inputs(gen: torch.Generator):
+    """``q, k, v [2, 4, 12, 8]`` float64 needing gradients, positions, a causal mask whose batch
+    row 1 hides its first five keys (so its first five queries see none), and an upstream
+    gradient: the inputs of the written-out backward tests."""
+    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    key_valid = torch.ones(2, 12, dtype=torch.bool)
+    key_valid[1, :5] = False
+    mask = posenc.AttentionMask(causal=True, key_valid=key_valid)
+    return q, k, v, torch.arange(12)[None], mask, torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen)
+
+
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
 @pytest.mark.parametrize("tile_pairs", [8192, 20])
 def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(base, tile_pairs, monkeypatch):
@@ -406,12 +417,7 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
     with torch.no_grad():
         for p in enc.mlp.parameters():
             p.copy_(torch.randn(p.shape, dtype=torch.float64, generator=gen))
-    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
-    pos = torch.arange(12)[None]
-    key_valid = torch.ones(2, 12, dtype=torch.bool)
-    key_valid[1, :5] = False  # batch row 1: its first five queries see no key
-    mask = posenc.AttentionMask(causal=True, key_valid=key_valid)
-    grad = torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen)
+    q, k, v, pos, mask, grad = _padded_causal_inputs(gen)
     params = [q, k, v, *enc.parameters()]
 
     def gradients():
@@ -463,12 +469,7 @@ def test_cope_written_out_backward_is_taken_and_equals_autograd_through_the_tran
     enc = posenc.build("cope", dims=posenc.ModelDims(dim=32, num_heads=4, max_len=12)).double()
     with torch.no_grad():
         enc.pos_emb.copy_(torch.randn(enc.pos_emb.shape, dtype=torch.float64, generator=gen))
-    q, k, v = (torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
-    pos = torch.arange(12)[None]
-    key_valid = torch.ones(2, 12, dtype=torch.bool)
-    key_valid[1, :5] = False  # batch row 1: its first five queries see no key
-    mask = posenc.AttentionMask(causal=True, key_valid=key_valid)
-    grad = torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen)
+    q, k, v, pos, mask, grad = _padded_causal_inputs(gen)
     params = [q, k, v, enc.pos_emb]
 
     def gradients():
