@@ -449,7 +449,8 @@ def test_cape_fused_backward_rejects_bad_input_in_one_line():
              (scores[:, :3], scores[:, :3], None, ValueError, "4 heads"),
              (scores, scores, ok_mask.float(), ValueError, "allowed must be a bool mask"),
              (scores, scores, ok_mask[..., :4], ValueError, r"allowed must be a bool mask \[B or 1, 1, 5, 5\]"),
-             (scores, scores, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"))
+             (scores, scores, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"),
+             (scores, scores, ok_mask.expand(1, 4, 5, 5), ValueError, r"allowed must be a bool mask \[B or 1, 1, 5, 5\]"))
     for s, centered, allowed, error, match in cases:
         with pytest.raises(error, match=match) as info:
             enc.transform_softmax_backward(s, centered, scores, scores, pos, pos, allowed)
@@ -502,7 +503,8 @@ def test_cope_written_out_backward_rejects_bad_input_in_one_line():
              (scores, scores[:, :, :4], q, None, ValueError, r"must both be \[B, H, queries, keys\]"),
              (scores, scores, q[..., :4], None, ValueError, r"q \[B, H, queries, 8\]"),
              (scores, scores, q, ok_mask.float(), ValueError, "allowed must be a bool mask"),
-             (scores, scores, q, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"))
+             (scores, scores, q, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"),
+             (scores, scores, q, ok_mask.expand(1, 4, 5, 5), ValueError, "allowed must be a bool mask"))
     for s, centered, qq, allowed, error, match in cases:
         with pytest.raises(error, match=match) as info:
             enc.transform_softmax_backward(s, centered, qq, q, pos, pos, allowed)

@@ -36,6 +36,7 @@ __all__ = [
     "check_positions",
     "check_dtype",
     "check_tensor",
+    "check_transform_backward_inputs",
     "check_sequence_positions",
     "check_allocation",
     "check_build",
@@ -209,6 +210,28 @@ def check_tensor(
     if min_ndim is not None and value.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions; got shape {tuple(value.shape)}")
     return value
+
+
+def check_transform_backward_inputs(
+    scores: Tensor, centered_grad: Tensor, allowed: Tensor | None, *, heads: int | None = None
+) -> None:
+    """The block a :meth:`~posenc.common.encoding.PositionEncoding.transform_softmax_backward`
+    takes: ``scores`` and ``centered_grad`` floating-point ``[B, H, rows, keys]`` of one shape
+    (``H = heads`` when given) and ``allowed`` None or a bool mask ``[B or 1, 1, rows, keys]``.
+    One line naming the argument and the shapes otherwise. Reads no value."""
+    import torch
+
+    check_tensor("scores", scores, floating=True, ndim=(4,))
+    check_tensor("centered_grad", centered_grad, floating=True, ndim=(4,))
+    if centered_grad.shape != scores.shape or (heads is not None and scores.shape[1] != heads):
+        raise ValueError(f"scores and centered_grad must both be [B, {'H' if heads is None else f'{heads} heads'}, "
+                         f"queries, keys]; got {tuple(scores.shape)} and {tuple(centered_grad.shape)}")
+    if allowed is not None:
+        check_tensor("allowed", allowed, ndim=(4,))
+        if (allowed.dtype != torch.bool or allowed.shape[1] != 1 or allowed.shape[2:] != scores.shape[2:]
+                or allowed.shape[0] not in (1, scores.shape[0])):
+            raise ValueError(f"allowed must be a bool mask [B or 1, 1, {scores.shape[2]}, {scores.shape[3]}] or None; "
+                             f"got {allowed.dtype} {tuple(allowed.shape)}")
 
 
 def check_sequence_positions(q_pos: Tensor, kv_pos: Tensor, *, integer_for: str | None = None) -> None:

@@ -154,7 +154,8 @@ class PositionEncoding(nn.Module):
         softmax(mask(transform(S)))`` and the gradients through the transform and the softmax
         together. ``scores`` ``S [B, H, rows, keys]`` as :meth:`transform_scores` takes
         them; ``centered_grad`` ``dO V^T - rowsum(dO * O)`` ``[B, H, rows, keys]``, so that the
-        gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there. It reads
+        gradient of the transformed scores is ``P * centered_grad``; ``allowed`` as there
+        (:func:`~posenc.common.checks.check_transform_backward_inputs` checks all three). It reads
         ``scores`` and ``centered_grad`` and writes neither (returning None, the core goes on with
         them).
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.amp import autocast_off
-from ..common.checks import check_choice, check_int, check_tensor
+from ..common.checks import check_choice, check_int, check_transform_backward_inputs
 from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import shared_run_offset
@@ -129,20 +129,9 @@ class CAPE(PositionEncoding):
         gradients while it is in cache; the generic backward makes it twice (the transform again
         under autograd, then its backward) and passes over the whole block between them. B=4,
         H=8, one 64-row chunk over 1024 keys, one thread: 48.6 -> 42.1 ms. None elsewhere."""
-        check_tensor("scores", scores, floating=True, ndim=(4,))
-        check_tensor("centered_grad", centered_grad, floating=True, ndim=(4,))
-        if centered_grad.shape != scores.shape or scores.shape[1] != self.num_heads:
-            raise ValueError(f"scores and centered_grad must both be [B, {self.num_heads} heads, queries, keys]; got "
-                             f"{tuple(scores.shape)} and {tuple(centered_grad.shape)}")
-        if allowed is not None:
-            check_tensor("allowed", allowed, ndim=(4,))
-            if allowed.dtype != torch.bool or allowed.shape[2:] != scores.shape[2:] or allowed.shape[0] not in (
-                    1, scores.shape[0]):
-                raise ValueError(f"allowed must be a bool mask [B or 1, 1, {scores.shape[2]}, {scores.shape[3]}] or "
-                                 f"None; got {allowed.dtype} {tuple(allowed.shape)}")
+        check_transform_backward_inputs(scores, centered_grad, allowed, heads=self.num_heads)
         first, act, second = self.mlp
-        if (scores.device.type != "cpu" or torch.compiler.is_compiling() or first.weight.dtype != scores.dtype
-                or (allowed is not None and allowed.shape[1] != 1)):
+        if scores.device.type != "cpu" or torch.compiler.is_compiling() or first.weight.dtype != scores.dtype:
             return None
         h, tq, tk = scores.shape[1:]
         base_learned = [p for p in self.base.parameters() if p.requires_grad]  # (called in a backward: grad mode is off)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.amp import autocast_off
-from ..common.checks import check_int, check_tensor
+from ..common.checks import check_int, check_tensor, check_transform_backward_inputs
 from ..common.encoding import Hook, PositionEncoding
 from ..common.kernels import masked_softmax
 from ..common.registry import register
@@ -84,19 +84,11 @@ class CoPE(PositionEncoding):
         under autograd and differentiates it and the mask's ``where`` through the graph. B=4, H=8,
         one 32-row chunk over 1024 keys, one thread: 17.3-18.0 -> 15.2-15.9 ms; the attention
         step (alternate steps in one process) 0.97x on two threads, 1.00x on one. None elsewhere."""
-        check_tensor("scores", scores, floating=True, ndim=(4,))
-        check_tensor("centered_grad", centered_grad, floating=True, ndim=(4,))
+        check_transform_backward_inputs(scores, centered_grad, allowed)
         check_tensor("q", q, floating=True, ndim=(4,))
-        if centered_grad.shape != scores.shape or q.shape[:3] != scores.shape[:3] or q.shape[-1] != self.head_dim:
-            raise ValueError(f"scores and centered_grad must both be [B, H, queries, keys] and q [B, H, queries, "
-                             f"{self.head_dim}]; got {tuple(scores.shape)}, {tuple(centered_grad.shape)} and "
-                             f"{tuple(q.shape)}")
-        if allowed is not None:
-            check_tensor("allowed", allowed, ndim=(4,))
-            if allowed.dtype != torch.bool or allowed.shape[2:] != scores.shape[2:] or allowed.shape[0] not in (
-                    1, scores.shape[0]) or allowed.shape[1] != 1:
-                raise ValueError(f"allowed must be a bool mask [B or 1, 1, {scores.shape[2]}, {scores.shape[3]}] or "
-                                 f"None; got {allowed.dtype} {tuple(allowed.shape)}")
+        if q.shape[:3] != scores.shape[:3] or q.shape[-1] != self.head_dim:
+            raise ValueError(f"scores {tuple(scores.shape)} need q [B, H, queries, {self.head_dim}] of their batch, "
+                             f"heads and queries; got {tuple(q.shape)}")
         if scores.device.type != "cpu" or torch.compiler.is_compiling():
             return None
         scale = self.head_dim ** -0.5
