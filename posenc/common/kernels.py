@@ -974,8 +974,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
     chunks (:class:`_RowChunks`) differentiate the masking, softmax and both matmuls through
     autograd as well: fewer, larger kernels here (CAPE at B=4 H=8 T=1024 on 2 cores, against
     bare SDPA: about the same quiet, 2.85x -> 2.15x with a busy process beside it). An encoding
-    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE on
-    CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
+    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE and
+    CoPE on CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
     tensors' gradients instead (CAPE at B=4 H=8 T=1024, attention alone on 2 cores, alternate
     steps: 0.92-0.93x the time, 455 -> 416 ms).
 
@@ -1034,16 +1034,17 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
             del probs
             by_id = {id(t): grad for t, grad in pairs}  # q_c and k_c too, for a transform that reads them
+            extra_q, extra_k = by_id.get(id(q_c)), by_id.get(id(k_c))
             if need_q:
                 gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
-                if by_id.get(id(q_c)) is not None:
-                    gq += by_id[id(q_c)]
+                if extra_q is not None:
+                    gq += extra_q
                 dq[:, :, s:e] = gq  # chunks own disjoint rows
             gk = None
             if need_k:
                 gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
-                if by_id.get(id(k_c)) is not None:
-                    gk += by_id[id(k_c)]
+                if extra_k is not None:
+                    gk += extra_k
             return kv_end, gk, gv, [by_id.get(id(t)) for t in wanted]
 
         def run(rows: tuple[int, int, int]):
