@@ -1022,6 +1022,21 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         # transform's own terms: a score bias beside it goes through autograd with the transform)
         fused = terms.transform_softmax_backward is not None and terms.bias is None
 
+        def qk_grads(d_raw: Tensor, rows: tuple[int, int, int], k_c: Tensor, q_scaled: Tensor,
+                     extra_q: Tensor | None, extra_k: Tensor | None) -> Tensor | None:
+            """A chunk's ``dq`` rows (written) and ``dk`` part (returned) from ``d_raw``, the gradient
+            of ``scale q.k``, plus what the transform sent to ``q`` and ``k`` directly."""
+            s, e, _ = rows
+            if need_q:
+                gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
+                if extra_q is not None:
+                    gq += extra_q
+                dq[:, :, s:e] = gq  # chunks own disjoint rows
+            if not need_k:
+                return None
+            gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
+            return gk if extra_k is None else gk.add_(extra_k)
+
         def fused_run(rows: tuple[int, int, int], q_scaled: Tensor, raw: Tensor, centered: Tensor):
             """The chunk through the encoding's own backward of transform and softmax, or None."""
             s, e, kv_end = rows
@@ -1034,17 +1049,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             gv = torch.matmul(probs.transpose(-1, -2), g) if need_v else None  # [B, H, keys, D]
             del probs
             by_id = {id(t): grad for t, grad in pairs}  # q_c and k_c too, for a transform that reads them
-            extra_q, extra_k = by_id.get(id(q_c)), by_id.get(id(k_c))
-            if need_q:
-                gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
-                if extra_q is not None:
-                    gq += extra_q
-                dq[:, :, s:e] = gq  # chunks own disjoint rows
-            gk = None
-            if need_k:
-                gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
-                if extra_k is not None:
-                    gk += extra_k
+            gk = qk_grads(d_raw, rows, k_c, q_scaled, by_id.get(id(q_c)), by_id.get(id(k_c)))
             return kv_end, gk, gv, [by_id.get(id(t)) for t in wanted]
 
         def run(rows: tuple[int, int, int]):
@@ -1077,17 +1082,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             d_raw = torch.zeros_like(raw) if d_raw is None else d_raw  # None: a transform that drops the scores
             gq_extra = found.pop(0) if q_leaf.requires_grad else None
             gk_extra = found.pop(0) if k_leaf.requires_grad else None
-            if need_q:
-                gq = torch.matmul(d_raw, k_c).mul_(scale)  # [B, H, rows, D]
-                if gq_extra is not None:
-                    gq += gq_extra
-                dq[:, :, s:e] = gq  # chunks own disjoint rows
-            gk = None
-            if need_k:
-                gk = torch.matmul(d_raw.transpose(-1, -2), q_scaled)  # [B, H, keys, D]
-                if gk_extra is not None:
-                    gk += gk_extra
-            return kv_end, gk, gv, found
+            return kv_end, qk_grads(d_raw, rows, k_c, q_scaled, gq_extra, gk_extra), gv, found
 
         # Last chunk first: with a causal mask it spans every key (see _ChunkedBiasAttention).
         dk = dv = None
