@@ -61,3 +61,29 @@ def test_crop_rewinds_every_layer_and_checks_its_length():
         cache.crop(6)
     cache.crop(0)
     assert cache.length == 0 and cache[0].k is None
+
+
+class _Memo:
+    """A KeyMemo that records its crops and can refuse them."""
+
+    def __init__(self, keeps_up_to: int) -> None:
+        self.keeps_up_to, self.crops = keeps_up_to, []
+
+    def crop(self, length: int) -> bool:
+        self.crops.append(length)
+        return self.keeps_up_to - length <= 2
+
+
+def test_crop_crops_the_encodings_memo_and_drops_one_that_cannot_follow():
+    cache = LayerKVCache()
+    with torch.no_grad():
+        for k, v, pos in _steps(4):
+            cache.append(k, v, pos)
+    memo = cache.memo = _Memo(keeps_up_to=8)
+    cache.crop(7)
+    assert cache.memo is memo and memo.crops == [7]
+    cache.crop(5)  # three keys back from what the memo kept: it refuses, the cache lets it go
+    assert cache.memo is None and memo.crops == [7, 5]
+    cache.memo = memo = _Memo(keeps_up_to=5)
+    cache.crop(0)  # an empty cache keeps no memo, whatever it says
+    assert cache.memo is None and cache.k is None

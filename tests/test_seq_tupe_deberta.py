@@ -256,6 +256,93 @@ def test_deberta_decoding_steps_without_gradients_fold_the_far_keys_into_the_que
     assert folds == [t + 1 for t in range(3, 12) for _ in range(2)]
 
 
+def _decode_with_crops(stack, x, prefill, crops):
+    """Outputs of ``x [B, T, C]`` decoded through a KV cache: a prefill of ``prefill`` tokens,
+    then one token a step; ``crops`` lists ``(t, back)`` in the order they happen: when the next
+    step is ``t``, the cache first goes back ``back`` tokens (and those are decoded again).
+    Returns the outputs and the cache."""
+    mask = posenc.AttentionMask(causal=True)
+    cache = KVCache(len(stack.blocks))
+    out = torch.empty(*x.shape[:2], stack.blocks[0].attn.dim, dtype=x.dtype)
+    out[:, :prefill] = stack(x[:, :prefill], mask=mask, cache=cache)
+    t, crops = prefill, list(crops)
+    while t < x.shape[1]:
+        if crops and crops[0][0] == t:
+            t -= crops.pop(0)[1]
+            cache.crop(t)
+        out[:, t: t + 1] = stack(x[:, t: t + 1], mask=mask, cache=cache)
+        t += 1
+    return out, cache
+
+
+@pytest.mark.parametrize(("span", "length", "prefill", "crops"), [
+    (4, 30, 1, []),  # a span below the memo's block of 16 keys
+    (5, 60, 7, [(30, 30), (50, 2)]),  # back to before the memo's first key: a new memo
+    (16, 120, 40, [(60, 8), (70, 17), (90, 33), (100, 40)]),  # crops within the slack of 32 keys, and beyond it
+    (16, 100, 10, [(70, 8), (63, 33)]),  # a second crop, beyond the slack counted from before the first
+    (32, 130, 100, [(115, 1), (120, 9)]),  # a prefill longer than the span: its keys before it are never taken
+])
+def test_deberta_decoding_memo_of_span_products_matches_the_full_forward(monkeypatch, span, length, prefill, crops):
+    """Without gradients a decoding step reads the span keys' p2c products from the cache's memo
+    (_SpanProducts: a table written a block of keys at a time, a ring of rows by query and
+    columns by key), kept through crops of the cache: still the full forward at 1e-10 in
+    float64, the memo read at every step."""
+    from posenc.seq import deberta
+
+    monkeypatch.setattr(deberta, "_MEMO_MIN_PRODUCT", 0)  # these small shapes would multiply the keys
+    reads = []
+    real = deberta._SpanProducts.products
+
+    def spy(self, i, lo, hi):
+        got = real(self, i, lo, hi)
+        reads.append(got is not None)
+        return got
+
+    monkeypatch.setattr(deberta._SpanProducts, "products", spy)
+    torch.manual_seed(0)
+    enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=span)
+    stack = posenc.TransformerEncoder(C, 2, H, encoding=enc).double().eval()
+    x = torch.randn(2, length, C, dtype=torch.float64)
+    with torch.no_grad():
+        full = stack(x, mask=posenc.AttentionMask(causal=True))
+        out, cache = _decode_with_crops(stack, x, prefill, crops)
+    torch.testing.assert_close(out, full, rtol=1e-10, atol=1e-10)
+    steps = length - prefill + sum(back for _, back in crops) + (prefill == 1)  # one-row calls: a prefill of one too
+    assert reads == [True] * (2 * steps)
+    memo = cache[0].memo
+    assert isinstance(memo, deberta._SpanProducts) and memo.length == length
+    assert memo.table.shape == (2, H, span, -(-(span + 32) // memo.block) * memo.block)
+
+
+def test_deberta_decoding_memo_follows_crops_and_the_parameters(monkeypatch):
+    """A crop back past the memo's slack drops it (the next step builds one from the keys); new
+    parameters make a new memo; small batches keep multiplying the keys (no memo)."""
+    from posenc.seq import deberta
+
+    torch.manual_seed(0)
+    enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=16)
+    stack = posenc.TransformerEncoder(C, 1, H, encoding=enc).double().eval()
+    x = torch.randn(2, 80, C, dtype=torch.float64)
+    with torch.no_grad():
+        _, cache = _decode_with_crops(stack, x, 40, [])
+        assert cache[0].memo is None  # 2 x 2 heads x 16 x 8 multiply-adds: below the threshold
+        monkeypatch.setattr(deberta, "_MEMO_MIN_PRODUCT", 0)
+        _, cache = _decode_with_crops(stack, x[:, :70], 10, [])
+        memo = cache[0].memo
+        assert (memo.first, memo.flushed, memo.reach) == (0, 64, 64)
+        cache.crop(60)  # back to the last whole block; the next step takes keys 48 .. 59 again
+        assert cache[0].memo is memo and (memo.flushed, memo.length) == (48, 48)
+        cache.crop(31)  # 33 keys before the most the table held (64): beyond the slack of 32
+        assert cache[0].memo is None
+        _, cache = _decode_with_crops(stack, x[:, :50], 40, [])
+        memo = cache[0].memo
+        enc.pos_q.weight.mul_(1.5)  # Qr changes: the kept products are stale
+        want = stack(x[:, :51], mask=posenc.AttentionMask(causal=True))[:, -1:]
+        got = stack(x[:, 50:51], mask=posenc.AttentionMask(causal=True), cache=cache)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert cache[0].memo is not memo and cache[0].memo.length == 51
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reach", ["all", "some"])
 def test_key_linear_forward_equals_its_definition(dtype, reach):

@@ -75,7 +75,10 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds) -> EncodingTerms:
     enc, q_pos, kv_pos = call.encoding, call.q_pos, call.kv_pos
     bias = None
     if own.score_bias or call.attn_bias is not None:
-        mine = enc.score_bias(call.q, call.k, q_pos, kv_pos) if own.score_bias else None
+        mine = None
+        if own.score_bias:
+            mine = (enc.score_bias(call.q, call.k, q_pos, kv_pos) if call.cache is None
+                    else enc.cached_score_bias(call.q, call.k, q_pos, kv_pos, call.cache))
         bias = sum_of_biases(mine, None if call.attn_bias is None else dense_bias(call.attn_bias))
     score_transform = value_term = transform_softmax_backward = None
     if own.score_transform:
@@ -392,8 +395,10 @@ class MultiheadAttention(nn.Module):
             # the cached keys and values before the new ones: [B, Hkv, past + Tk, D], positions [B or 1, past + Tk]
             k, v, new_kv_pos = (cache.append if grow_cache else cache.peek)(k, v, new_kv_pos)
         # Every argument was checked above (the shapes by construction): the call is built as is.
+        # A grown cache goes with the call (its memo is the encoding's); traced code keeps none.
+        grown = cache if grow_cache and not torch.compiler.is_compiling() else None
         return AttentionCall(q, k, v, q_pos, new_kv_pos, enc, mask, self.scale, self.backend, qk_transformed,
-                             self.feature_map)
+                             self.feature_map, cache=grown)
 
     def forward(
         self,

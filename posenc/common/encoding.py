@@ -42,6 +42,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from .kv_cache import LayerKVCache
 from .pairwise import PairwiseBias
 
 
@@ -133,6 +134,15 @@ class PositionEncoding(nn.Module):
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
         raise TypeError(f"{type(self).__name__} has no score-bias hook")
+
+    def cached_score_bias(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache
+    ) -> PairwiseBias:
+        """:meth:`score_bias` of a call over a KV cache that already holds ``k`` (every cached key
+        and this call's): the same bias, for an encoding that keeps what it computes from the keys
+        in ``cache.memo`` between calls (a :class:`~posenc.common.kv_cache.KeyMemo`; DeBERTa's
+        products of the keys within its span). Default: :meth:`score_bias`."""
+        return self.score_bias(q, k, q_pos, kv_pos)
 
     def transform_scores(
         self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None

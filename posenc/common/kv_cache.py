@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
+
+
+class KeyMemo(Protocol):
+    """What an encoding keeps in a :class:`LayerKVCache` (its ``memo``) between calls: values it
+    computed from the cached keys, so that a decoding step need not read those keys again
+    (DeBERTa's position-to-content products of the keys within its span). The memo is the
+    encoding's to build, check and extend; the cache only tells it when entries go."""
+
+    def crop(self, length: int) -> bool:
+        """Forget what belongs to keys ``length`` and later; False when the memo cannot (the
+        cache then drops it, and the encoding builds a new one from the keys)."""
 
 
 class LayerKVCache:
@@ -21,6 +34,8 @@ class LayerKVCache:
     ``conditional``: what the conditional module after this layer (the ``conditional`` slot of
     :class:`~posenc.common.block.TransformerEncoder`) keeps of the past, or None before its first
     call; for a causal 1D PEG its last ``kernel_size - 1`` inputs ``[B, k - 1, C]``.
+
+    ``memo``: a :class:`KeyMemo` of the layer's encoding, or None; :meth:`crop` crops it too.
     """
 
     def __init__(self) -> None:
@@ -29,6 +44,7 @@ class LayerKVCache:
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
         self._length = 0
         self.conditional: Tensor | None = None
+        self.memo: KeyMemo | None = None
 
     @property
     def length(self) -> int:
@@ -121,6 +137,8 @@ class LayerKVCache:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length must be an int in [0, {self._length}] (the cached entries); got {length!r}")
         self._length = length
+        if self.memo is not None and (length == 0 or not self.memo.crop(length)):
+            self.memo = None
         if length == 0:
             self._k = self._v = self._pos = None
 
