@@ -594,6 +594,40 @@ def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(m
     assert calls == [1]
 
 
+def test_shaw_decoding_steps_take_their_bias_whole_and_their_value_term_from_the_last_keys(monkeypatch):
+    """A cached decoding step without gradients builds its key term as one dense row (no per-block
+    gathers through the positions) and its value term from its last K keys alone, once it sees
+    K keys; a step of three rows too: each equals the full forward at 1e-10 in float64."""
+    torch.manual_seed(0)
+    enc = ShawRelative(8, max_relative=3)
+    stack = posenc.TransformerEncoder(32, 2, 4, encoding=enc).double().eval()
+    with torch.no_grad():
+        enc.key_table.mul_(3.0)  # position terms that move the result well past the tolerance
+        enc.value_table.mul_(3.0)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    mask = posenc.AttentionMask(causal=True)
+    dense_rows = []
+    original = kernels.dense_path
+
+    def recording(q, k, v, mask, bias, *args, **kwargs):
+        dense_rows.append((q.shape[2], bias.table is not None))
+        return original(q, k, v, mask, bias, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "dense_path", recording)
+    with torch.no_grad():
+        full = stack(x, mask=mask)
+        cache = posenc.KVCache(2)
+        steps = [stack(x[:, :2], mask=mask, cache=cache)]  # two keys: fewer than K, the chunked term
+        steps += [stack(x[:, t: t + 1], mask=mask, cache=cache) for t in range(2, 9)]
+        steps.append(stack(x[:, 9:], mask=mask, cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    # the full forward's twelve rows by blocks; every cached call (two layers each) its bias whole
+    assert dense_rows == [(12, False)] * 2 + [(2, True)] * 2 + [(1, True)] * 14 + [(3, True)] * 2
+    without_shaw = posenc.TransformerEncoder(32, 2, 4).double().eval()
+    without_shaw.load_state_dict(stack.state_dict(), strict=False)
+    assert not torch.allclose(without_shaw(x, mask=mask), full, atol=1e-3)
+
+
 @pytest.mark.parametrize("direct_pairs", [0, 1 << 14], ids=["piecewise", "direct"])
 def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
     """Both forms used at inference, the piecewise-linear lookup (many pairs) and the MLP

@@ -145,7 +145,10 @@ def run(prepared: PreparedCall) -> Tensor:
     if plan.path == "dense" or plan.offset_values:  # a bias of the offset alone over consecutive positions
         start = kernels.consecutive_offset(terms.bias, mask, call.q_pos, call.kv_pos, call.q_len, call.kv_len)
     if plan.offset_values:
-        q, k = q.contiguous(), k.contiguous()  # compacted once for both terms
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            # compacted once for both terms' backward; without gradients each reads what it needs
+            # (a decoding step's keys are a view of the KV cache: a copy would be the whole cache)
+            q, k = q.contiguous(), k.contiguous()
         # out [B, Hq, Tq, D] and the log-sum-exp of each row [B, Hq, Tq]
         out, lse = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, return_lse=True,
                                       offset_start=start)

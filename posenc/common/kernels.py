@@ -702,12 +702,26 @@ def offset_value_term(
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     q = q.to(work).contiguous()  # [B, H, Tq, D]
-    k = _repeat_kv(k.to(work), q.shape[1] // k.shape[1]).contiguous()  # [B, H, Tk, D]
+    # (not copied: a chunk reads a window of keys, and a KV cache's keys are a view of its buffer)
+    k = _repeat_kv(k.to(work), q.shape[1] // k.shape[1])  # [B, H, Tk, D]
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     kmax = (table.shape[0] - 1) // 2
     offset = tk - tq
     idx = _indices(max(tq, tk), q.device)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, lse, table, *bias.learned))
+    if tq == 1 and tk >= kmax and not grad:
+        # One row seeing at least K keys, without gradients (a cached decoding step): its K
+        # diagonals are its last K keys, in order; a few operations instead of the chunk's
+        # index arithmetic, which cost several times the products here.
+        w = table.to(work)
+        window = k[:, :, tk - kmax:]  # [B, H, K, D]
+        scores = torch.matmul(q, window.transpose(-1, -2)) * scale  # [B, H, 1, K]
+        last = (bias.table[..., tk - kmax:] if bias.table is not None  # (a dense bias: a slice of it)
+                else bias.dense(b, h, idx[:1], idx[tk - kmax: tk]))
+        scores = scores + last.to(work)
+        probs = torch.exp(scores - lse.to(work)[..., None])
+        return (torch.matmul(probs, w[1: kmax + 1] - w[0]) + w[0]).to(dtype)
     slots = _indices(kmax, q.device)
 
     def rows_term(s: int, e: int, kv_end: int, rows: list[Tensor], keys: list[Tensor]) -> Tensor:
@@ -904,9 +918,12 @@ class _RowChunks(torch.autograd.Function):
 
 
 def _row_chunked(rows_fn, chunks, rows_in: list[Tensor], keys_in: list[Tensor], others: list[Tensor]) -> Tensor:
-    """:class:`_RowChunks`, or, while ``torch.compile`` traces (which plans memory itself), the
-    same chunks as plain differentiable operations."""
-    if torch.compiler.is_compiling():
+    """:class:`_RowChunks`, or the same chunks as plain operations while ``torch.compile``
+    traces (which plans memory itself) and for one chunk without gradients (a decoding step,
+    where the pool and the autograd function cost more than the chunk)."""
+    one = len(chunks) == 1 and not (torch.is_grad_enabled()
+                                    and any(t.requires_grad for t in (*rows_in, *keys_in, *others)))
+    if torch.compiler.is_compiling() or one:  # (one chunk without gradients: a decoding step)
         parts = [_call_rows(rows_fn, chunk, rows_in, keys_in) for chunk in chunks]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return _RowChunks.apply(rows_fn, chunks, len(rows_in), len(keys_in), *rows_in, *keys_in, *others)

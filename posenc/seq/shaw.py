@@ -37,9 +37,14 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, dense_bias, is_dense_block, shared_run_offset, take
 from ..common.registry import register
 from ..common.relative import clipped_relative_index, relative_positions
+
+
+# Fewer query rows than this without gradients (cached decoding) over one run of positions take
+# their whole bias at once: the per-block gathers through the positions cost more than the bias.
+_MIN_TABLE_ROWS = 8
 
 
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
@@ -79,8 +84,17 @@ class ShawRelative(PositionEncoding):
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
         table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]
-        rows_of = SharedGradTable(table)  # a chunk's rows, with one gradient buffer for all chunks
         kmax = self.max_relative
+        if q.shape[2] < _MIN_TABLE_ROWS and not (torch.is_grad_enabled() and table.requires_grad):
+            offset = None if torch.compiler.is_compiling() else shared_run_offset(q_pos, kv_pos)
+            if offset is not None:
+                # A few rows over one run of positions (a cached decoding step): the whole bias
+                # [B, H, Tq, Tk] at once, by one gather at slots found by arithmetic; the dense
+                # path hands it to the kernel and the offset value term reads its last keys.
+                rel = offset + torch.arange(k.shape[2], device=q.device) - torch.arange(q.shape[2], device=q.device)[:, None]
+                slot = clipped_relative_index(rel, kmax).expand(*table.shape[:2], -1, -1)  # [B, H, Tq, Tk]
+                return dense_bias(table.gather(-1, slot), name="ShawRelative keys")
+        rows_of = SharedGradTable(table)  # a chunk's rows, with one gradient buffer for all chunks
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             slot = clipped_relative_index(take(kv_pos, b, kv_idx) - take(q_pos, b, q_idx), kmax)
