@@ -121,6 +121,21 @@ def test_tupe_position_term_is_shared_by_layers_and_cached_decoding_matches():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+def test_tupe_rows_of_a_run_of_positions_are_a_view_of_the_table():
+    """One run of consecutive positions inside the table reads its rows as a view (a KV cache's
+    keys at every decoding step), any other positions by index; the same rows either way, and a
+    run that leaves the table is refused by name."""
+    enc = TUPE(C, H, max_len=12)
+    run = enc._positions(torch.arange(3, 10)[None])
+    assert run.data_ptr() == enc.table[3].data_ptr() and torch.equal(run[0], enc.table[3:10])
+    shuffled = torch.tensor([[9, 3, 4, 8]])
+    assert torch.equal(enc._positions(shuffled)[0], enc.table[shuffled[0]])
+    batch = torch.arange(3, 10).repeat(2, 1)  # two rows of the same run: by index
+    assert torch.equal(enc._positions(batch), enc.table[3:10].expand(2, -1, -1))
+    with pytest.raises(ValueError, match=r"position 12 is outside TUPE's table \(max_len=12"):
+        enc._positions(torch.arange(8, 13)[None])
+
+
 def test_tupe_bad_input():
     enc = TUPE(C, H, max_len=8)
     q, k, v = (t.float() for t in qkv())

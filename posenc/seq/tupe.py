@@ -91,6 +91,15 @@ class TUPE(PositionEncoding):
     def _positions(self, positions: Tensor) -> Tensor:
         """``[B or 1, T]`` -> table rows ``[B or 1, T, C]`` (error past the table)."""
         check_positions("positions", positions, ndim=(2,))
+        tracing = torch.compiler.is_compiling()
+        if not tracing and not positions.is_floating_point() and positions.shape[0] == 1 and positions.numel():
+            # One run of consecutive positions inside the table (a sequence, a KV cache's keys):
+            # its rows as they are, a view, checked by its ends (a cached decoding step copied
+            # every key's row and read the positions twice, in every layer)
+            first, n = int(positions[0, 0]), positions.shape[1]
+            if (0 <= first and first + n <= self.max_len
+                    and torch.equal(positions[0], torch.arange(first, first + n, device=positions.device))):
+                return self.table[first: first + n].unsqueeze(0)
         # (a value check: skipped while torch.compile traces, where it would break the graph)
         if (positions.numel() and not torch.compiler.is_compiling()
                 and (bool((positions < 0).any()) or bool((positions > self.max_len - 1).any()))):
