@@ -95,6 +95,38 @@ def test_tupe_forward_backward_against_reference(backend, causal, untie):
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("untie", [False, True])
+def test_tupe_few_rows_without_gradients_take_the_whole_term_at_once(untie, monkeypatch):
+    """A few query rows without gradients (a cached decoding step) take the position term as one
+    dense block (one matmul): the reference's values, [CLS] resets included, with per-row
+    positions and a query at position 0."""
+    from posenc.common import kernels
+
+    torch.manual_seed(0)
+    enc = TUPE(C, H, max_len=32, untie_cls=untie).double()
+    if untie:
+        with torch.no_grad():
+            enc.cls_to_others.copy_(torch.tensor([0.5, -1.0]))
+            enc.others_to_cls.copy_(torch.tensor([2.0, 0.25]))
+    dense_tables = []
+    original = kernels.dense_path
+
+    def recording(q, k, v, mask, bias, *args, **kwargs):
+        dense_tables.append(bias.table is not None)
+        return original(q, k, v, mask, bias, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "dense_path", recording)
+    q, k, v = qkv()
+    q = q[:, :, :3]
+    q_pos = torch.tensor([[0, 4, 5], [7, 8, 9]])
+    kv_pos = torch.stack([torch.arange(T), torch.arange(T) + 3])
+    with torch.no_grad():
+        out = posenc.attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc)
+        expected = tupe_reference(enc, q, k, v, q_pos, kv_pos, None)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    assert dense_tables == [True]
+
+
 @pytest.mark.skipif(not flex_available(), reason="needs FlexAttention")
 def test_tupe_and_deberta_flex_forward_on_cpu():
     torch.manual_seed(0)

@@ -32,9 +32,12 @@ from torch import Tensor, nn
 
 from ..common.checks import check_allocation, check_bool, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, is_dense_block, take
+from ..common.pairwise import PairwiseBias, SharedGradTable, dense_bias, is_dense_block, take
 from ..common.registry import register
 from .learned import lerp_rows
+
+# Fewer query rows than this without gradients (cached decoding) take their whole term at once.
+_MIN_BLOCK_ROWS = 8
 
 
 @register(
@@ -150,9 +153,21 @@ class TUPE(PositionEncoding):
             pk = self._positions(kv_pos).unsqueeze(1)  # [B or 1, 1, Tk, C]: one row for every head
         else:
             pq, pk = self.projected_positions(q_pos, kv_pos)
+        untie = self.untie_cls
+        if (q_pos.shape[1] < _MIN_BLOCK_ROWS and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (pq.requires_grad or pk.requires_grad))):
+            # A few rows without gradients (a cached decoding step): the whole term at once by one
+            # matmul, [B or 1, H, Tq, Tk], small beside the keys; the kernel takes it as it is,
+            # with none of the per-block reads around it.
+            term = torch.matmul(pq, pk.transpose(-1, -2))
+            if untie:
+                h = self.num_heads
+                is_cls_q, is_cls_k = (q_pos == 0)[:, None, :, None], (kv_pos == 0)[:, None, None, :]
+                term = torch.where(is_cls_q, self.cls_to_others.view(1, h, 1, 1), term)
+                term = torch.where(is_cls_k & ~is_cls_q, self.others_to_cls.view(1, h, 1, 1), term)
+            return dense_bias(term.to(pq.dtype), name="TUPE")
         heads_k = pk.shape[1] > 1
         per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
-        untie = self.untie_cls
         cls_row = cls_col = None  # bound either way: torch.compile breaks its graph on reading an unset closure cell
         if untie:
             h = self.num_heads
