@@ -67,15 +67,21 @@ def params_of(enc):
     return [p for _, p in sorted(enc.named_parameters())]
 
 
-@pytest.mark.parametrize("backend", ["auto", "dense", "math"])
-@pytest.mark.parametrize("causal,untie", [(True, False), (False, True)])
-def test_tupe_forward_backward_against_reference(backend, causal, untie):
+def _tupe_for_reference(untie: bool) -> TUPE:
+    """A float64 TUPE (seeded), with [CLS] resets of distinct values per head when ``untie``."""
     torch.manual_seed(0)
     enc = TUPE(C, H, max_len=32, untie_cls=untie).double()
     if untie:
         with torch.no_grad():
             enc.cls_to_others.copy_(torch.tensor([0.5, -1.0]))
             enc.others_to_cls.copy_(torch.tensor([2.0, 0.25]))
+    return enc
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "math"])
+@pytest.mark.parametrize("causal,untie", [(True, False), (False, True)])
+def test_tupe_forward_backward_against_reference(backend, causal, untie):
+    enc = _tupe_for_reference(untie)
     q, k, v = (t.requires_grad_() for t in qkv())
     pos = torch.stack([torch.arange(T), torch.arange(T) + 3])  # per-row positions
     mask = posenc.AttentionMask(causal=causal)
@@ -102,12 +108,7 @@ def test_tupe_few_rows_without_gradients_take_the_whole_term_at_once(untie, monk
     positions and a query at position 0."""
     from posenc.common import kernels
 
-    torch.manual_seed(0)
-    enc = TUPE(C, H, max_len=32, untie_cls=untie).double()
-    if untie:
-        with torch.no_grad():
-            enc.cls_to_others.copy_(torch.tensor([0.5, -1.0]))
-            enc.others_to_cls.copy_(torch.tensor([2.0, 0.25]))
+    enc = _tupe_for_reference(untie)
     dense_tables = []
     original = kernels.dense_path
 

@@ -37,10 +37,16 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.pairwise import PairwiseBias, SharedGradTable, dense_bias, is_dense_block, shared_run_offset, take
+from ..common.pairwise import (
+    PairwiseBias,
+    SharedGradTable,
+    dense_bias,
+    is_dense_block,
+    shared_run_offset,
+    take,
+)
 from ..common.registry import register
 from ..common.relative import clipped_relative_index, relative_positions
-
 
 # Fewer query rows than this without gradients (cached decoding) over one run of positions take
 # their whole bias at once: the per-block gathers through the positions cost more than the bias.
