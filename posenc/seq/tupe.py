@@ -159,7 +159,15 @@ class TUPE(PositionEncoding):
             # A few rows without gradients (a cached decoding step): the whole term at once by one
             # matmul, [B or 1, H, Tq, Tk], small beside the keys; the kernel takes it as it is,
             # with none of the per-block reads around it.
-            term = torch.matmul(pq, pk.transpose(-1, -2))
+            if pk.shape[0] == 1 and pk.shape[1] == 1:
+                # the raw rows serve every head and batch row: one [Tk, C] x [C, B H Tq] product, the
+                # rows as they lie (a broadcast matmul copied them once per head; taken the other way
+                # round, the product ran 1.6x slower at Tk = 2048)
+                b, h, tq, c = pq.shape
+                term = torch.matmul(pk[0, 0], pq.reshape(b * h * tq, c).transpose(0, 1)).transpose(0, 1)
+                term = term.reshape(b, h, tq, -1)
+            else:
+                term = torch.matmul(pq, pk.transpose(-1, -2))
             if untie:
                 h = self.num_heads
                 is_cls_q, is_cls_k = (q_pos == 0)[:, None, :, None], (kv_pos == 0)[:, None, None, :]
