@@ -670,3 +670,17 @@ def test_math_path_takes_a_transform_that_drops_the_scores():
     for name, g in zip(["q", "k", "w"], [grads[0], grads[1], grads[3]]):
         torch.testing.assert_close(g, torch.zeros_like(g), atol=1e-12, rtol=0, msg=lambda m: f"grad {name}: {m}")
     assert grads[2].abs().sum() > 0
+
+
+def test_masked_softmax_is_zero_outside_the_mask_and_refuses_what_does_not_fit():
+    scores = torch.tensor([[[[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]]]])  # [1, 1, 2, 3]
+    allowed = torch.tensor([[[[True, True, False], [False, False, False]]]])
+    probs = kernels.masked_softmax(scores, allowed)
+    torch.testing.assert_close(probs[0, 0, 0], torch.tensor([1.0, torch.e, 0.0]) / (1 + torch.e))
+    assert torch.equal(probs[0, 0, 1], torch.zeros(3))  # a row that sees no key
+    with pytest.raises(TypeError, match="scores must be a floating-point tensor; got dtype torch.int64"):
+        kernels.masked_softmax(torch.zeros(1, 1, 2, 3, dtype=torch.long), None)
+    with pytest.raises(ValueError, match=r"allowed must be None or a bool mask that broadcasts to scores \(1, 1, 2, 3\)"):
+        kernels.masked_softmax(scores, allowed.float())
+    with pytest.raises(ValueError, match=r"broadcasts to scores .*; got torch.bool \(1, 2, 2, 3\)"):
+        kernels.masked_softmax(scores, allowed.expand(1, 2, 2, 3))

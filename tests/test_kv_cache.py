@@ -87,3 +87,13 @@ def test_crop_crops_the_encodings_memo_and_drops_one_that_cannot_follow():
     cache.memo = memo = _Memo(keeps_up_to=5)
     cache.crop(0)  # an empty cache keeps no memo, whatever it says
     assert cache.memo is None and cache.k is None
+
+
+def test_a_memo_must_be_a_key_memo():
+    cache = LayerKVCache()
+    with pytest.raises(TypeError, match=r"memo must be a KeyMemo \(an object with crop\(length\) -> bool\) or None; "
+                                        "got dict"):
+        cache.memo = {}
+    cache.memo = _Memo(keeps_up_to=1)
+    cache.memo = None
+    assert cache.memo is None

@@ -597,7 +597,8 @@ def test_shaw_value_term_takes_the_fused_path_for_causal_consecutive_positions(m
 def test_shaw_decoding_steps_take_their_bias_whole_and_their_value_term_from_the_last_keys(monkeypatch):
     """A cached decoding step without gradients builds its key term as one dense row (no per-block
     gathers through the positions) and its value term from its last K keys alone, once it sees
-    K keys; a step of three rows too: each equals the full forward at 1e-10 in float64."""
+    K keys; a step of three rows too, and a few rows at any positions: each equals the full
+    forward (or the reference) at 1e-10 in float64."""
     torch.manual_seed(0)
     enc = ShawRelative(8, max_relative=3)
     stack = posenc.TransformerEncoder(32, 2, 4, encoding=enc).double().eval()
@@ -623,6 +624,13 @@ def test_shaw_decoding_steps_take_their_bias_whole_and_their_value_term_from_the
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
     # the full forward's twelve rows by blocks; every cached call (two layers each) its bias whole
     assert dense_rows == [(12, False)] * 2 + [(2, True)] * 2 + [(1, True)] * 14 + [(3, True)] * 2
+    # any positions: a few rows at per-row, non-consecutive positions (the math path, for the values)
+    q, k, v = (torch.randn(2, 4, n, 8, dtype=torch.float64) for n in (3, 9, 9))
+    q_pos, kv_pos = torch.tensor([[2, 5, 7], [1, 1, 8]]), torch.stack([torch.arange(9) * 2, torch.arange(9)])
+    with torch.no_grad():
+        got = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc)
+    want = ref.shaw_attention(q, k, v, None, enc.key_table, enc.value_table, 3, q_pos, kv_pos)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     without_shaw = posenc.TransformerEncoder(32, 2, 4).double().eval()
     without_shaw.load_state_dict(stack.state_dict(), strict=False)
     assert not torch.allclose(without_shaw(x, mask=mask), full, atol=1e-3)

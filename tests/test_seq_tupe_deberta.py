@@ -423,6 +423,9 @@ def test_key_linear_forward_equals_its_definition(dtype, reach):
 def test_deberta_bad_input():
     enc = DeBERTa(C, H, span=4)
     q, k, v = (t.float() for t in qkv())
+    pos = torch.arange(T)[None]
+    with pytest.raises(TypeError, match="cache must be the LayerKVCache that holds k; got KVCache"):
+        enc.cached_score_bias(q, k, pos, pos, KVCache(1))
     with pytest.raises(ValueError, match="integer positions"):
         posenc.attend(q, k, v, q_pos=torch.arange(T) * 0.5, kv_pos=torch.arange(T) * 0.5, encoding=enc)
     with pytest.raises(ValueError, match="span must be a positive int.*0"):

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from . import chunk_pool
 from .amp import autocast_off
+from .checks import check_tensor
 from .masks import AttentionMask
 from .pairwise import (
     KeyLinearPart,
@@ -1169,7 +1170,15 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     pass that zeroes the others (CAPE and CoPE at B=4, T=1024: 5-8% of the step).
     ``torch.softmax`` rather than ``exp(S - lse)``: on CPU its exponential stays fast where
     ``exp_`` and ``logsumexp`` slow down 10-50x on scores far below the row's maximum (denormal
-    and underflowing results, as an ALiBi bias of -500 gives)."""
+    and underflowing results, as an ALiBi bias of -500 gives). Checks the shapes and dtypes, not
+    the values."""
+    check_tensor("scores", scores, floating=True, min_ndim=1)
+    if allowed is not None:
+        check_tensor("allowed", allowed)
+        if allowed.dtype != torch.bool or allowed.dim() != scores.dim() or any(
+                a not in (1, s) for a, s in zip(allowed.shape, scores.shape)):
+            raise ValueError(f"allowed must be None or a bool mask that broadcasts to scores {tuple(scores.shape)} "
+                             f"without growing them; got {allowed.dtype} {tuple(allowed.shape)}")
     if allowed is None:
         return torch.softmax(scores, dim=-1)
     probs = torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)

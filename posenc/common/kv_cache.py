@@ -44,7 +44,19 @@ class LayerKVCache:
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
         self._length = 0
         self.conditional: Tensor | None = None
-        self.memo: KeyMemo | None = None
+        self._memo: KeyMemo | None = None
+
+    @property
+    def memo(self) -> KeyMemo | None:
+        """The layer's encoding's :class:`KeyMemo`, or None."""
+        return self._memo
+
+    @memo.setter
+    def memo(self, value: KeyMemo | None) -> None:
+        if value is not None and not callable(getattr(value, "crop", None)):
+            raise TypeError(f"memo must be a KeyMemo (an object with crop(length) -> bool) or None; got "
+                            f"{type(value).__name__}")
+        self._memo = value
 
     @property
     def length(self) -> int:
@@ -137,8 +149,8 @@ class LayerKVCache:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length must be an int in [0, {self._length}] (the cached entries); got {length!r}")
         self._length = length
-        if self.memo is not None and (length == 0 or not self.memo.crop(length)):
-            self.memo = None
+        if self._memo is not None and (length == 0 or not self._memo.crop(length)):
+            self._memo = None
         if length == 0:
             self._k = self._v = self._pos = None
 

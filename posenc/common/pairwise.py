@@ -69,14 +69,19 @@ def matvec(matrix: Tensor, vector: Tensor) -> Tensor:
 def shared_run_offset(q_pos: Tensor, kv_pos: Tensor) -> int | None:
     """``kv_pos[0] - q_pos[0]`` when both are integer runs of consecutive values shared by the
     batch (``[1, T]``), so that ``kv_pos[j] - q_pos[i]`` is that offset plus ``j - i``; else None."""
-    if q_pos.dim() != 2 or kv_pos.dim() != 2 or q_pos.shape[0] != 1 or kv_pos.shape[0] != 1:
+    q0 = run_first(q_pos)
+    k0 = None if q0 is None else run_first(kv_pos)
+    return None if k0 is None else k0 - q0
+
+
+def run_first(positions: Tensor) -> int | None:
+    """The first position when ``positions`` ``[1, T]`` (``T >= 1``) are one integer run
+    ``p, p + 1, ...`` shared by the batch, else None. Reads the positions (a host sync)."""
+    check_tensor("positions", positions)
+    if positions.dim() != 2 or positions.shape[0] != 1 or positions.dtype.is_floating_point or positions.numel() == 0:
         return None
-    if q_pos.dtype.is_floating_point or kv_pos.dtype.is_floating_point or q_pos.numel() == 0 or kv_pos.numel() == 0:
-        return None
-    q0, k0 = int(q_pos[0, 0]), int(kv_pos[0, 0])
-    if not (_is_run(q_pos[0], q0) and _is_run(kv_pos[0], k0)):
-        return None
-    return k0 - q0
+    first = int(positions[0, 0])
+    return first if _is_run(positions[0], first) else None
 
 
 def offset_window(values: Tensor, q_len: int, s: int, e: int, kv_end: int) -> Tensor:

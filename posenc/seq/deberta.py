@@ -202,7 +202,10 @@ class DeBERTa(PositionEncoding):
     def cached_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache) -> PairwiseBias:
         """:meth:`score_bias`, keeping the position-to-content products of the keys within the span
         in ``cache.memo`` (:class:`_SpanProducts`) on the path that reads them: a cached decoding
-        step on CPU, without gradients or log buckets, over runs of consecutive positions."""
+        step on CPU, without gradients or log buckets, over runs of consecutive positions, at
+        ``B x H x k x d >= 2^17`` (below, the step multiplies the span's keys itself)."""
+        if not isinstance(cache, LayerKVCache):
+            raise TypeError(f"cache must be the LayerKVCache that holds k; got {type(cache).__name__}")
         return self._bias(q, k, q_pos, kv_pos, cache)
 
     def _bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache | None) -> PairwiseBias:
@@ -404,13 +407,12 @@ class _SpanProducts:
     keys read row 0, which the kernel adds as a move of the query). ``table [B, H, k, ring]``
     holds key ``j``'s product for query ``i`` at ``[i mod k, j mod ring]``. A key's ``k``
     products (one matmul, by lag) first go to a row of ``recent [B, H, G, G + k]`` (``G = min(16,
-    k)``); every ``G``
-    keys the rows move into the table at once, each table row taking ``G`` adjacent values, so
-    that the scattered writes happen once per ``G`` keys. Keys ``first .. flushed - 1`` are in
-    the table, ``flushed .. length - 1`` in ``recent``; ``ring = k + slack`` columns keep what
-    the remaining keys need through crops to at most ``slack`` keys before ``reach``, the most
-    keys the table has held. Memory: ``B x H x k x (k +
-    slack)`` values, beside ``2 x B x Hkv x T x d`` for the cache's keys and values.
+    k)``); every ``G`` keys the rows move into the table at once, each table row taking ``G``
+    adjacent values, so that the scattered writes happen once per ``G`` keys. Keys ``first ..
+    flushed - 1`` are in the table, ``flushed .. length - 1`` in ``recent``; ``ring = k + slack``
+    columns keep what the remaining keys need through crops to at most ``slack`` keys before
+    ``reach``, the most keys the table has held. Memory: ``B x H x k x (k + slack)`` values,
+    beside ``2 x B x Hkv x T x d`` for the cache's keys and values.
 
     ``source``: ``Qr - Qr[0]`` ``[H, 2k, d]`` the products are taken with (the encoding's kept
     table; another one, after the parameters changed, makes a new memo)."""

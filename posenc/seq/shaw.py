@@ -42,14 +42,13 @@ from ..common.pairwise import (
     SharedGradTable,
     dense_bias,
     is_dense_block,
-    shared_run_offset,
     take,
 )
 from ..common.registry import register
 from ..common.relative import clipped_relative_index, relative_positions
 
-# Fewer query rows than this without gradients (cached decoding) over one run of positions take
-# their whole bias at once: the per-block gathers through the positions cost more than the bias.
+# Fewer query rows than this without gradients (cached decoding) take their whole bias at once:
+# the per-block gathers through the positions cost more than the bias.
 _MIN_TABLE_ROWS = 8
 
 
@@ -92,14 +91,11 @@ class ShawRelative(PositionEncoding):
         table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]
         kmax = self.max_relative
         if q.shape[2] < _MIN_TABLE_ROWS and not (torch.is_grad_enabled() and table.requires_grad):
-            offset = None if torch.compiler.is_compiling() else shared_run_offset(q_pos, kv_pos)
-            if offset is not None:
-                # A few rows over one run of positions (a cached decoding step): the whole bias
-                # [B, H, Tq, Tk] at once, by one gather at slots found by arithmetic; the dense
-                # path hands it to the kernel and the offset value term reads its last keys.
-                rel = offset + torch.arange(k.shape[2], device=q.device) - torch.arange(q.shape[2], device=q.device)[:, None]
-                slot = clipped_relative_index(rel, kmax).expand(*table.shape[:2], -1, -1)  # [B, H, Tq, Tk]
-                return dense_bias(table.gather(-1, slot), name="ShawRelative keys")
+            # A few rows without gradients (a cached decoding step): the whole bias [B, H, Tq, Tk]
+            # at once, by one gather at the pairs' slots; the dense path hands it to the kernel
+            # and the offset value term reads its last keys.
+            slot = clipped_offsets(q_pos, kv_pos, kmax).expand(*table.shape[:2], -1, -1)  # [B, H, Tq, Tk]
+            return dense_bias(table.gather(-1, slot), name="ShawRelative keys")
         rows_of = SharedGradTable(table)  # a chunk's rows, with one gradient buffer for all chunks
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
