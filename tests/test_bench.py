@@ -22,7 +22,7 @@ from posenc.cli.bench.attention import (
 )
 from posenc.cli.bench.load import background_load
 from posenc.cli.bench.memory import MB, CPUPeakMemory, peak_memory_bytes, peak_of_events
-from posenc.common.report import format_table
+from posenc.training.report import format_table
 from posenc.cli.bench.timing import paired_ratio, time_interleaved
 
 TINY = ["--seq-len", "32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--warmup", "0"]

@@ -239,7 +239,7 @@ def test_extend_never_writes_through_a_link_planted_in_out(rope_run, tmp_path, c
 
 
 def test_extend_replaces_a_link_placed_during_the_run_instead_of_following_it(rope_run, tmp_path):
-    from posenc.common.report import write_json
+    from posenc.training.report import write_json
 
     out = tmp_path / "out"
     out.mkdir()

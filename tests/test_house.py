@@ -16,7 +16,7 @@ MODALITIES = ("seq", "vision", "graph", "timeseries")
 
 def _posenc_imports(path: Path, depth: int = 1) -> set[str]:
     """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"};
-    with ``depth=2`` two levels deep, e.g. {"cli.bench", "common.report"}."""
+    with ``depth=2`` two levels deep, e.g. {"cli.bench", "training.report"}."""
     package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]  # ("posenc", "seq")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -76,7 +76,7 @@ def test_import_posenc_is_lazy_and_the_registry_still_sees_every_modality():
 
 @pytest.mark.parametrize("package, other", [("train", "bench"), ("bench", "train")])
 def test_train_and_bench_never_import_each_other(package, other):
-    """They share posenc.cli.options, posenc.cli.argtypes and posenc.common.report instead."""
+    """They share posenc.cli.options, posenc.cli.argtypes and posenc.training.report instead."""
     for path in sorted((ROOT / "cli" / package).rglob("*.py")):
         imported = _posenc_imports(path, depth=2)
         assert f"cli.{other}" not in imported, f"{path.relative_to(ROOT.parent)} imports posenc.cli.{other}"

@@ -54,7 +54,7 @@ from posenc.integrations.attention_smithy import (  # noqa: E402
     smithy_alibi_slopes,
     strategies,
 )
-from posenc.common.report import MissingExtra  # noqa: E402
+from posenc.training.report import MissingExtra  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, H, D = 2, 2, 16  # head_dim 16: sqrt(D) is exact in AttentionSmithy's float32 scale too

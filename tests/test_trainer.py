@@ -156,7 +156,7 @@ def test_progress_redirected_is_plain_lines_with_the_loss(capsys):
 def test_progress_on_a_terminal_redraws_one_line():
     import io
 
-    from posenc.common.report import Progress
+    from posenc.training.report import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -513,7 +513,7 @@ def test_run_directory_writes_stay_inside_and_stale_temporaries_go(tmp_path):
 
 
 def test_results_json_replaces_a_link_instead_of_writing_through_it(tmp_path):
-    from posenc.common.report import write_json
+    from posenc.training.report import write_json
 
     outside = tmp_path / "outside.txt"
     outside.write_text("keep me")

@@ -163,7 +163,7 @@ def _run_list(args: argparse.Namespace) -> int:
     import textwrap
 
     from ..common.catalog import entries
-    from ..common.report import format_table, hook_text
+    from ..training.report import format_table, hook_text
 
     infos = entries(args.modality)
     if not infos:

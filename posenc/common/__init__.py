@@ -2,7 +2,7 @@
 
 ``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
 The names below are imported on first use (module ``__getattr__``), so that the torch-free parts
-(:mod:`.checks`, :mod:`.registry`'s tables, :mod:`.report`) can be imported without torch: the
+(:mod:`.checks`, :mod:`.registry`'s tables, :mod:`.catalog`) can be imported without torch: the
 command line parses its arguments before anything imports torch.
 """
 

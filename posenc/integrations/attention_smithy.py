@@ -67,7 +67,7 @@ from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.planning import check_backend
 from ..common.registry import available, get
-from ..common.report import optional
+from ..training.report import optional
 from ..seq.alibi import ALiBi, alibi_penalty
 from ..seq.rope import RotaryEncoding
 from ..seq.sinusoidal import SinusoidalEncoding

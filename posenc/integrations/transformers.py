@@ -58,7 +58,7 @@ from ..common.attention import attend, attend_with_weights
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
-from ..common.report import optional
+from ..training.report import optional
 from ..seq.context import rope_from_hf_config
 from ..seq.learned import LearnedEncoding
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..common.report import write_atomic
+from .report import write_atomic
 
 CHECKPOINT_FORMAT = 1
 
@@ -117,7 +117,7 @@ def restore_rng_state(state: Mapping[str, Any], device: torch.device | None = No
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then ``os.replace``
-    (:func:`posenc.common.report.write_atomic`): a reader sees the old file or the new one, never a
+    (:func:`posenc.training.report.write_atomic`): a reader sees the old file or the new one, never a
     partial one; on any failure ``path`` is untouched."""
     write_atomic(path, lambda f: torch.save(obj, f))
 

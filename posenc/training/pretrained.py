@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..common.json_input import read_json
-from ..common.report import write_atomic
+from .report import write_atomic
 from .checkpoint import check_plain, save_atomic, state_dict_problems
 
 CONFIG_FILE = "config.json"
@@ -52,7 +52,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``obj`` as indented JSON at ``path``, written atomically (:func:`posenc.common.report.write_atomic`)."""
+    """``obj`` as indented JSON at ``path``, written atomically (:func:`posenc.training.report.write_atomic`)."""
     text = json.dumps(obj, indent=2) + "\n"
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 

@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..common.checks import check_bool, check_int, check_number, is_int
 from ..common.json_input import parse_json
-from ..common.report import Progress, write_atomic
+from .report import Progress, write_atomic
 from . import distributed as distu
 from .checkpoint import (
     CHECKPOINT_FORMAT,
@@ -115,7 +115,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     checkpoint_every: int = 0  # 0: checkpoint only at the end (if out_dir)
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
-    progress: bool = True  # progress on stderr, rank 0 only (posenc.common.report.Progress)
+    progress: bool = True  # progress on stderr, rank 0 only (posenc.training.report.Progress)
     num_workers: int = 0
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ the table.
 Shared pieces: :mod:`.timing` (interleaved timing), :mod:`.memory` (peak memory of one step,
 including a CPU tracker), :mod:`.load` (busy processes for a run under background load, and the
 load average to report with it); tables, progress and results files come from
-:mod:`posenc.common.report`, which the train commands use too.
+:mod:`posenc.training.report`, which the train commands use too.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ from ..errors import usage_error
 from ..options import FEATURE_MAPS
 from ...common.catalog import entries, suggest
 from ...common.registry import ModelDims, build
-from ...common.report import Progress, format_table
+from ...training.report import Progress, format_table
 from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
@@ -660,7 +660,7 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
 
     False (and a message on stderr) without matplotlib.
     """
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ..errors import usage_error
-from ...common.report import format_table
+from ...training.report import format_table
 
 PROG = "posenc bench context-extension"
 BENCH_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
@@ -156,7 +156,7 @@ def _table(rows: list[dict], lens: list[int], finetune_steps: int) -> str:
 
 
 def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None:
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

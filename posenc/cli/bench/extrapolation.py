@@ -42,7 +42,7 @@ from ..argtypes import device_name, int_list, positive_float, positive_int, seed
 from ..errors import usage_error
 from ..options import FEATURE_MAPS
 from ...common.registry import available, get
-from ...common.report import format_table, hook_text
+from ...training.report import format_table, hook_text
 
 PROG = "posenc bench extrapolation"
 DEFAULT_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "nope")
@@ -245,7 +245,7 @@ def log_ticks(low: float, high: float, count: int = 5) -> tuple[list[float], lis
 
 
 def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -> None:
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -66,7 +66,7 @@ from torch import Tensor, nn
 
 from ..argtypes import int_list, nonnegative_int, out_directory, positive_int, seed_value
 from ...common.registry import available, get
-from ...common.report import Progress, format_table, write_atomic, write_json
+from ...training.report import Progress, format_table, write_atomic, write_json
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, paired_ratio
@@ -600,7 +600,7 @@ def render(result: GenerateResult) -> str:
 
 def plot(result: GenerateResult, path: str | os.PathLike) -> bool:
     """tok/s against the context length (log-log), one panel per batch; False without matplotlib."""
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

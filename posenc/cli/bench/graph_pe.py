@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..argtypes import positive_float, positive_int, seed_value
 from ..errors import usage_error
-from ...common.report import Progress, format_table
+from ...training.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...common.report import Progress, format_table, optional, write_atomic, write_json
+from ...training.report import Progress, format_table, optional, write_atomic, write_json
 
 PROG = "posenc bench hf"
 REFERENCE = "hf"
@@ -230,7 +230,7 @@ def _table(rows: list[dict], lengths: list[int]) -> str:
 
 
 def _plot(rows: list[dict], lengths: list[int], args: argparse.Namespace) -> bytes | None:
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

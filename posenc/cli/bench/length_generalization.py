@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...common.report import format_table, write_atomic, write_json
+from ...training.report import format_table, write_atomic, write_json
 from .length_claims import CLAIMS, judge, mean_sd
 from .unit_log import UnitLog, config_key
 
@@ -493,7 +493,7 @@ def render(summary: dict) -> str:
 
 def plot_heat_map(summary: dict, path: Path) -> bool:
     """Encodings x tasks, mean OOD exact match; False when matplotlib is missing."""
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

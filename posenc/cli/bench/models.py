@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
-from ...common.report import Progress, format_table, write_atomic, write_json
+from ...training.report import Progress, format_table, write_atomic, write_json
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes

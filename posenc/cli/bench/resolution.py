@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
 from ..errors import usage_error
-from ...common.report import format_table
+from ...training.report import format_table
 from .caveats import CHANCE_MARGIN, at_chance, print_warnings
 
 PROG = "posenc bench resolution"
@@ -148,7 +148,7 @@ def measure(args: argparse.Namespace) -> dict:
     """Train and evaluate every (encoding, seed); the JSON-ready result."""
     import torch
 
-    from ...common.report import Progress
+    from ...training.report import Progress
     from ...training.trainer import TrainConfig
     from ...vision.classify import accuracy, eval_sizes, train_vit, vit_config
     from ...vision.data import DigitsCanvas, digits_at_size
@@ -336,7 +336,7 @@ def render(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> bool:
     """Accuracy against image size, one line per encoding, one panel per mode. False without matplotlib."""
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

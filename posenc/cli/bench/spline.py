@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ..errors import usage_error
-from ...common.report import format_table
+from ...training.report import format_table
 from .load import format_load_average, load_average
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ def _table(rows: list[dict], scales: list[int], mean_point: dict[int, float]) ->
 
 
 def _plot(drawings: dict, args: argparse.Namespace, plot_scale: int, path: Path) -> None:
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -24,7 +24,7 @@ import time
 
 from ..argtypes import nonnegative_int
 from ..errors import usage_error
-from ...common.report import format_table
+from ...training.report import format_table
 
 PROG = "posenc bench timeseries"
 
@@ -134,7 +134,7 @@ def render(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], runs: list[dict], path: str) -> None:
     """Mean test accuracy per encoding (bars, std as error bars, each seed as a dot), one panel per dataset."""
-    from ...common.report import pyplot
+    from ...training.report import pyplot
 
     plt = pyplot()
     if plt is None:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..models.convtran import convtran_settings
-    from ...common.report import Progress
+    from ...training.report import Progress
     from ...timeseries.classify import train_classifier
     from ...timeseries.datasets import load_dataset
 

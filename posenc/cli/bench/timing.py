@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ...common.report import Progress
+from ...training.report import Progress
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +84,7 @@ def time_interleaved(
         repeats: timed rounds (>= 1); warmup: untimed rounds first (>= 0).
         device: synchronized before and after each timed step.
         before_step: name -> an untimed callable run before each step (e.g. clearing gradients).
-        progress: report progress on stderr (or on this :class:`~posenc.common.report.Progress`, left open).
+        progress: report progress on stderr (or on this :class:`~posenc.training.report.Progress`, left open).
         keep_output: keep each step's last return value (to check results against each other).
 
     Returns:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...common.report import write_atomic
+from ...training.report import write_atomic
 
 
 def config_key(config: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ from ..argtypes import device_name, positive_int, seed_value
 from ..errors import usage_error
 from ..options import out_dir_error
 from ...common.catalog import suggest
-from ...common.report import format_table, write_json
+from ...training.report import format_table, write_json
 
 PROG = "posenc demo"
 

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 
 def _hooks(model) -> str:
-    from ...common.report import hook_text
+    from ...training.report import hook_text
 
     if model.encoder.conditional:  # the PEG slots between blocks
         return hook_text({"input"}, between_blocks=True)

@@ -27,7 +27,7 @@ RESULTS_FILE = "results.json"
 
 def write_results(out: str | None, record: Mapping[str, Any]) -> Path | None:
     """Write ``record`` as ``out/results.json`` (atomically; nothing without ``--out``)."""
-    from ...common.report import write_json
+    from ...training.report import write_json
 
     if out is None:
         return None

@@ -97,7 +97,7 @@ def _text_error(train_text: str, valid_text: str, eval_lens: list[int], eval_tok
 
 def run(args: argparse.Namespace) -> int:
     from ...common.checks import check_int
-    from ...common.report import write_json
+    from ...training.report import write_json
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed, device=args.device, progress=not args.no_progress, out_dir=str(out),
                         model_config=model_config)
         tuned = bits_per_byte_at(model.cpu(), valid_text, eval_lens, args.eval_tokens)
-    from ...common.report import format_table
+    from ...training.report import format_table
 
     headers = ["length", "before", f"{method} x{factor:g}"] + ([f"+ {args.finetune_steps} steps"] if tuned else [])
     rows = [[n, f"{before[n]:.3f}", f"{after[n]:.3f}"] + ([f"{tuned[n]:.3f}"] if tuned else []) for n in eval_lens]

@@ -40,7 +40,7 @@ from ..options import (
     out_dir_error,
     train_config,
 )
-from ...common.report import format_table
+from ...training.report import format_table
 from . import run_checked, write_results
 
 PROG = "posenc train graph"

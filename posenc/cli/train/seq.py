@@ -34,7 +34,7 @@ from ..options import (
     size_error,
     train_config,
 )
-from ...common.report import format_table
+from ...training.report import format_table
 from . import run_checked, write_results
 
 # the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)

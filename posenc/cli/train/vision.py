@@ -58,7 +58,7 @@ from ..options import (
     train_config,
 )
 from ..models.vit import vit_encoding_error as check_encoding
-from ...common.report import format_table
+from ...training.report import format_table
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

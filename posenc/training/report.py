@@ -1,7 +1,9 @@
 """What the commands show and write: text tables, progress, results files, optional packages.
 
 Shared by ``posenc train``, ``posenc bench``, ``posenc demo`` and ``posenc extend`` (none of them
-imports another for these).
+imports another for these), the :class:`~posenc.training.trainer.Trainer` and its checkpoints
+(atomic writes) and the integrations (:func:`optional`). It imports no torch: ``posenc list``
+prints its table with it.
 
 * :func:`format_table`: an aligned text table.
 * :class:`Progress`: a bar redrawn in place on a terminal; plain lines at most every few seconds
