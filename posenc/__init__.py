@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._moved import install as _install_moved_paths
 from .common.registry import add_loader
-
-_install_moved_paths()  # old paths (posenc.bench, posenc.report, ...) keep working for one release
 
 __version__ = "0.1.0"
 

@@ -105,24 +105,31 @@ def test_the_package_root_holds_only_the_library_api():
     """The layers show in the layout: the root's loose modules are the library API; everything else
     lives in a folder (core, trainer, modalities, integrations, command line)."""
     loose = sorted(p.name for p in ROOT.glob("*.py"))
-    assert loose == ["__init__.py", "_moved.py", "functional.py", "loading.py"], loose
+    assert loose == ["__init__.py", "functional.py", "loading.py"], loose
     folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert folders == sorted(["cli", "common", "integrations", "training", *MODALITIES]), folders
 
 
-@pytest.mark.parametrize("old, new", [("posenc.bench.attention", "posenc.cli.bench.attention"),
-                                      ("posenc.report", "posenc.common.report"),
-                                      ("posenc.demo_parts.seq", "posenc.cli.demo.seq"),
-                                      ("posenc.argtypes", "posenc.cli.argtypes")])
-def test_old_import_paths_still_work_with_a_deprecation_warning(old, new):
+# the previous layout's paths, dropped in 0.1.0 (CHANGELOG.md) -> where each one lives now
+OLD_PATHS = {"posenc.bench": "posenc.cli.bench", "posenc.train": "posenc.cli.train", "posenc.demo": "posenc.cli.demo",
+             "posenc.demo_parts": "posenc.cli.demo", "posenc.argtypes": "posenc.cli.argtypes",
+             "posenc.options": "posenc.cli.options", "posenc.report": "posenc.training.report",
+             "posenc.common.report": "posenc.training.report", "posenc.common.plan": "posenc.common.planning"}
+
+
+@pytest.mark.parametrize("old, new", OLD_PATHS.items())
+def test_old_import_paths_are_gone_the_changelog_names_them_and_the_new_ones_import(old, new):
     import importlib
     import sys
 
-    for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
+    import posenc
+
+    assert not any(type(f).__module__.startswith(posenc.__name__) for f in sys.meta_path), "an import hook is back"
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+    changelog = (ROOT.parent / "CHANGELOG.md").read_text()
+    assert f"`{old}`" in changelog and f"`{new}`" in changelog, f"CHANGELOG.md does not say {old} is now {new}"
+    assert importlib.import_module(new).__name__ == new
 
 
 def test_the_shared_option_vocabulary_imports_no_modality():
