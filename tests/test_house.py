@@ -14,28 +14,29 @@ ROOT = Path(__file__).resolve().parents[1] / "posenc"
 MODALITIES = ("seq", "vision", "graph", "timeseries")
 
 
-def _posenc_imports(path: Path, depth: int = 1) -> set[str]:
-    """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"};
-    with ``depth=2`` two levels deep, e.g. {"cli.bench", "training.report"}."""
+def _imported_names(path: Path) -> set[str]:
+    """Every ``posenc`` name a file imports (absolute or relative, at the top or inside a function),
+    absolute: in posenc/seq/alibi.py, ``from ..common.masks import AttentionMask`` is
+    "posenc.common.masks.AttentionMask", ``from .. import vision`` is "posenc.vision", ``import
+    posenc.graph`` is "posenc.graph". A name is a module or a name in one (the longest prefix that is)."""
     package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]  # ("posenc", "seq")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = list(package[: len(package) - node.level + 1])
-                parts = base + (node.module.split(".") if node.module else [])
-                if not node.module:  # from .. import x: x may itself be a subpackage
-                    parts = base + [node.names[0].name]
+                module = [*package[: len(package) - node.level + 1], *(node.module.split(".") if node.module else [])]
             else:
-                parts = (node.module or "").split(".")
-            if parts[:1] == ["posenc"] and len(parts) > 1:
-                found.add(".".join(parts[1:1 + depth]))
+                module = node.module.split(".")
+            found.update(".".join([*module, alias.name]) for alias in node.names)
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "posenc" and len(parts) > 1:
-                    found.add(".".join(parts[1:1 + depth]))
-    return found
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "posenc"}
+
+
+def _posenc_imports(path: Path, depth: int = 1) -> set[str]:
+    """The ``posenc`` subpackages a file imports (absolute or relative), e.g. {"common", "seq"};
+    with ``depth=2`` two levels deep, e.g. {"cli.bench", "training.report"}."""
+    return {".".join(name.split(".")[1:1 + depth]) for name in _imported_names(path) if "." in name}
 
 
 @pytest.mark.parametrize("package", ["common", "training"])
@@ -130,6 +131,78 @@ def test_old_import_paths_are_gone_the_changelog_names_them_and_the_new_ones_imp
     changelog = (ROOT.parent / "CHANGELOG.md").read_text()
     assert f"`{old}`" in changelog and f"`{new}`" in changelog, f"CHANGELOG.md does not say {old} is now {new}"
     assert importlib.import_module(new).__name__ == new
+
+
+def _module_name(path: Path) -> str:
+    """posenc/seq/rope.py -> "posenc.seq.rope"; posenc/seq/__init__.py -> "posenc.seq"."""
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module under posenc -> the posenc modules it imports, at the top or inside a function
+    (an imported name counts as the module that defines it)."""
+    paths = {_module_name(path): path for path in ROOT.rglob("*.py")}
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        for name in _imported_names(path):
+            while name not in paths:  # ends at "posenc" at the latest
+                name = name.rpartition(".")[0]
+            targets.add(name)
+        graph[module] = targets - {module}
+    return graph
+
+
+def _an_import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports, first module repeated at the end, or None when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            circle = visit(target)
+            if circle:
+                return circle
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        circle = visit(module)
+        if circle:
+            return circle
+    return None
+
+
+# import arrows that close a circle and are on their way out
+KNOWN_CIRCLE_EDGES = {
+    ("posenc.seq.rope", "posenc.seq.rope_scaled"),  # removed by the rope scaling change (issue 52 item 4)
+}
+
+
+def test_no_import_circles():
+    """No module imports, through any chain of imports, itself: every arrow points one way, and a
+    shared piece lives in the module that owns it (not in a function-level import hiding the arrow)."""
+    graph = _import_graph()
+    # the reader sees function-level imports and names that are modules (``from . import x``)
+    assert {"posenc.cli.bench.attention_units", "posenc.cli.bench.smithy_rows"} <= graph["posenc.cli.bench.attention"]
+    assert "posenc.training.report" in graph["posenc.cli"]
+    for module, target in KNOWN_CIRCLE_EDGES:
+        graph[module].discard(target)
+    circle = _an_import_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_finder_finds_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _an_import_circle(graph) == ["a", "b", "c", "a"]
+    assert _an_import_circle({"a": {"b"}, "b": set()}) is None
 
 
 def test_the_shared_option_vocabulary_imports_no_modality():

@@ -513,15 +513,15 @@ def test_the_copy_task_example_trains_at_a_tiny_size(capsys):
 
 def test_bench_smithy_rows_build_run_and_summarise():
     from posenc.cli.bench import smithy_rows
-    from posenc.cli.bench.attention import AttentionBenchConfig, Candidate, Row, candidates
+    from posenc.cli.bench.attention import SMITHY_ENCODINGS, AttentionBenchConfig, Candidate, Row, candidates
 
     config = AttentionBenchConfig(seq_len=8, batch=1, heads=2, head_dim=8, smithy=True)
     names = [c.name for c in candidates(config, [])]
-    for enc in smithy_rows.SMITHY_ENCODINGS:
+    for enc in SMITHY_ENCODINGS:
         assert {enc, f"attention-smithy {enc}", f"attention-smithy+posenc {enc}"} <= set(names)
     assert not any("linear" in n for n in names)
     x = torch.randn(1, 8, 16)
-    for cand in smithy_rows.candidates(16, 2, 8, Candidate):
+    for cand in smithy_rows.candidates(16, 2, 8, Candidate, SMITHY_ENCODINGS):
         assert cand.factory()(x).shape == x.shape
     rows = [Row("t5", "posenc", ms=2.0), Row("attention-smithy t5", "attention-smithy", ms=8.0),
             Row("attention-smithy+posenc t5", "attention-smithy+posenc", ms=2.2)]

@@ -12,6 +12,12 @@ import argparse
 import sys
 from typing import Callable, Mapping, Sequence
 
+# TrainConfig field -> the flag that sets it (the groups of :mod:`posenc.cli.options`), for messages
+# about a run (resume mismatches)
+FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "weight_decay": "--weight-decay",
+         "warmup_steps": "--warmup-steps", "min_lr_ratio": "--min-lr-ratio", "grad_clip": "--grad-clip",
+         "world_size": "the number of processes (torchrun --nproc_per_node)"}
+
 
 def usage_error(prog: str, message: str) -> int:
     """Print ``prog: error: message`` (on one line) to stderr; return 2, the exit status."""
@@ -45,13 +51,12 @@ def run_checked(
     ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
     as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
     its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over
-    :data:`posenc.cli.options.FLAGS`). Benches pass ``errors=()``: an exception while measuring
+    :data:`FLAGS`). Benches pass ``errors=()``: an exception while measuring
     is a bug to see in full, not bad input."""
     error = check(args)
     if error is not None:  # before anything imports torch
         return usage_error(prog, error)
     from ..training.trainer import ResumeMismatch
-    from .options import FLAGS
 
     try:
         return work(args)

@@ -37,10 +37,6 @@ CONTEXT_METHOD_ALIASES = {"default": "none", "pi": "linear", "dynamic": "dynamic
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
                     "on the input or on q and k run on it, and SPE runs only on it")
-# TrainConfig field -> the flag that sets it, for messages about a run (resume mismatches)
-FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "weight_decay": "--weight-decay",
-         "warmup_steps": "--warmup-steps", "min_lr_ratio": "--min-lr-ratio", "grad_clip": "--grad-clip",
-         "world_size": "the number of processes (torchrun --nproc_per_node)"}
 
 
 def add_encoding_arguments(parser: argparse.ArgumentParser, *, what: str, default: str | None = None,

@@ -105,16 +105,17 @@ LINEAR_ENCODINGS = ("none", "sine_spe", "conv_spe")
 LONG_SEQ_LEN = 1024
 LONG_REPEATS = 3
 
-# Peer libraries: import name, distribution name, and the rows built from each.
+# Peer libraries: import name and distribution name; the rows built from each are its unit (.attention_units)
+# with each of attention_units.PEER_ENCODINGS.
 PEERS: dict[str, tuple[str, str]] = {
     "x-transformers": ("x_transformers", "x-transformers"),
     "attention-smithy": ("attention_smithy", "attention-smithy"),
 }
-PEER_ENCODINGS = ("rope", "alibi")
 
-
-# the encodings of the AttentionSmithy row set (:mod:`.smithy_rows`, imported when its rows are built)
+# the encodings of the AttentionSmithy row set without --encodings (:mod:`.smithy_rows`, imported when its
+# rows are built, builds them for the encodings the config names)
 SMITHY_ENCODINGS = ("none", "rope", "alibi", "t5", "fire")
+
 
 @dataclass(frozen=True)
 class AttentionBenchConfig:
@@ -286,7 +287,7 @@ def _has_parameters(config: AttentionBenchConfig, name: str) -> bool:
 
 def candidates(config: AttentionBenchConfig, notes: list[str]) -> list[Candidate]:
     """The rows of a run, in order: baseline, posenc rows, then peer rows (missing peers noted)."""
-    from .attention_units import AttentionSmithyAttention, BareCausalAttention, XTransformersAttention
+    from .attention_units import PEER_ENCODINGS, AttentionSmithyAttention, BareCausalAttention, XTransformersAttention
 
     c, h, d = config.dim, config.heads, config.head_dim
     rows = [Candidate(BASELINE, "torch", functools.partial(BareCausalAttention, c, h))]

@@ -16,7 +16,9 @@ from ...common.attention import MultiheadAttention
 from ...common.encoding import Hook, PositionEncoding, attention_part
 from ...common.linear_attention import make_feature_map
 from ...common.masks import AttentionMask
-from .attention import PEER_ENCODINGS
+
+# the encodings the peers' units (x-transformers, AttentionSmithy) are built with, each its own
+PEER_ENCODINGS = ("rope", "alibi")
 
 
 class BareCausalAttention(nn.Module):

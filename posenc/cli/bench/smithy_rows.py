@@ -1,8 +1,9 @@
 """``posenc bench attention --smithy``: AttentionSmithy's attention with its own method against the
 same module running posenc's core (issue 22).
 
-For each of :data:`SMITHY_ENCODINGS` (none, rope and alibi, which AttentionSmithy has, and t5 and
-fire, which it lacks) three rows time the same unit as every attention-bench row (causal
+For each encoding the bench asks for (by default
+:data:`posenc.cli.bench.attention.SMITHY_ENCODINGS`: none, rope and alibi, which AttentionSmithy
+has, and t5 and fire, which it lacks) three rows time the same unit as every attention-bench row (causal
 self-attention with its projections, forward + backward):
 
 ``NAME`` (impl ``posenc``)
@@ -30,7 +31,6 @@ from torch import Tensor, nn
 
 from ...common.registry import ModelDims, build
 
-from .attention import SMITHY_ENCODINGS  # noqa: E402  (one list, kept where --help reads it)
 SMITHY = "attention-smithy"
 OWN_STRATEGIES = ("none", "rope", "alibi")  # the rows AttentionSmithy's own strategies serve
 BRIDGED = "attention-smithy+posenc"
@@ -94,8 +94,7 @@ def smithy_can_run(name: str, dim: int, heads: int, seq_len: int) -> bool:
     return expressible(_encoding(name, dim, heads, seq_len)) is None
 
 
-def candidates(dim: int, heads: int, seq_len: int, make: Callable,
-               encodings: tuple[str, ...] = SMITHY_ENCODINGS) -> list:
+def candidates(dim: int, heads: int, seq_len: int, make: Callable, encodings: tuple[str, ...]) -> list:
     """The AttentionSmithy rows for ``encodings`` (``make(name, impl, factory)`` builds the bench's
     Candidate): ``attention-smithy NAME`` where its own method can run NAME (see
     :func:`smithy_can_run`), ``attention-smithy+posenc NAME`` for every one."""
