@@ -10,26 +10,15 @@ imports without torch: the command line answers ``posenc list`` before anything 
 
 from __future__ import annotations
 
-import importlib
-
-# public name -> the submodule defining it
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("CheckpointError", "load_checkpoint", "save_atomic"), "checkpoint"),
-    **dict.fromkeys(("TrainConfig", "Trainer", "lr_factor"), "trainer"),
-}
-
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in ("CheckpointError", "load_checkpoint", "save_atomic"):
+        from . import checkpoint as module
+    elif name in ("TrainConfig", "Trainer", "lr_factor"):
+        from . import trainer as module
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later reads skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return getattr(module, name)
 
 
 __all__ = ["CheckpointError", "TrainConfig", "Trainer", "lr_factor", "load_checkpoint", "save_atomic"]
