@@ -1,4 +1,4 @@
-"""The table of RoPE scalings (``ROPE_SCALING_ENTRIES``): each row's written function, config and
+"""The table of RoPE scalings (``ROPE_SCALING_ENTRIES``): each row's dataclass, function and
 encoding agree with each other, the context-extension methods read the table, and configs
 round-trip through plain values."""
 
@@ -14,7 +14,6 @@ import torch
 import posenc
 from posenc.common import registry as encoding_registry
 from posenc.common.registry import ModelDims
-from posenc.seq import rope as rope_module
 from posenc.seq import rope_scaling as rs
 from posenc.seq.rope_scaled import SCALED_ROPE_CLASSES
 from posenc.seq.context import extend_context, make_scaling, rotary_layers
@@ -25,24 +24,24 @@ def test_every_row_of_the_table_agrees_with_its_function_config_and_encoding():
     names = [e.name for e in rs.rope_scaling_entries()]
     assert names == ["linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"] == list(rs.ROPE_SCALING_ENTRIES)
     for entry in rs.rope_scaling_entries():
-        # the written config's fields are the function's keyword parameters, in order, with its defaults
-        function_params = [p for p in inspect.signature(entry.compute).parameters.values()
-                           if p.kind is p.KEYWORD_ONLY and p.name != "seq_len"]
+        # the function takes the config, the width, the base and the length
+        assert list(inspect.signature(entry.inv_freq).parameters)[1:] == ["rotary_dim", "base", "seq_len"]
         fields = dataclasses.fields(entry.config)
-        assert [f.name for f in fields] == [p.name for p in function_params] == list(entry.parameter_names)
-        assert [f.default for f in fields] == [
-            dataclasses.MISSING if p.default is inspect.Parameter.empty else p.default for p in function_params]
+        assert [f.name for f in fields] == list(entry.parameter_names)
         assert entry.config.name == entry.name
-        assert rs.ROPE_SCALINGS[entry.name] is entry.compute
-        # the registered encoding is the written class, builds that config, and takes its options
+        assert rs.ROPE_SCALINGS[entry.name] is entry.inv_freq
+        # the registered encoding is the class, builds that config, and takes its options with their defaults
         enc = posenc.build(entry.encoding, dims=ModelDims(64, 4, 1024))
         assert type(enc) is SCALED_ROPE_CLASSES[entry.name] and type(enc).scaling_name == entry.name
         assert encoding_registry.get(entry.encoding).paper == entry.paper
         assert type(enc.scaling) is entry.config
         signature = inspect.signature(type(enc).__init__).parameters
         assert set(entry.options) <= set(signature)
+        for f in fields:
+            if f.name in entry.options and f.default is not dataclasses.MISSING:
+                assert signature[f.name].default == f.default
         # and what it computes is the function's result
-        freqs, factor = entry.compute(16, 10000.0, **enc.scaling.params())
+        freqs, factor = entry.inv_freq(enc.scaling, 16, 10000.0, None)
         got, got_factor = enc.frequencies(2048) if enc.scaling.dynamic else enc.frequencies()
         if not enc.scaling.dynamic:
             torch.testing.assert_close(got, freqs)
@@ -96,28 +95,26 @@ class HalvingScaling(rs.RopeScaling):
         if not self.factor >= 1:
             raise ValueError(f"factor must be >= 1, got {self.factor!r}")
 
-    def compute(self, rotary_dim, base, seq_len=None):
-        return halving_scaling(rotary_dim, base, factor=self.factor)
 
-
-def halving_scaling(rotary_dim: int, base: float, *, factor: float = 2.0) -> rs.Frequencies:
-    return rs.default_inv_freq(rotary_dim, base) / (2 * factor), 1.0
+def halving_inv_freq(p: HalvingScaling, rotary_dim: int, base: float, seq_len=None) -> rs.Frequencies:
+    return rs.default_inv_freq(rotary_dim, base) / (2 * p.factor), 1.0
 
 
 @pytest.fixture
 def halving_entry(monkeypatch):
     """A row added to the table by a test (removed afterwards)."""
-    entry = rs.RopeScalingEntry("halving", halving_scaling, HalvingScaling, encoding="rope_halving",
+    entry = rs.RopeScalingEntry(HalvingScaling, halving_inv_freq, encoding="rope_halving",
                                 summary="theta / (2 factor)", paper="a test", aliases=("half",))
     monkeypatch.setitem(rs.ROPE_SCALING_ENTRIES, "halving", entry)
     return entry
 
 
 def test_a_row_added_to_the_table_is_a_method_of_extend_context_and_of_the_configs(halving_entry):
-    # replaces the test of the removed decorator (register_rope_scaling): a scaling is written, then listed
+    # replaces the test of the removed decorator (register_rope_scaling): a scaling is written, then listed;
+    # the dataclass's inherited compute calls the row's function
     config = HalvingScaling(3.0)
     assert config.factor == 3.0 and config.name == "halving" and not config.dynamic
-    assert config.entry is halving_entry and rs.ROPE_SCALINGS["halving"] is halving_scaling
+    assert config.entry is halving_entry and rs.ROPE_SCALINGS["halving"] is halving_inv_freq
     with pytest.raises(ValueError, match="factor must be >= 1, got 0.5"):
         HalvingScaling(0.5)
     assert rs.rope_scaling_config("half", factor=4.0) == HalvingScaling(4.0)
@@ -130,17 +127,11 @@ def test_a_row_added_to_the_table_is_a_method_of_extend_context_and_of_the_confi
     assert make_scaling("halving", rotary_dim=8, factor=5.0) == HalvingScaling(5.0)
 
 
-def test_the_removed_generators_warn():
-    with pytest.warns(DeprecationWarning, match="register_rope_scaling is deprecated"):
-        with pytest.raises(NotImplementedError, match=r"register_rope_scaling\('halving'\): RoPE scalings are no"):
-            rs.register_rope_scaling("halving", summary="theta / (2 factor)")
-    seen = []
-    with pytest.warns(DeprecationWarning, match="on_rope_scaling_registered is deprecated"):
-        rs.on_rope_scaling_registered(seen.append)
-    assert [e.name for e in seen] == list(rs.ROPE_SCALING_ENTRIES)
-    with pytest.warns(DeprecationWarning, match="scaled_rope_class is deprecated"):
-        assert rope_module.scaled_rope_class(rs.rope_scaling_entry("yarn")) is posenc.seq.YaRNRoPE
-    with pytest.warns(DeprecationWarning, match="posenc.seq.rope.YaRNRoPE moved to posenc.seq.rope_scaled"):
-        assert rope_module.YaRNRoPE is posenc.seq.YaRNRoPE
-    with pytest.warns(DeprecationWarning, match="SCALED_ROPE_CLASSES moved"):
-        assert rope_module.SCALED_ROPE_CLASSES is SCALED_ROPE_CLASSES
+def test_rope_does_not_import_the_scaled_classes():
+    # the scaled classes import rope; rope's old aliases of them (which closed the circle) are gone, as are
+    # the inert scaling decorator and listener (CHANGELOG.md)
+    from posenc.seq import rope as rope_module
+
+    assert not hasattr(rope_module, "YaRNRoPE") and not hasattr(rope_module, "scaled_rope_class")
+    assert not hasattr(rs, "register_rope_scaling") and not hasattr(rs, "on_rope_scaling_registered")
+    assert posenc.seq.YaRNRoPE is SCALED_ROPE_CLASSES["yarn"]

@@ -20,6 +20,11 @@ from tests import reference as ref
 SCALED = ["rope_linear", "rope_ntk", "rope_dynamic_ntk", "rope_yarn", "rope_llama3", "rope_longrope"]
 
 
+def scaled(method, rotary_dim, base, *, seq_len=None, **params):
+    """A scaling's frequencies and attention factor: its dataclass, checked, then computed."""
+    return rs.rope_scaling_config(method, **params).compute(rotary_dim, base, seq_len)
+
+
 # ---- independent definitions (plain Python) --------------------------------------------------
 
 
@@ -89,10 +94,10 @@ def close(a, b, tol=1e-12):
 
 
 def test_linear_and_ntk_frequencies():
-    f, a = rs.linear_scaling(16, 10000.0, factor=4.0)
+    f, a = scaled("linear", 16, 10000.0, factor=4.0)
     close(f, [t / 4 for t in theta(16, 10000.0)])
     assert a == 1.0
-    f, a = rs.ntk_scaling(16, 10000.0, factor=4.0)
+    f, a = scaled("ntk", 16, 10000.0, factor=4.0)
     close(f, theta(16, 10000.0 * 4.0 ** (16 / 14)))
     # the fastest pair is never touched by NTK; the slowest is divided by exactly s
     assert f[0] == 1.0 and math.isclose(float(f[-1]), theta(16, 10000.0)[-1] / 4, rel_tol=1e-12)
@@ -100,12 +105,12 @@ def test_linear_and_ntk_frequencies():
 
 @pytest.mark.parametrize("length", [1, 100, 128, 129, 300, 1000])
 def test_dynamic_ntk_below_and_above_original_length(length):
-    f, _ = rs.dynamic_ntk_scaling(32, 10000.0, factor=4.0, original_max_len=128, seq_len=length)
+    f, _ = scaled("dynamic_ntk", 32, 10000.0, factor=4.0, original_max_len=128, seq_len=length)
     close(f, dynamic_ref(32, 10000.0, 4.0, 128, length))
     if length <= 128:
         close(f, theta(32, 10000.0))
     # one length per batch row
-    f, _ = rs.dynamic_ntk_scaling(32, 10000.0, factor=4.0, original_max_len=128, seq_len=torch.tensor([50.0, length]))
+    f, _ = scaled("dynamic_ntk", 32, 10000.0, factor=4.0, original_max_len=128, seq_len=torch.tensor([50.0, length]))
     close(f[0], theta(32, 10000.0))
     close(f[1], dynamic_ref(32, 10000.0, 4.0, 128, length))
 
@@ -115,7 +120,7 @@ def test_dynamic_ntk_below_and_above_original_length(length):
     [(64, 10000.0, 4.0, 256, True), (128, 500000.0, 16.0, 4096, True), (32, 10000.0, 8.0, 512, False)],
 )
 def test_yarn_frequencies_and_attention_factor(r, base, s, l0, truncate):
-    f, a = rs.yarn_scaling(r, base, factor=s, original_max_len=l0, truncate=truncate)
+    f, a = scaled("yarn", r, base, factor=s, original_max_len=l0, truncate=truncate)
     close(f, yarn_ref(r, base, s, l0, truncate=truncate))
     assert math.isclose(a, 0.1 * math.log(s) + 1, rel_tol=1e-12)
     t = theta(r, base)
@@ -124,25 +129,25 @@ def test_yarn_frequencies_and_attention_factor(r, base, s, l0, truncate):
 
 def test_yarn_equal_correction_bounds_and_mscale_knobs():
     # L0 = 6 < 2*pi: both correction dims round to 0, so high gets +0.001 (no division by zero)
-    f, _ = rs.yarn_scaling(16, 10000.0, factor=4.0, original_max_len=6)
+    f, _ = scaled("yarn", 16, 10000.0, factor=4.0, original_max_len=6)
     close(f, yarn_ref(16, 10000.0, 4.0, 6))
     t = theta(16, 10000.0)
     close(f, [t[0]] + [x / 4 for x in t[1:]])
     assert torch.isfinite(f).all()
     # DeepSeek-style knobs: equal mscale and mscale_all_dim cancel; otherwise their ratio
-    _, a = rs.yarn_scaling(16, 10000.0, factor=40.0, original_max_len=4096, mscale=1.0, mscale_all_dim=1.0)
+    _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, mscale=1.0, mscale_all_dim=1.0)
     assert a == 1.0
-    _, a = rs.yarn_scaling(16, 10000.0, factor=40.0, original_max_len=4096, mscale=0.707, mscale_all_dim=0.0)
+    _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, mscale=0.707, mscale_all_dim=0.0)
     assert math.isclose(a, 0.1 * 0.707 * math.log(40) + 1, rel_tol=1e-12)
-    _, a = rs.yarn_scaling(16, 10000.0, factor=40.0, original_max_len=4096, attention_factor=1.5)
+    _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, attention_factor=1.5)
     assert a == 1.5
-    _, a = rs.yarn_scaling(16, 10000.0, factor=1.0, original_max_len=4096)
+    _, a = scaled("yarn", 16, 10000.0, factor=1.0, original_max_len=4096)
     assert a == 1.0
 
 
 @pytest.mark.parametrize("r,base,l0", [(128, 500000.0, 8192), (64, 10000.0, 2048), (32, 10000.0, 64)])
 def test_llama3_frequencies_and_bands(r, base, l0):
-    f, a = rs.llama3_scaling(r, base, original_max_len=l0)
+    f, a = scaled("llama3", r, base, original_max_len=l0)
     close(f, llama3_ref(r, base, l0=l0))
     assert a == 1.0
     t = torch.tensor(theta(r, base), dtype=torch.float64)
@@ -165,7 +170,7 @@ def test_llama3_band_edges_are_continuous():
         assert math.isclose(blended, expected, rel_tol=1e-12)
     # and the implementation agrees with the piecewise definition around the edges
     for l0 in (int(4 * w) - 1, int(4 * w), int(4 * w) + 1, int(w), int(w) + 1):
-        close(rs.llama3_scaling(r, base, original_max_len=l0)[0], llama3_ref(r, base, l0=l0))
+        close(scaled("llama3", r, base, original_max_len=l0)[0], llama3_ref(r, base, l0=l0))
 
 
 def test_longrope_short_and_long_factors():
@@ -173,23 +178,23 @@ def test_longrope_short_and_long_factors():
     long = [1.0, 2.0, 4.0, 8.0]
     t = theta(8, 10000.0)
     kw = dict(short_factor=short, long_factor=long, factor=8.0, original_max_len=512)
-    f, a = rs.longrope_scaling(8, 10000.0, seq_len=512, **kw)
+    f, a = scaled("longrope", 8, 10000.0, seq_len=512, **kw)
     close(f, [x / s for x, s in zip(t, short)])
     assert math.isclose(a, math.sqrt(1 + math.log(8) / math.log(512)), rel_tol=1e-12)
-    f, a2 = rs.longrope_scaling(8, 10000.0, seq_len=513, **kw)
+    f, a2 = scaled("longrope", 8, 10000.0, seq_len=513, **kw)
     close(f, [x / s for x, s in zip(t, long)])
     assert a2 == a  # the attention factor applies in both regimes (as in HF)
-    f, _ = rs.longrope_scaling(8, 10000.0, seq_len=torch.tensor([10.0, 2000.0]), **kw)
+    f, _ = scaled("longrope", 8, 10000.0, seq_len=torch.tensor([10.0, 2000.0]), **kw)
     close(f[0], [x / s for x, s in zip(t, short)])
     close(f[1], [x / s for x, s in zip(t, long)])
     # the default long list reproduces the NTK-aware base
-    close(rs.longrope_scaling(8, 10000.0, short_factor=[1] * 4, long_factor=rs.ntk_long_factors(8, 4.0),
-                              factor=4.0, original_max_len=64)[0], rs.ntk_scaling(8, 10000.0, factor=4.0)[0])
+    close(scaled("longrope", 8, 10000.0, short_factor=[1] * 4, long_factor=rs.ntk_long_factors(8, 4.0),
+                 factor=4.0, original_max_len=64)[0], scaled("ntk", 8, 10000.0, factor=4.0)[0])
 
 
 def test_registry_of_scaling_functions():
     assert set(rs.ROPE_SCALINGS) == {"linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"}
-    assert rs.ROPE_SCALINGS["yarn"] is rs.yarn_scaling
+    assert rs.ROPE_SCALINGS["yarn"] is rs.yarn_inv_freq
 
 
 # ---- encodings -------------------------------------------------------------------------------
@@ -378,20 +383,20 @@ def test_xpos_is_causal_only_and_checks_input():
     "call,match",
     [
         (lambda: RotaryEncoding(8, rotary_dim=7), "rotary_dim must be .*even.*7"),
-        (lambda: rs.linear_scaling(8, 10000.0, factor=0.5), "factor must be .*>= 1.*0.5"),
-        (lambda: rs.ntk_scaling(8, 10000.0, factor=float("nan")), "factor must be a finite number"),
-        (lambda: rs.ntk_scaling(2, 10000.0, factor=2.0), "ntk scaling needs rotary_dim >= 4"),
-        (lambda: rs.linear_scaling(8, 1.0, factor=2.0), "base must be .*> 1.*1.0"),
-        (lambda: rs.dynamic_ntk_scaling(8, 1e4, factor=2.0, original_max_len=0), "original_max_len must be a positive int.*0"),
-        (lambda: rs.yarn_scaling(8, 1e4, factor=2.0, original_max_len=64, beta_fast=1.0, beta_slow=32.0),
+        (lambda: scaled("linear", 8, 10000.0, factor=0.5), "factor must be .*>= 1.*0.5"),
+        (lambda: scaled("ntk", 8, 10000.0, factor=float("nan")), "factor must be a finite number"),
+        (lambda: scaled("ntk", 2, 10000.0, factor=2.0), "ntk scaling needs rotary_dim >= 4"),
+        (lambda: scaled("linear", 8, 1.0, factor=2.0), "base must be .*> 1.*1.0"),
+        (lambda: scaled("dynamic_ntk", 8, 1e4, factor=2.0, original_max_len=0), "original_max_len must be a positive int.*0"),
+        (lambda: scaled("yarn", 8, 1e4, factor=2.0, original_max_len=64, beta_fast=1.0, beta_slow=32.0),
          "beta_fast must be greater than beta_slow, got beta_fast=1.0, beta_slow=32.0"),
-        (lambda: rs.yarn_scaling(8, 1e4, factor=2.0, original_max_len=64, attention_factor=-1.0), "attention_factor must be .*(> 0|positive)"),
-        (lambda: rs.llama3_scaling(8, 1e4, low_freq_factor=4.0, high_freq_factor=1.0),
+        (lambda: scaled("yarn", 8, 1e4, factor=2.0, original_max_len=64, attention_factor=-1.0), "attention_factor must be .*(> 0|positive)"),
+        (lambda: scaled("llama3", 8, 1e4, low_freq_factor=4.0, high_freq_factor=1.0),
          "low_freq_factor must be smaller than high_freq_factor, got 4.0 and 1.0"),
-        (lambda: rs.longrope_scaling(8, 1e4, short_factor=[1.0] * 3, long_factor=[1.0] * 4, factor=2.0, original_max_len=64),
+        (lambda: scaled("longrope", 8, 1e4, short_factor=[1.0] * 3, long_factor=[1.0] * 4, factor=2.0, original_max_len=64),
          "short_factor must hold rotary_dim/2 = 4 numbers, got 3"),
-        (lambda: rs.longrope_scaling(8, 1e4, short_factor=[1.0] * 4, long_factor=[1.0, 0.0, 1.0, 1.0], factor=2.0,
-                                     original_max_len=64), "long_factor must be finite and positive"),
+        (lambda: scaled("longrope", 8, 1e4, short_factor=[1.0] * 4, long_factor=[1.0, 0.0, 1.0, 1.0], factor=2.0,
+                        original_max_len=64), "long_factor must be finite and positive"),
         (lambda: rs.LongRoPEScaling((1.0,), (1.0,), 64, select="medium"), "select must be 'by_length', 'short' or 'long'"),
         (lambda: posenc.build("rope_yarn", dims=ModelDims(32, 2, 64), factor=0.9), "factor must be .*>= 1.*0.9"),
         (lambda: posenc.build("rope_llama3", dims=ModelDims(32, 2, 4)), r"max_len // factor = 4 // 8.0 is 0"),

@@ -97,7 +97,7 @@ def make_scaling(
         params["factor"] = factor
     if "original_max_len" in taken:
         params["original_max_len"] = original_max_len
-    for name in entry.required:  # a parameter the function requires and the caller left out: a width default
+    for name in entry.required:  # a field without a default that the caller left out: a width default
         params.setdefault(name, None)
     return entry.config(**entry.with_defaults(rotary_dim, params))
 

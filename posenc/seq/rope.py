@@ -14,9 +14,9 @@ rotates only the first ``r`` features (partial rotary).
 
 The functional form: :func:`rope_frequencies`, :func:`rope_cos_sin` and :func:`apply_rope`
 (re-exported by :mod:`posenc.functional`); :class:`RotaryEncoding` is a thin module over them.
-Each scaling of :mod:`.rope_scaling` also has its own registered encoding, written in
-:mod:`.rope_scaled` (``rope_linear``, ``rope_yarn``, ...: :class:`~.rope_scaled.LinearRoPE`,
-:class:`~.rope_scaled.YaRNRoPE`, ...).
+A context extension is ``RotaryEncoding(head_dim, scaling=YaRNScaling(...))``; the registered
+names (``rope_linear``, ``rope_yarn``, ...) are the classes of :mod:`.rope_scaled`, which imports
+this module (never the reverse).
 
 Static scalings compute their frequencies once, at construction (a float64 buffer). Length-
 dependent ones (dynamic NTK; LongRoPE switching short/long) take the current length of each batch
@@ -309,37 +309,6 @@ class RotaryEncoding(PositionEncoding):
             return cos.to(dtype), sin.to(dtype)
 
         return self._tables.get((self.inv_freq,), build, key=(length, dtype, device, factor))
-
-
-# --- moved to .rope_scaled (these names keep working here for one release) ------------------------
-
-_MOVED_TO_ROPE_SCALED = ("LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE",
-                         "SCALED_ROPE_CLASSES")
-
-
-def scaled_rope_class(entry) -> type[RotaryEncoding]:
-    """Deprecated: the written encoding class of a scaling's table entry,
-    ``posenc.seq.rope_scaled.SCALED_ROPE_CLASSES[entry.name]`` (classes are no longer made)."""
-    import warnings
-
-    from .rope_scaled import SCALED_ROPE_CLASSES
-
-    warnings.warn("scaled_rope_class is deprecated: use posenc.seq.rope_scaled.SCALED_ROPE_CLASSES[name]",
-                  DeprecationWarning, stacklevel=2)
-    return SCALED_ROPE_CLASSES[entry.name]
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_ROPE_SCALED:
-        import warnings
-
-        from . import rope_scaled
-
-        also = "" if name == "SCALED_ROPE_CLASSES" else f" (also posenc.seq.{name})"
-        warnings.warn(f"posenc.seq.rope.{name} moved to posenc.seq.rope_scaled{also}", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(rope_scaled, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -1,15 +1,17 @@
-"""The registered RoPE context extensions: one :class:`~.rope.RotaryEncoding` subclass per scaling.
+"""The registered RoPE context extensions: ``rope_linear`` (:class:`LinearRoPE`), ``rope_ntk``
+(:class:`NTKRoPE`), ``rope_dynamic_ntk`` (:class:`DynamicNTKRoPE`), ``rope_yarn``
+(:class:`YaRNRoPE`), ``rope_llama3`` (:class:`Llama3RoPE`) and ``rope_longrope`` (:class:`LongRoPE`).
 
-``rope_linear`` (:class:`LinearRoPE`), ``rope_ntk`` (:class:`NTKRoPE`), ``rope_dynamic_ntk``
-(:class:`DynamicNTKRoPE`), ``rope_yarn`` (:class:`YaRNRoPE`), ``rope_llama3``
-(:class:`Llama3RoPE`) and ``rope_longrope`` (:class:`LongRoPE`): each builds its typed config
-from :mod:`.rope_scaling` (where the formulas are) and is a plain :class:`~.rope.RotaryEncoding`
-holding it, so ``posenc.build("rope_yarn", dims=..., factor=4.0)`` and
-``RotaryEncoding(head_dim, scaling=YaRNScaling(...))`` compute the same thing.
-
+Each is a plain :class:`~.rope.RotaryEncoding` holding its scaling's dataclass, so
+``posenc.build("rope_yarn", dims=..., factor=4.0)`` and ``RotaryEncoding(head_dim,
+scaling=YaRNScaling(...))`` compute the same thing. The classes exist for ``posenc.build`` and
+for users who import them by name; all six are made by :func:`_scaled_rope` from the table of
+:mod:`.rope_scaling`, so their arguments are the dataclass's fields, in order:
+``(head_dim, [max_len,] factor, [original_max_len,] <options>, base, rotary_dim, pairing)``.
 The scalings that read the training length take ``max_len`` and ``original_max_len`` (``L0``):
 ``L0`` defaults to ``max_len // factor``, so that a model built for ``max_len`` (what
-``posenc.build`` passes from ``ModelDims``) is the extended one.
+``posenc.build`` passes from ``ModelDims``) is the extended one. LongRoPE's lists default to
+ones and to the NTK-aware factors ``s^(2k/(r-2))`` (:func:`~.rope_scaling.ntk_long_factors`).
 
 Shapes, as for :class:`~.rope.RotaryEncoding`: ``q [B, Hq, Tq, D]``, ``k [B, Hkv, Tk, D]``,
 positions ``[B or 1, T]``; hook q/k transform; kernel SDPA.
@@ -17,23 +19,15 @@ positions ``[B or 1, T]``; hook q/k transform; kernel SDPA.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+import dataclasses
+import inspect
+from typing import Any
 
 from ..common.checks import check_int, check_number
 from ..common.registry import register
-from ..common.rotary import Pairing
+from .context import make_scaling
 from .rope import RotaryEncoding, check_rotary_dims
-from .rope_scaling import (
-    ROPE_SCALING_ENTRIES,
-    DynamicNTKScaling,
-    LinearScaling,
-    Llama3Scaling,
-    LongRoPEScaling,
-    LongRoPESelect,
-    NTKScaling,
-    YaRNScaling,
-    longrope_default_factors,
-)
+from .rope_scaling import ROPE_SCALING_ENTRIES, RopeScalingEntry
 
 
 def _original_max_len(max_len: int | None, original_max_len: int | None, factor: float, name: str) -> int:
@@ -52,243 +46,68 @@ def _original_max_len(max_len: int | None, original_max_len: int | None, factor:
     return out
 
 
-def _registered(scaling: str):
-    """``register`` with the name, paper and summary of ``scaling``'s row of the table."""
+def _signature(entry: RopeScalingEntry) -> inspect.Signature:
+    """The constructor's: ``self, head_dim``, the dataclass's fields (``max_len`` before ``factor``
+    and ``original_max_len`` defaulting to None where the scaling reads ``L0``; a required option
+    defaulting to None, filled from the width), then ``base, rotary_dim, pairing``."""
+    fields = {f.name: f for f in dataclasses.fields(entry.config)}
+    names = ["factor", *entry.options]
+    if entry.needs_original_length:
+        names[1:1] = ["original_max_len"]
+    defaults = [(n, None if n == "original_max_len" or fields[n].default is dataclasses.MISSING else fields[n].default)
+                for n in names]
+    if entry.needs_original_length:
+        defaults.insert(0, ("max_len", None))
+    defaults += [("base", 10000.0), ("rotary_dim", None), ("pairing", "half_split")]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([inspect.Parameter("self", kind), inspect.Parameter("head_dim", kind),
+                              *(inspect.Parameter(n, kind, default=d) for n, d in defaults)])
+
+
+def _scaled_rope(class_name: str, scaling: str) -> type[RotaryEncoding]:
+    """The registered encoding class of ``scaling``'s table row, named ``class_name``."""
     entry = ROPE_SCALING_ENTRIES[scaling]
-    return register(entry.encoding, modality="seq", paper=entry.paper, summary=entry.summary)
+    signature = _signature(entry)
+
+    def __init__(self: RotaryEncoding, *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{class_name}: {error}") from None
+        bound.apply_defaults()
+        given = bound.arguments
+        l0 = None
+        if entry.needs_original_length:
+            l0 = _original_max_len(given["max_len"], given["original_max_len"], given["factor"], entry.encoding)
+        r = check_rotary_dims(given["head_dim"], given["rotary_dim"])  # before the width-dependent defaults read it
+        scaling_params = make_scaling(scaling, rotary_dim=r, factor=given["factor"], original_max_len=l0,
+                                      **{name: given[name] for name in entry.options})
+        RotaryEncoding.__init__(self, given["head_dim"], given["base"], given["rotary_dim"], given["pairing"],
+                                scaling=scaling_params)
+
+    __init__.__signature__ = signature  # what posenc.build and help() read
+    __init__.__qualname__ = f"{class_name}.__init__"
+    config = entry.config.__name__
+    doc = (f"{entry.summary} ({entry.paper}): ``RotaryEncoding(head_dim, scaling={config}(...))``.\n\n"
+           f"    Arguments: ``head_dim``; the fields of :class:`~.rope_scaling.{config}`; ``base``, ``rotary_dim`` "
+           f"and ``pairing`` as for :class:`~.rope.RotaryEncoding`.\n    ")
+    cls = type(class_name, (RotaryEncoding,), {
+        "__init__": __init__, "__doc__": doc, "__module__": __name__, "__qualname__": class_name,
+        "scaling_name": scaling,
+    })
+    return register(entry.encoding, modality="seq", paper=entry.paper, summary=entry.summary)(cls)
 
 
-@_registered("linear")
-class LinearRoPE(RotaryEncoding):
-    """RoPE with positions interpolated, ``theta / factor`` (Chen et al. 2023,
-    https://arxiv.org/abs/2306.15595; :func:`~.rope_scaling.linear_scaling`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        factor: the context scale ``s >= 1``.
-        base: as for :class:`~.rope.RotaryEncoding`.
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "linear"
-
-    def __init__(
-        self,
-        head_dim: int,
-        factor: float = 4.0,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=LinearScaling(factor))
-
-
-@_registered("ntk")
-class NTKRoPE(RotaryEncoding):
-    """RoPE with the NTK-aware base, ``base * factor^(r/(r-2))`` (bloc97 2023,
-    https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/; :func:`~.rope_scaling.ntk_scaling`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        factor: the context scale ``s >= 1``.
-        base: as for :class:`~.rope.RotaryEncoding` (the rotary width must be >= 4).
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "ntk"
-
-    def __init__(
-        self,
-        head_dim: int,
-        factor: float = 4.0,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=NTKScaling(factor))
-
-
-@_registered("dynamic_ntk")
-class DynamicNTKRoPE(RotaryEncoding):
-    """RoPE with an NTK-aware base grown from the current length ``T`` beyond ``L0``:
-    ``base * (s*T/L0 - (s-1))^(r/(r-2))`` (emozilla 2023,
-    https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/; :func:`~.rope_scaling.dynamic_ntk_scaling`).
-
-    ``T = max(q_pos, kv_pos) + 1`` per batch row, read from each call's positions; the encoding
-    refuses a KV cache (see :mod:`.rope`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
-        factor: the context scale ``s >= 1``.
-        original_max_len: ``L0``, the length the model was trained at.
-        base: as for :class:`~.rope.RotaryEncoding`.
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "dynamic_ntk"
-
-    def __init__(
-        self,
-        head_dim: int,
-        max_len: int | None = None,
-        factor: float = 4.0,
-        original_max_len: int | None = None,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_dynamic_ntk")
-        check_rotary_dims(head_dim, rotary_dim)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=DynamicNTKScaling(l0, factor))
-
-
-@_registered("yarn")
-class YaRNRoPE(RotaryEncoding):
-    """RoPE with YaRN's ramp between interpolated (``theta / s``) and original frequencies, and
-    its attention factor on cos and sin (Peng et al. 2023, https://arxiv.org/abs/2309.00071;
-    :func:`~.rope_scaling.yarn_scaling`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
-        factor: the context scale ``s >= 1``.
-        original_max_len: ``L0``, the length the model was trained at.
-        beta_fast: rotations in ``L0`` that bound the ramp (32 and 1).
-        beta_slow: see ``beta_fast``.
-        attention_factor: an explicit factor (default ``0.1 ln s + 1``).
-        mscale: DeepSeek's knobs, ``m(s, mscale) / m(s, mscale_all_dim)`` when both are given.
-        mscale_all_dim: see ``mscale``.
-        truncate: round the ramp's ends to whole pairs (Hugging Face's ``truncate``).
-        base: as for :class:`~.rope.RotaryEncoding`.
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "yarn"
-
-    def __init__(
-        self,
-        head_dim: int,
-        max_len: int | None = None,
-        factor: float = 4.0,
-        original_max_len: int | None = None,
-        beta_fast: float = 32.0,
-        beta_slow: float = 1.0,
-        attention_factor: float | None = None,
-        mscale: float | None = None,
-        mscale_all_dim: float | None = None,
-        truncate: bool = True,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_yarn")
-        check_rotary_dims(head_dim, rotary_dim)
-        scaling = YaRNScaling(l0, factor, beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
-                              mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
-
-
-@_registered("llama3")
-class Llama3RoPE(RotaryEncoding):
-    """RoPE with Llama 3.1's wavelength-banded scaling: wavelengths below ``L0 / high_freq_factor``
-    kept, above ``L0 / low_freq_factor`` divided by ``s``, blended between (Llama Team 2024,
-    https://arxiv.org/abs/2407.21783; :func:`~.rope_scaling.llama3_scaling`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
-        factor: the context scale ``s >= 1`` (8 for Llama 3.1).
-        original_max_len: ``L0`` (8192 for Llama 3.1).
-        low_freq_factor: the band edges (1 and 4).
-        high_freq_factor: see ``low_freq_factor``.
-        base: as for :class:`~.rope.RotaryEncoding`.
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "llama3"
-
-    def __init__(
-        self,
-        head_dim: int,
-        max_len: int | None = None,
-        factor: float = 8.0,
-        original_max_len: int | None = None,
-        low_freq_factor: float = 1.0,
-        high_freq_factor: float = 4.0,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_llama3")
-        check_rotary_dims(head_dim, rotary_dim)
-        scaling = Llama3Scaling(factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
-                                original_max_len=l0)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
-
-
-@_registered("longrope")
-class LongRoPE(RotaryEncoding):
-    """RoPE with LongRoPE's per-pair rescale factors, ``theta_k / f_k``: the short list while the
-    current length is at most ``L0``, the long list beyond (Ding et al. 2024,
-    https://arxiv.org/abs/2402.13753; :func:`~.rope_scaling.longrope_scaling`).
-
-    With ``select="by_length"`` the list is chosen per batch row from each call's positions and
-    the encoding refuses a KV cache (see :mod:`.rope`).
-
-    Args:
-        head_dim: per-head width ``D``.
-        max_len: the extended length; ``original_max_len`` defaults to ``max_len // factor``.
-        factor: the context scale ``s >= 1`` (read by the default attention factor and the
-            default long list).
-        original_max_len: ``L0``.
-        short_factor: ``r/2`` positive factors each; default all ones and the
-            NTK-aware factors ``s^(2k/(r-2))`` (:func:`~.rope_scaling.ntk_long_factors`).
-        long_factor: see ``short_factor``.
-        attention_factor: an explicit factor (default ``sqrt(1 + ln s / ln L0)``).
-        select: "by_length", "short" or "long".
-        base: as for :class:`~.rope.RotaryEncoding`.
-        rotary_dim: see ``base``.
-        pairing: see ``base``.
-    """
-
-    scaling_name: ClassVar[str] = "longrope"
-
-    def __init__(
-        self,
-        head_dim: int,
-        max_len: int | None = None,
-        factor: float = 4.0,
-        original_max_len: int | None = None,
-        short_factor: Sequence[float] | None = None,
-        long_factor: Sequence[float] | None = None,
-        attention_factor: float | None = None,
-        select: LongRoPESelect = "by_length",
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        pairing: Pairing = "half_split",
-    ) -> None:
-        l0 = _original_max_len(max_len, original_max_len, factor, "rope_longrope")
-        r = check_rotary_dims(head_dim, rotary_dim)  # before the width-dependent defaults read it
-        short_factor, long_factor = longrope_default_factors(r, factor, short_factor, long_factor)
-        scaling = LongRoPEScaling(short_factor, long_factor, l0, factor, attention_factor=attention_factor,
-                                  select=select)
-        super().__init__(head_dim, base, rotary_dim, pairing, scaling=scaling)
-
+LinearRoPE = _scaled_rope("LinearRoPE", "linear")
+NTKRoPE = _scaled_rope("NTKRoPE", "ntk")
+DynamicNTKRoPE = _scaled_rope("DynamicNTKRoPE", "dynamic_ntk")
+YaRNRoPE = _scaled_rope("YaRNRoPE", "yarn")
+Llama3RoPE = _scaled_rope("Llama3RoPE", "llama3")
+LongRoPE = _scaled_rope("LongRoPE", "longrope")
 
 #: Each scaling's registered encoding class, by scaling name.
 SCALED_ROPE_CLASSES: dict[str, type[RotaryEncoding]] = {
-    "linear": LinearRoPE,
-    "ntk": NTKRoPE,
-    "dynamic_ntk": DynamicNTKRoPE,
-    "yarn": YaRNRoPE,
-    "llama3": Llama3RoPE,
-    "longrope": LongRoPE,
+    cls.scaling_name: cls for cls in (LinearRoPE, NTKRoPE, DynamicNTKRoPE, YaRNRoPE, Llama3RoPE, LongRoPE)
 }
 
 __all__ = ["LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "SCALED_ROPE_CLASSES"]
