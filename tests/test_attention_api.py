@@ -53,8 +53,10 @@ def test_auto_picks_the_fastest_allowed_path():
     assert _plan(NEEDS(score_bias=True, score_transform=True)).path == "math"
     assert _plan(NEEDS(prob_bias=True)).label == "sdpa+prob_bias"
     shaw = NEEDS(score_bias=True, value_term=True, offset_values=True)
-    assert _plan(shaw, consecutive_causal=True).label == "dense+offset_values"
-    assert _plan(shaw, consecutive_causal=False).path == "math"
+    causal = posenc.AttentionMask(causal=True)
+    assert _plan(shaw, mask=causal, run_offset=0).label == "dense+offset_values"  # one run, queries last
+    assert _plan(shaw, mask=causal, run_offset=None).path == "math"  # positions not one run
+    assert _plan(shaw, mask=causal, run_offset=3).path == "math"  # the queries not the run's last
     packed = posenc.AttentionMask.packed(torch.zeros(2, 64, dtype=torch.long))
     assert _plan(mask=packed).path == "sdpa"
     assert _plan(mask=packed, device=cuda).path == "flex"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.common import chunk_pool, kernels
+from posenc.common import chunk_pool
+from posenc.common.kernels import chunking
 
 from .threads import torch_threads
 
@@ -62,7 +63,7 @@ def test_workers_take_the_callers_inference_mode(two_threads, monkeypatch):
     with torch.inference_mode():
         assert list(chunk_pool.ordered_map(modes, range(4))) == [(True, False)] * 4
     assert list(chunk_pool.ordered_map(modes, range(4))) == [(False, True)] * 4
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 2 * 4 * 300 * 32)  # chunks of about 32 rows
+    monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", 2 * 4 * 300 * 32)  # chunks of about 32 rows
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 300))
     for encoding in ("alibi", "t5", "deberta", "cape"):
@@ -98,8 +99,8 @@ def test_one_thread_runs_inline():
 def test_chunked_backward_on_workers_is_bitwise_reproducible(two_threads, monkeypatch):
     """The parts of dk, dv and the learned gradients are added in a fixed order, whichever worker
     finished first."""
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 2 * 4 * 8 * 96)
-    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", 2 * 4 * 8 * 96)
+    monkeypatch.setattr("posenc.common.kernels.chunking.MIN_CHUNK_ROWS", 8)
     dims = posenc.ModelDims(dim=32, num_heads=4, max_len=96)
     for name in ("t5", "transformer_xl", "alibi"):
         torch.manual_seed(0)
@@ -118,12 +119,12 @@ def test_chunked_backward_on_workers_is_bitwise_reproducible(two_threads, monkey
 def test_chunks_are_handed_out_largest_first():
     """Causal chunks grow with their rows; the largest goes first so it does not run alone at
     the end (ties keep their order; a remainder chunk comes last)."""
-    causal = list(kernels._row_chunks(10, 10, 4, causal=True))
+    causal = list(chunking.row_chunks(10, 10, 4, causal=True))
     assert causal == [(0, 4, 4), (4, 8, 8), (8, 10, 10)]
-    assert kernels._largest_first(causal) == [(4, 8, 8), (8, 10, 10), (0, 4, 4)]
-    full = list(kernels._row_chunks(10, 10, 4, causal=False))
-    assert kernels._largest_first(full) == [(0, 4, 10), (4, 8, 10), (8, 10, 10)]
-    assert kernels._largest_first(iter(full)) == kernels._largest_first(full)
+    assert chunking.largest_first(causal) == [(4, 8, 8), (8, 10, 10), (0, 4, 4)]
+    full = list(chunking.row_chunks(10, 10, 4, causal=False))
+    assert chunking.largest_first(full) == [(0, 4, 10), (4, 8, 10), (8, 10, 10)]
+    assert chunking.largest_first(iter(full)) == chunking.largest_first(full)
 
 
 def test_row_chunked_outputs_come_back_in_row_order_on_workers(two_threads, monkeypatch):
@@ -131,12 +132,12 @@ def test_row_chunked_outputs_come_back_in_row_order_on_workers(two_threads, monk
     workers and must still concatenate them in row order: the same output and gradients as one
     chunk, causal and not."""
     dims = posenc.ModelDims(dim=32, num_heads=4, max_len=64)
-    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr("posenc.common.kernels.chunking.MIN_CHUNK_ROWS", 8)
     for name in ("erpe", "erpe_vector", "shaw"):
         for mask in (posenc.AttentionMask(causal=True), None):
             results = []
-            for elements in (kernels._CHUNK_ELEMENTS, 2 * 4 * 64 * 8):  # one chunk, then four of 16 rows
-                monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", elements)
+            for elements in (chunking.CHUNK_ELEMENTS, 2 * 4 * 64 * 8):  # one chunk, then four of 16 rows
+                monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", elements)
                 torch.manual_seed(0)  # a new module (its plan is made for this chunk size), the same weights
                 attn = posenc.MultiheadAttention(32, 4, encoding=posenc.build(name, dims=dims)).double()
                 with torch.no_grad():  # eRPE's weights start at zero: a term of zeros reads the same in any order

@@ -57,14 +57,14 @@ def test_the_plan_reads_dtype_head_dim_and_the_bias_flag_from_the_call():
     """The facts reach PlanInputs from the tensors and the bias: a float64 call and a
     Transformer-XL call record what flex_refusal needs (checked here on the CPU, where they plan
     dense for other reasons)."""
-    from posenc.common.attention import _plan_inputs, prepare
+    from posenc.common.attention import prepare
     from posenc.common.call import AttentionCall
 
     q = torch.randn(1, 4, 6, 8, dtype=torch.float64)
     pos = torch.arange(6)[None]
     txl = posenc.build("transformer_xl", dims=posenc.ModelDims(dim=32, num_heads=4, max_len=16)).double()
     prepared = prepare(AttentionCall.checked(q, q, q, q_pos=pos, kv_pos=pos, encoding=txl))
-    inputs = _plan_inputs(prepared.call, prepared.terms)
+    inputs = prepared.inputs
     assert (inputs.dtype, inputs.head_dim, inputs.bias_pointwise) == (torch.float64, 8, False)
 
 
@@ -144,7 +144,7 @@ def test_flex_recompiles_are_not_cut_off_at_dynamos_default(monkeypatch):
     import torch._dynamo.config as dynamo_config
 
     seen = []
-    monkeypatch.setattr(kernels, "_compiled_flex", lambda: lambda *a, **kw: seen.append(dynamo_config.recompile_limit))
+    monkeypatch.setattr("posenc.common.kernels.flex._compiled_flex", lambda: lambda *a, **kw: seen.append(dynamo_config.recompile_limit))
     before = dynamo_config.recompile_limit
     kernels.run_compiled_flex(None, None, None)
     assert seen == [max(before, kernels.FLEX_RECOMPILE_LIMIT)] and kernels.FLEX_RECOMPILE_LIMIT >= 64

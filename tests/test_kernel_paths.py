@@ -13,12 +13,19 @@ import posenc
 from posenc.common import kernels
 from posenc.common.attention import attend
 from posenc.common.masks import AttentionMask
-from posenc.common.pairwise import take
+from posenc.common.pairwise import shared_run_offset, take
+from posenc.common.planning import PlanInputs
 from posenc.seq.alibi import ALiBi
 from posenc.seq.rope import RotaryEncoding
 from posenc.timeseries.erpe import ERPE
 
 from . import reference as ref
+
+
+def _consecutive_causal(case, q_pos, kv_pos) -> bool:
+    """The plan's test for Shaw's offset value term: causal alone over one run of positions."""
+    return PlanInputs(mask=case.mask(), q_len=case.q_len, kv_len=case.kv_len,
+                      run_offset=shared_run_offset(q_pos, kv_pos)).consecutive_causal
 
 # D = 16: compiled FlexAttention (the CUDA run of these tests) refuses head dims under 16
 B, H, HKV, D = 3, 4, 2, 16
@@ -145,9 +152,9 @@ PARAMS = [(kind, backend, case) for kind, bs in BACKENDS_FOR.items() for backend
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     # Force several query chunks (4 rows each) through the chunked dense path.
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 4 * B * H * 12)
-    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 4)
-    monkeypatch.setattr(kernels, "_OFFSET_CHUNK_ROWS", 5)
+    monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", 4 * B * H * 12)
+    monkeypatch.setattr("posenc.common.kernels.chunking.MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr("posenc.common.kernels.offset_values._OFFSET_CHUNK_ROWS", 5)
 
 
 @pytest.mark.parametrize("kind,backend,case", PARAMS, ids=[f"{k}-{b}-{c.name}" for k, b, c in PARAMS])
@@ -242,8 +249,8 @@ def test_learned_bias_gradients_match_reference(case, backend, budget, by_offset
     gradients, whether the bias is evaluated per block or cut from its diagonals, per head or one
     for every head, for every way of chunking the rows and grouping the batch and heads."""
     if budget is not None:
-        monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", budget[0])
-        monkeypatch.setattr(kernels, "_BACKWARD_GROUP_ELEMENTS", budget[1])
+        monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", budget[0])
+        monkeypatch.setattr("posenc.common.kernels.dense_blocks.BACKWARD_GROUP_ELEMENTS", budget[1])
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(table_heads, 23, dtype=torch.float64, generator=gen, requires_grad=True)
     q, k, v = _qkv(case, gen, requires_grad=True)
@@ -503,9 +510,7 @@ def test_relative_encoding_path_matches_float64_reference(kind, backend, case):
     expected = _relative_reference(kind, enc, case, q, k, v)
     grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
     forward_only = backend == "flex"
-    if kind == "shaw" and backend == "dense" and not kernels.contiguous_causal(
-        case.mask(), q_pos, kv_pos, case.q_len, case.kv_len
-    ):
+    if kind == "shaw" and backend == "dense" and not _consecutive_causal(case, q_pos, kv_pos):
         with pytest.raises(ValueError, match="needs the attention probabilities"):
             attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
         return
@@ -568,9 +573,7 @@ def test_cuda_relative_encoding_path_matches_float64_reference(kind, backend, ca
     enc_dev = enc.float().to(dev)
     qc, kc, vc = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v))
     mask = _mask_on(case, dev)
-    if kind == "shaw" and backend == "dense" and not kernels.contiguous_causal(
-        case.mask(), q_pos, kv_pos, case.q_len, case.kv_len
-    ):
+    if kind == "shaw" and backend == "dense" and not _consecutive_causal(case, q_pos, kv_pos):
         return  # refused on every device; the CPU test checks the message
     if backend == "flex" and kind in NOT_POINTWISE_KINDS:  # compiled flex cannot hold their reductions
         with pytest.raises(ValueError, match="backend='flex' cannot serve this call"):
@@ -619,7 +622,7 @@ def test_packed_segments_attend_per_run_as_the_dense_mask(sizes):
     """A packed row of contiguous segments (a PyG batch) runs SDPA per run (one batched call when
     every run has one length); values and gradients equal the masked float64 reference. Ids that
     come back after another segment ([0, 0, 1, 1, 0]) are not runs: the dense mask serves them."""
-    from posenc.common.kernels import _packed_runs, sdpa_path
+    from posenc.common.kernels import sdpa_path
 
     torch.manual_seed(0)
     ids = [0, 1, 0] if sizes == [2, 3, 2] else list(range(len(sizes)))
@@ -627,7 +630,7 @@ def test_packed_segments_attend_per_run_as_the_dense_mask(sizes):
     t = seg.shape[1]
     q, k, v = (torch.randn(1, 2, t, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = AttentionMask.packed(seg)
-    runs = _packed_runs(mask, 1, t, t)
+    runs = mask.packed_runs(1, t, t)
     if sizes == [2, 3, 2]:
         assert runs is None
     else:

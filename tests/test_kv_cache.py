@@ -63,37 +63,13 @@ def test_crop_rewinds_every_layer_and_checks_its_length():
     assert cache.length == 0 and cache[0].k is None
 
 
-class _Memo:
-    """A KeyMemo that records its crops and can refuse them."""
-
-    def __init__(self, keeps_up_to: int) -> None:
-        self.keeps_up_to, self.crops = keeps_up_to, []
-
-    def crop(self, length: int) -> bool:
-        self.crops.append(length)
-        return self.keeps_up_to - length <= 2
-
-
-def test_crop_crops_the_encodings_memo_and_drops_one_that_cannot_follow():
+def test_the_cache_holds_keys_values_and_positions_only():
+    """No pocket for an encoding's state: what a layer's cache holds after steps and a crop is
+    its keys, values and positions (and the between-blocks slot of a conditional module)."""
     cache = LayerKVCache()
     with torch.no_grad():
         for k, v, pos in _steps(4):
             cache.append(k, v, pos)
-    memo = cache.memo = _Memo(keeps_up_to=8)
-    cache.crop(7)
-    assert cache.memo is memo and memo.crops == [7]
-    cache.crop(5)  # three keys back from what the memo kept: it refuses, the cache lets it go
-    assert cache.memo is None and memo.crops == [7, 5]
-    cache.memo = memo = _Memo(keeps_up_to=5)
-    cache.crop(0)  # an empty cache keeps no memo, whatever it says
-    assert cache.memo is None and cache.k is None
-
-
-def test_a_memo_must_be_a_key_memo():
-    cache = LayerKVCache()
-    with pytest.raises(TypeError, match=r"memo must be a KeyMemo \(an object with crop\(length\) -> bool\) or None; "
-                                        "got dict"):
-        cache.memo = {}
-    cache.memo = _Memo(keeps_up_to=1)
-    cache.memo = None
-    assert cache.memo is None
+    cache.crop(3)
+    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length", "conditional"}
+    assert cache.k.shape[2] == cache.v.shape[2] == cache.pos.shape[1] == 3

@@ -12,7 +12,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
-from posenc.common import kernels
 from posenc.common.registry import ModelDims
 
 B, H, D, T = 2, 4, 8, 256
@@ -36,9 +35,9 @@ class LargestTensor(TorchDispatchMode):
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", B * H * ROWS * T)
-    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", ROWS)
-    monkeypatch.setattr(kernels, "_OFFSET_CHUNK_ROWS", ROWS)
+    monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", B * H * ROWS * T)
+    monkeypatch.setattr("posenc.common.kernels.chunking.MIN_CHUNK_ROWS", ROWS)
+    monkeypatch.setattr("posenc.common.kernels.offset_values._OFFSET_CHUNK_ROWS", ROWS)
 
 
 def _encoding(name: str, causal: bool):

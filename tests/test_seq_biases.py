@@ -12,6 +12,7 @@ import torch
 
 import posenc
 from posenc.common import kernels
+from posenc.common.kernels import chunking, dense_blocks
 from posenc.common.attention import attend
 from posenc.common.pairwise import PairwiseBias
 from posenc.seq.cape import CAPE
@@ -211,7 +212,7 @@ def test_frozen_or_no_grad_bias_is_a_constant_for_the_fused_kernel(name, monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("explicit backward used for a constant bias")
 
-    monkeypatch.setattr(kernels, "_chunk_backward_with_bias_grad", refuse)
+    monkeypatch.setattr("posenc.common.kernels.dense.chunk_backward_with_bias_grad", refuse)
     out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
     out.sum().backward()
     assert q.grad is not None
@@ -233,11 +234,11 @@ def test_dense_path_bias_is_evaluated_in_row_chunks(name, monkeypatch):
         rows.append(e - s)
         return original_block(self, values, s, e, kv_end)
 
-    original_block = kernels._OffsetBias.block
+    original_block = dense_blocks.OffsetBias.block
     monkeypatch.setattr(PairwiseBias, "dense", recording)
-    monkeypatch.setattr(kernels._OffsetBias, "block", recording_offsets)  # T5 and KERPLE over consecutive positions
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 8 * 4 * 64)  # 8 rows of a bias shared by the batch (and of one per batch: _MIN_CHUNK_ROWS)
-    monkeypatch.setattr(kernels, "_MIN_CHUNK_ROWS", 8)
+    monkeypatch.setattr(dense_blocks.OffsetBias, "block", recording_offsets)  # T5 and KERPLE over consecutive positions
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 8 * 4 * 64)  # 8 rows of a bias shared by the batch (and of one per batch: MIN_CHUNK_ROWS)
+    monkeypatch.setattr(chunking, "MIN_CHUNK_ROWS", 8)
     q = torch.randn(2, 4, 64, 8, requires_grad=True)
     pos = torch.arange(64)[None]
     out = attend(q, q, q, q_pos=pos, kv_pos=pos, encoding=enc, mask=posenc.AttentionMask(causal=True))
@@ -636,13 +637,10 @@ def test_shaw_decoding_steps_take_their_bias_whole_and_their_value_term_from_the
     assert not torch.allclose(without_shaw(x, mask=mask), full, atol=1e-3)
 
 
-@pytest.mark.parametrize("direct_pairs", [0, 1 << 14], ids=["piecewise", "direct"])
-def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
-    """Both forms used at inference, the piecewise-linear lookup (many pairs) and the MLP
-    evaluated directly (a few: a decoding step), are the same function as the MLP."""
-    import posenc.seq.fire as fire_module
-
-    monkeypatch.setattr(fire_module, "_DIRECT_PAIRS", direct_pairs)
+@pytest.mark.parametrize("hook", ["score_bias", "decode_score_bias"], ids=["piecewise", "direct"])
+def test_fire_inference_lookup_equals_the_mlp(hook):
+    """Both forms used at inference, the piecewise-linear lookup (score_bias without gradients)
+    and the MLP evaluated directly (the decoding hook), are the same function as the MLP."""
     torch.manual_seed(0)
     enc = FIRE(4, init_threshold=20.0).double()
     with torch.no_grad():
@@ -653,7 +651,7 @@ def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
     training = enc.score_bias(q, q, pos, pos)
     assert training.requires_grad
     with torch.no_grad():
-        lookup = enc.score_bias(q, q, pos, pos)
+        lookup = getattr(enc, hook)(q, q, pos, pos)
         assert not lookup.requires_grad
         torch.testing.assert_close(lookup.dense(1, 4, idx, idx), training.dense(1, 4, idx, idx).detach(),
                                    rtol=1e-12, atol=1e-12)
@@ -666,16 +664,16 @@ def test_fire_inference_lookup_equals_the_mlp(direct_pairs, monkeypatch):
 def test_fire_one_query_by_offset_equals_the_mlp(query):
     """A decoding step's bias (one query, no gradients) read by offset, as the kernel cuts it, is
     the MLP of the normalised distance at every key, and the dense evaluation's row."""
-    from posenc.common.kernels import _OffsetBias
+    from posenc.common.kernels.dense_blocks import OffsetBias
 
     torch.manual_seed(1)
     enc = FIRE(3, init_threshold=30.0).double()
     q_pos, kv_pos = torch.tensor([[query]]), torch.arange(query + 1)[None]
     q = torch.zeros(1, 3, 1, 8, dtype=torch.float64)
     with torch.no_grad():
-        bias = enc.score_bias(q, q, q_pos, kv_pos)
+        bias = enc.decode_score_bias(q, q, q_pos, kv_pos)
         assert bias.by_offset is not None
-        offsets = _OffsetBias(bias, -query, 1, query + 1, True, q.device)
+        offsets = OffsetBias(bias, -query, 1, query + 1, True, q.device)
         row = offsets.block(offsets.values(torch.float64), 0, 1, query + 1)  # [1, H, 1, keys]
         dense = bias.dense(1, 3, torch.tensor([0]), torch.arange(query + 1))
     m = enc.mlp
@@ -690,7 +688,7 @@ def test_fire_decoding_keeps_its_distance_table_until_c_changes(monkeypatch):
     """A decoding step reads psi(|i - j|) from a table built once per doubling of the context (at
     least 256 entries), not a logarithm per key at every step; an edit of c (even through .data)
     rebuilds it, and the bias then follows the new c."""
-    from posenc.common.kernels import _OffsetBias
+    from posenc.common.kernels.dense_blocks import OffsetBias
 
     enc = FIRE(2, init_threshold=30.0)
     builds = []
@@ -705,8 +703,8 @@ def test_fire_decoding_keeps_its_distance_table_until_c_changes(monkeypatch):
         q_pos, kv_pos = torch.tensor([[query]]), torch.arange(query + 1)[None]
         q = torch.zeros(1, 2, 1, 8)
         with torch.no_grad():
-            bias = enc.score_bias(q, q, q_pos, kv_pos)
-            offsets = _OffsetBias(bias, -query, 1, query + 1, True, q.device)
+            bias = enc.decode_score_bias(q, q, q_pos, kv_pos)
+            offsets = OffsetBias(bias, -query, 1, query + 1, True, q.device)
             row = offsets.block(offsets.values(torch.float32), 0, 1, query + 1)  # [1, H, 1, keys]
             return row, bias.dense(1, 2, torch.tensor([0]), torch.arange(query + 1))
 
@@ -839,8 +837,7 @@ def test_offset_blocks_equal_the_per_element_bias(name, layout):
     kv_pos = torch.arange(tk)[None] + 5
     q_pos = kv_pos[:, tk - tq:]
     mask = None if layout == "bidirectional" else posenc.AttentionMask(causal=True)
-    bias = enc.score_bias(q, k, q_pos, kv_pos)
-    start = kernels.consecutive_offset(bias, mask, q_pos, kv_pos, tq, tk)
+    start = posenc.plan(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=mask).offset_start
     assert start == -(tk - tq)  # kv_pos[0] - q_pos[0]
     params = [p for p in enc.parameters() if p.requires_grad]
     results = []
@@ -865,14 +862,17 @@ def test_offset_blocks_only_for_consecutive_shared_positions():
     q = torch.randn(1, 4, 8, 8)
     pos = torch.arange(8)[None]
     causal = posenc.AttentionMask(causal=True)
-    bias = enc.score_bias(q, q, pos, pos)
-    assert kernels.consecutive_offset(bias, causal, pos, pos, 8, 8) == 0
+
+    def start(encoding, positions, mask):
+        return posenc.plan(q, q, q, q_pos=positions, kv_pos=positions, encoding=encoding, mask=mask).offset_start
+
+    assert start(enc, pos, causal) == 0
     gappy = torch.tensor([[0, 1, 2, 4, 5, 6, 7, 8]])
-    assert kernels.consecutive_offset(enc.score_bias(q, q, gappy, gappy), causal, gappy, gappy, 8, 8) is None
+    assert start(enc, gappy, causal) is None
     padded = posenc.AttentionMask(causal=True, key_valid=torch.ones(1, 8, dtype=torch.bool))
-    assert kernels.consecutive_offset(bias, padded, pos, pos, 8, 8) is None
+    assert start(enc, pos, padded) is None
     fire = posenc.build("fire", dims=DIMS)  # normalised by the query position: not an offset alone
-    assert kernels.consecutive_offset(fire.score_bias(q, q, pos, pos), causal, pos, pos, 8, 8) is None
+    assert start(fire, pos, causal) is None
 
 
 @pytest.mark.parametrize("flat_units", ["none", "some", "all"])
@@ -1043,7 +1043,7 @@ def test_key_linear_kernel_matches_a_float64_reference(mask_kind, dtype):
     want_lse = torch.logsumexp(scores, -1)
     want = torch.nan_to_num(torch.softmax(scores, -1)) @ v.double().repeat_interleave(2, dim=1)
     with torch.no_grad():
-        out, lse = dense_path(q, k, v, mask, bias, 8 ** -0.5, return_lse=True)
+        out, lse = dense_path(q, k, v, mask, bias, 8 ** -0.5, return_lse=True, form="one_pass")
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
     torch.testing.assert_close(lse.double(), want_lse, rtol=tol, atol=tol)

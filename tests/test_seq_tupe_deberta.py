@@ -238,9 +238,8 @@ def test_deberta_over_consecutive_positions_matches_reference_across_key_blocks(
     cached decoding step) take the per-row product, as do the last four rows of 68 (a chunk of 64
     rows, then 4); three rows in the middle without a mask reach
     keys clipped on both sides (before and after the span)."""
-    from posenc.common import kernels
 
-    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 4 * 64 * 300)  # blocks of about 64 rows
+    monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", 4 * 64 * 300)  # blocks of about 64 rows
     kv_len = 300
     enc = DeBERTa(C, H, span=8, log_buckets=log_buckets, max_position=64).double()
     gen = torch.Generator().manual_seed(1)
@@ -279,16 +278,16 @@ def test_deberta_decoding_steps_without_gradients_fold_the_far_keys_into_the_que
     """Without gradients a decoding row's p2c is k.Qr[0] for every key (a key-linear bias the
     kernel folds into the query) plus k.(Qr[m] - Qr[0]), zero beyond the span: still the full
     forward, at 1e-10 in float64."""
-    from posenc.common import kernels
+    from posenc.common.kernels import dense
 
     folds = []
-    real = kernels._key_linear_forward
+    real = dense.key_linear_forward
 
     def spy(*args, **kwargs):
         folds.append(args[3].stop)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "_key_linear_forward", spy)
+    monkeypatch.setattr(dense, "key_linear_forward", spy)
     torch.manual_seed(0)
     enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=4)
     stack = posenc.TransformerEncoder(C, 2, H, encoding=enc).double().eval()
@@ -324,71 +323,38 @@ def _decode_with_crops(stack, x, prefill, crops):
 
 
 @pytest.mark.parametrize(("span", "length", "prefill", "crops"), [
-    (4, 30, 1, []),  # a span below the memo's block of 16 keys
-    (5, 60, 7, [(30, 30), (50, 2)]),  # back to before the memo's first key: a new memo
-    (16, 120, 40, [(60, 8), (70, 17), (90, 33), (100, 40)]),  # crops within the slack of 32 keys, and beyond it
-    (16, 100, 10, [(70, 8), (63, 33)]),  # a second crop, beyond the slack counted from before the first
-    (32, 130, 100, [(115, 1), (120, 9)]),  # a prefill longer than the span: its keys before it are never taken
+    (4, 30, 1, []),
+    (5, 60, 7, [(30, 30), (50, 2)]),  # back to before the first decoded key
+    (16, 120, 40, [(60, 8), (70, 17), (90, 33), (100, 40)]),
+    (32, 130, 100, [(115, 1), (120, 9)]),  # a prefill longer than the span
 ])
-def test_deberta_decoding_memo_of_span_products_matches_the_full_forward(monkeypatch, span, length, prefill, crops):
-    """Without gradients a decoding step reads the span keys' p2c products from the cache's memo
-    (_SpanProducts: a table written a block of keys at a time, a ring of rows by query and
-    columns by key), kept through crops of the cache: still the full forward at 1e-10 in
-    float64, the memo read at every step."""
-    from posenc.seq import deberta
-
-    monkeypatch.setattr(deberta, "_MEMO_MIN_PRODUCT", 0)  # these small shapes would multiply the keys
-    reads = []
-    real = deberta._SpanProducts.products
-
-    def spy(self, i, lo, hi):
-        got = real(self, i, lo, hi)
-        reads.append(got is not None)
-        return got
-
-    monkeypatch.setattr(deberta._SpanProducts, "products", spy)
+def test_deberta_decoding_through_crops_matches_the_full_forward(span, length, prefill, crops):
+    """Decoding steps (the decoding hook: one row's far keys folded into the query product) through
+    crops of the KV cache: still the full forward at 1e-10 in float64; the cache keeps keys, values
+    and positions only, so a crop needs nothing of the encoding's."""
     torch.manual_seed(0)
     enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=span)
     stack = posenc.TransformerEncoder(C, 2, H, encoding=enc).double().eval()
     x = torch.randn(2, length, C, dtype=torch.float64)
     with torch.no_grad():
         full = stack(x, mask=posenc.AttentionMask(causal=True))
-        out, cache = _decode_with_crops(stack, x, prefill, crops)
+        out, _ = _decode_with_crops(stack, x, prefill, crops)
     torch.testing.assert_close(out, full, rtol=1e-10, atol=1e-10)
-    steps = length - prefill + sum(back for _, back in crops) + (prefill == 1)  # one-row calls: a prefill of one too
-    assert reads == [True] * (2 * steps)
-    memo = cache[0].memo
-    assert isinstance(memo, deberta._SpanProducts) and memo.length == length
-    assert memo.table.shape == (2, H, span, -(-(span + 32) // memo.block) * memo.block)
 
 
-def test_deberta_decoding_memo_follows_crops_and_the_parameters(monkeypatch):
-    """A crop back past the memo's slack drops it (the next step builds one from the keys); new
-    parameters make a new memo; small batches keep multiplying the keys (no memo)."""
-    from posenc.seq import deberta
-
+def test_deberta_decoding_follows_new_parameters():
+    """A step after the parameters changed (Qr, and so the kept Qr - Qr[0]) equals the full
+    forward under the new parameters."""
     torch.manual_seed(0)
     enc = posenc.build("deberta", dims=ModelDims(C, H, 64), span=16)
     stack = posenc.TransformerEncoder(C, 1, H, encoding=enc).double().eval()
-    x = torch.randn(2, 80, C, dtype=torch.float64)
+    x = torch.randn(2, 51, C, dtype=torch.float64)
     with torch.no_grad():
-        _, cache = _decode_with_crops(stack, x, 40, [])
-        assert cache[0].memo is None  # 2 x 2 heads x 16 x 8 multiply-adds: below the threshold
-        monkeypatch.setattr(deberta, "_MEMO_MIN_PRODUCT", 0)
-        _, cache = _decode_with_crops(stack, x[:, :70], 10, [])
-        memo = cache[0].memo
-        assert (memo.first, memo.flushed, memo.reach) == (0, 64, 64)
-        cache.crop(60)  # back to the last whole block; the next step takes keys 48 .. 59 again
-        assert cache[0].memo is memo and (memo.flushed, memo.length) == (48, 48)
-        cache.crop(31)  # 33 keys before the most the table held (64): beyond the slack of 32
-        assert cache[0].memo is None
         _, cache = _decode_with_crops(stack, x[:, :50], 40, [])
-        memo = cache[0].memo
-        enc.pos_q.weight.mul_(1.5)  # Qr changes: the kept products are stale
-        want = stack(x[:, :51], mask=posenc.AttentionMask(causal=True))[:, -1:]
+        enc.pos_q.weight.mul_(1.5)
+        want = stack(x, mask=posenc.AttentionMask(causal=True))[:, -1:]
         got = stack(x[:, 50:51], mask=posenc.AttentionMask(causal=True), cache=cache)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    assert cache[0].memo is not memo and cache[0].memo.length == 51
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -397,7 +363,7 @@ def test_key_linear_forward_equals_its_definition(dtype, reach):
     """``softmax(s q.k + rest + [j < stop] w.k) V`` and its log-sum-exp: through SDPA's kernel with
     the query moved by ``w / s`` where the term reaches every key in float32 or float64, and
     explicitly otherwise (some keys, half precision, a mask)."""
-    from posenc.common import kernels
+    from posenc.common.kernels.dense_blocks import key_linear_forward
     from posenc.common.pairwise import KeyLinearPart
 
     torch.manual_seed(0)
@@ -414,7 +380,7 @@ def test_key_linear_forward_equals_its_definition(dtype, reach):
         masked = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
         want = torch.matmul(torch.softmax(masked, dim=-1), v)
         part = KeyLinearPart(rest.to(dtype), w.to(dtype), stop)
-        out, lse = kernels._key_linear_forward(q.to(dtype), k.to(dtype), v.to(dtype), part, mask, scale, True)
+        out, lse = key_linear_forward(q.to(dtype), k.to(dtype), v.to(dtype), part, mask, scale, True)
         tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 6e-2}[dtype]
         torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
         torch.testing.assert_close(lse.double(), torch.logsumexp(masked, dim=-1), rtol=tol, atol=tol)
@@ -423,9 +389,6 @@ def test_key_linear_forward_equals_its_definition(dtype, reach):
 def test_deberta_bad_input():
     enc = DeBERTa(C, H, span=4)
     q, k, v = (t.float() for t in qkv())
-    pos = torch.arange(T)[None]
-    with pytest.raises(TypeError, match="cache must be the LayerKVCache that holds k; got KVCache"):
-        enc.cached_score_bias(q, k, pos, pos, KVCache(1))
     with pytest.raises(ValueError, match="integer positions"):
         posenc.attend(q, k, v, q_pos=torch.arange(T) * 0.5, kv_pos=torch.arange(T) * 0.5, encoding=enc)
     with pytest.raises(ValueError, match="span must be a positive int.*0"):

@@ -28,8 +28,8 @@ from .kernels import NO_TERMS, EncodingTerms
 from .kv_cache import LayerKVCache
 from .linear_attention import LINEAR_CHUNK_ROWS, FeatureMap, run_linear
 from .masks import AttentionMask
-from .pairwise import dense_bias, sum_of_biases
-from .planning import Backend, Plan, PlanInputs, check_backend, decide
+from .pairwise import dense_bias, shared_run_offset, sum_of_biases
+from .planning import Backend, Plan, PlanInputs, check_backend, decide, decoding_step
 
 
 @dataclass(frozen=True, repr=False)
@@ -41,11 +41,13 @@ class PreparedCall:
             values zeroed (``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]``).
         terms: the encoding's terms as the kernels take them.
         plan: the kernel path.
+        inputs: what the plan was decided from.
     """
 
     call: AttentionCall
     terms: EncodingTerms
     plan: Plan
+    inputs: PlanInputs
 
     def __repr__(self) -> str:
         return f"PreparedCall({self.plan}; {self.call!r})"
@@ -62,23 +64,36 @@ def prepare(call: AttentionCall) -> PreparedCall:
     if own.score_bias and q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         # On CPU a score bias runs on the dense or math path, and both compact q and k for their
         # backward. Compacted before the bias is built, a bias that keeps q or k for its own
-        # gradient (DeBERTa, Shaw) holds those same copies, not the strided views
-        # beside them (DeBERTa at B=4, T=1024: peak 155 -> 139 MB, bare SDPA 75 MB).
+        # gradient (DeBERTa, Shaw) holds those same copies, not strided views beside them.
         q, k = q.contiguous(), k.contiguous()
     ready = replace(call, q=q, k=k, v=v, qk_transformed=call.qk_transformed or own.qk)
-    terms = NO_TERMS if call.feature_map is not None else _encoding_terms(ready, own)
-    return PreparedCall(ready, terms, decide(_plan_inputs(ready, terms)))
+    inputs = _plan_inputs(ready)
+    if call.feature_map is not None:
+        return PreparedCall(ready, NO_TERMS, decide(inputs), inputs)
+    terms = _encoding_terms(ready, own, decoding_step(inputs))
+    bias = terms.bias
+    by_offset = bias is not None and bias.by_offset is not None and not bias.per_batch
+    run_offset = None
+    if (ready.needs.offset_values or by_offset) and not inputs.traced:  # (reads the positions: a host sync)
+        run_offset = shared_run_offset(ready.q_pos, ready.kv_pos)
+    inputs = replace(
+        inputs, bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
+        bias_pointwise=bias is None or bias.pointwise, bias_by_offset=by_offset, run_offset=run_offset,
+    )
+    return PreparedCall(ready, terms, decide(inputs), inputs)
 
 
-def _encoding_terms(call: AttentionCall, own: AttentionNeeds) -> EncodingTerms:
-    """The encoding's terms of a call whose q/k are transformed; ``own``: the encoding's needs."""
+def _encoding_terms(call: AttentionCall, own: AttentionNeeds, decode: bool) -> EncodingTerms:
+    """The encoding's terms of a call whose q/k are transformed; ``own``: the encoding's needs;
+    ``decode``: a decoding step (:func:`~posenc.common.planning.decoding_step`), whose bias comes
+    from the encoding's decoding hook."""
     enc, q_pos, kv_pos = call.encoding, call.q_pos, call.kv_pos
     bias = None
     if own.score_bias or call.attn_bias is not None:
         mine = None
         if own.score_bias:
-            mine = (enc.score_bias(call.q, call.k, q_pos, kv_pos) if call.cache is None
-                    else enc.cached_score_bias(call.q, call.k, q_pos, kv_pos, call.cache))
+            hook = enc.decode_score_bias if decode else enc.score_bias
+            mine = hook(call.q, call.k, q_pos, kv_pos)
         bias = sum_of_biases(mine, None if call.attn_bias is None else dense_bias(call.attn_bias))
     score_transform = value_term = transform_softmax_backward = None
     if own.score_transform:
@@ -107,19 +122,16 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds) -> EncodingTerms:
     )
 
 
-def _plan_inputs(call: AttentionCall, terms: EncodingTerms) -> PlanInputs:
-    needs, bias = call.needs, terms.bias
-    consecutive = needs.offset_values and kernels.contiguous_causal(call.mask, call.q_pos, call.kv_pos, call.q_len,
-                                                                    call.kv_len)
+def _plan_inputs(call: AttentionCall) -> PlanInputs:
+    """What the plan reads of a call before its bias exists; :func:`prepare` adds the bias's facts."""
+    grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (call.q, call.k, call.v)) or (
+        call.encoding is not None and any(p.requires_grad for p in call.encoding.parameters())))
     return PlanInputs(
-        needs=needs, mask=call.mask, device=call.q.device,
-        needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v)),
+        needs=call.needs, mask=call.mask, device=call.q.device, needs_grad=grad,
         batch=call.batch, heads=call.heads, q_len=call.q_len, kv_len=call.kv_len, backend=call.backend,
-        bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
-        consecutive_causal=consecutive, what=call.what,
-        feature_map=None if call.feature_map is None else call.feature_map.name,
+        what=call.what, feature_map=None if call.feature_map is None else call.feature_map.name,
         dtype=call.q.dtype, head_dim=min(call.q.shape[-1], call.v.shape[-1]),
-        bias_pointwise=bias is None or bias.pointwise,
+        traced=torch.compiler.is_compiling(),
     )
 
 
@@ -139,28 +151,26 @@ def run(prepared: PreparedCall) -> Tensor:
     if plan.path == "linear":
         # the plan has checked the mask; a bidirectional unpacked call has no blocks
         return run_linear(q, k, v, call.feature_map, mask, plan.chunk_rows or LINEAR_CHUNK_ROWS)
+    one_pass = plan.form == "one_pass"
     if plan.path == "math":
-        return kernels.math_path(q, k, v, mask, terms, scale, plan.chunk_rows)
-    start = None
-    if plan.path == "dense" or plan.offset_values:  # a bias of the offset alone over consecutive positions
-        start = kernels.consecutive_offset(terms.bias, mask, call.q_pos, call.kv_pos, call.q_len, call.kv_len)
+        return kernels.math_path(q, k, v, mask, terms, scale, plan.chunk_rows, form=plan.form)
     if plan.offset_values:
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            # compacted once for both terms' backward; without gradients each reads what it needs
-            # (a decoding step's keys are a view of the KV cache: a copy would be the whole cache)
+        if plan.grad:  # compacted once for both terms' backward (a decoding step's keys stay a view of the cache)
             q, k = q.contiguous(), k.contiguous()
         # out [B, Hq, Tq, D] and the log-sum-exp of each row [B, Hq, Tq]
         out, lse = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, return_lse=True,
-                                      offset_start=start)
-        out = out + kernels.offset_value_term(q, k, terms.bias, lse, call.encoding.offset_values(), scale)
+                                      offset_start=plan.offset_start, form=plan.form)
+        out = out + kernels.offset_value_term(q, k, terms.bias, lse, call.encoding.offset_values(), scale,
+                                              one_pass=one_pass)
     elif plan.path == "flex":
         out = kernels.flex_path(q, k, v, mask, terms.bias, scale)
     elif plan.path == "dense":
-        out = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, offset_start=start)
+        out = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, offset_start=plan.offset_start,
+                                 form=plan.form)
     else:
         out = kernels.sdpa_path(q, k, v, mask, scale)
-    if plan.prob_bias:
-        out = out + kernels.prob_bias_term(v, call.heads, mask, terms.prob_bias, call.q_len)  # [B, Hq, Tq, D]
+    if plan.prob_bias:  # [B, Hq, Tq, D]
+        out = out + kernels.prob_bias_term(v, call.heads, mask, terms.prob_bias, call.q_len, one_pass=one_pass)
     return out
 
 
@@ -398,10 +408,8 @@ class MultiheadAttention(nn.Module):
             # the cached keys and values before the new ones: [B, Hkv, past + Tk, D], positions [B or 1, past + Tk]
             k, v, new_kv_pos = (cache.append if grow_cache else cache.peek)(k, v, new_kv_pos)
         # Every argument was checked above (the shapes by construction): the call is built as is.
-        # A grown cache goes with the call (its memo is the encoding's); traced code keeps none.
-        grown = cache if grow_cache and not torch.compiler.is_compiling() else None
         return AttentionCall(q, k, v, q_pos, new_kv_pos, enc, mask, self.scale, self.backend, qk_transformed,
-                             self.feature_map, cache=grown)
+                             self.feature_map)
 
     def forward(
         self,

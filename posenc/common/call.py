@@ -17,7 +17,6 @@ from torch import Tensor
 
 from .checks import check_positions, check_tensor
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
-from .kv_cache import LayerKVCache
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
 from .planning import Backend, check_backend
@@ -107,10 +106,6 @@ class AttentionCall:
         qk_transformed: q and k have been through the encoding's q/k transform already (KV cache).
         feature_map: linear attention with this feature map instead of softmax.
         attn_bias: a caller's float bias ``[B or 1, Hq or 1, Tq, Tk]`` added to the scores.
-        cache: the KV cache ``k`` and ``v`` come from, already holding this call's keys (a
-            :class:`~posenc.common.attention.MultiheadAttention` step); the encoding's score bias
-            may keep what it computes from the keys in the cache's ``memo``
-            (:meth:`~posenc.common.encoding.PositionEncoding.cached_score_bias`).
     """
 
     q: Tensor
@@ -125,7 +120,6 @@ class AttentionCall:
     qk_transformed: bool = False
     feature_map: FeatureMap | None = None
     attn_bias: Tensor | None = None
-    cache: LayerKVCache | None = None
 
     @classmethod
     def checked(
@@ -218,8 +212,6 @@ class AttentionCall:
             parts.append(f"feature_map={self.feature_map.name}")
         if self.attn_bias is not None:
             parts.append(f"attn_bias={_shape(self.attn_bias)}")
-        if self.cache is not None:
-            parts.append(f"cache=<{self.cache.length} keys>")
         return f"AttentionCall({', '.join(parts)})"
 
 

@@ -42,7 +42,6 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from .kv_cache import LayerKVCache
 from .pairwise import PairwiseBias
 
 
@@ -135,13 +134,14 @@ class PositionEncoding(nn.Module):
         """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
         raise TypeError(f"{type(self).__name__} has no score-bias hook")
 
-    def cached_score_bias(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache
-    ) -> PairwiseBias:
-        """:meth:`score_bias` of a call over a KV cache that already holds ``k`` (every cached key
-        and this call's): the same bias, for an encoding that keeps what it computes from the keys
-        in ``cache.memo`` between calls (a :class:`~posenc.common.kv_cache.KeyMemo`; DeBERTa's
-        products of the keys within its span). Default: :meth:`score_bias`."""
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: :meth:`score_bias` for a decoding step
+        (:func:`~posenc.common.planning.decoding_step`: at most
+        :data:`~posenc.common.planning.FEW_ROWS` query rows over more keys, no gradient). The same
+        values; an encoding overrides it where a few rows against the whole KV cache are computed
+        better another way (the whole ``[B, H, rows, Tk]`` bias at once, the queries taken back
+        through a projection instead of every key forward). The dense and math kernels then run the
+        rows in one pass. Default: :meth:`score_bias`."""
         return self.score_bias(q, k, q_pos, kv_pos)
 
     def transform_scores(

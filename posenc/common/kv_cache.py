@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 from torch import Tensor
-
-
-class KeyMemo(Protocol):
-    """What an encoding keeps in a :class:`LayerKVCache` (its ``memo``) between calls: values it
-    computed from the cached keys, so that a decoding step need not read those keys again
-    (DeBERTa's position-to-content products of the keys within its span). The memo is the
-    encoding's to build, check and extend; the cache only tells it when entries go."""
-
-    def crop(self, length: int) -> bool:
-        """Forget what belongs to keys ``length`` and later; False when the memo cannot (the
-        cache then drops it, and the encoding builds a new one from the keys)."""
 
 
 class LayerKVCache:
@@ -34,8 +21,6 @@ class LayerKVCache:
     ``conditional``: what the conditional module after this layer (the ``conditional`` slot of
     :class:`~posenc.common.block.TransformerEncoder`) keeps of the past, or None before its first
     call; for a causal 1D PEG its last ``kernel_size - 1`` inputs ``[B, k - 1, C]``.
-
-    ``memo``: a :class:`KeyMemo` of the layer's encoding, or None; :meth:`crop` crops it too.
     """
 
     def __init__(self) -> None:
@@ -44,19 +29,6 @@ class LayerKVCache:
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
         self._length = 0
         self.conditional: Tensor | None = None
-        self._memo: KeyMemo | None = None
-
-    @property
-    def memo(self) -> KeyMemo | None:
-        """The layer's encoding's :class:`KeyMemo`, or None."""
-        return self._memo
-
-    @memo.setter
-    def memo(self, value: KeyMemo | None) -> None:
-        if value is not None and not callable(getattr(value, "crop", None)):
-            raise TypeError(f"memo must be a KeyMemo (an object with crop(length) -> bool) or None; got "
-                            f"{type(value).__name__}")
-        self._memo = value
 
     @property
     def length(self) -> int:
@@ -149,8 +121,6 @@ class LayerKVCache:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length must be an int in [0, {self._length}] (the cached entries); got {length!r}")
         self._length = length
-        if self._memo is not None and (length == 0 or not self._memo.crop(length)):
-            self._memo = None
         if length == 0:
             self._k = self._v = self._pos = None
 

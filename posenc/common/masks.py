@@ -22,6 +22,7 @@ from .checks import check_bool, check_int
 from .pairwise import take
 
 MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+MAX_PACKED_RUNS = 4096  # more runs than this: one masked call beats that many small ones
 
 
 def _check_2d(name: str, t: Tensor, batch: int, length: int, what: str) -> None:
@@ -99,17 +100,26 @@ class AttentionMask:
         """True when only ``key_valid`` is set: a ``[B, 1, 1, Tk]`` mask then suffices."""
         return self.key_valid is not None and not self.causal and self.q_segments is None and self.window is None
 
+    @property
+    def plain(self) -> bool:
+        """True when the mask is at most the causal rule: no padding, segments or window, so it
+        depends on the query and key indices alone."""
+        return self.key_valid is None and self.q_segments is None and self.window is None
+
+    @property
+    def causal_alone(self) -> bool:
+        """True when the mask is the causal rule and nothing else (bottom-right aligned)."""
+        return self.causal and self.plain
+
     def hides_nothing(self, q_len: int) -> bool:
         """True when every query sees every key: no mask at all, or a causal mask alone over one
         query row (bottom-right aligned: the last position sees the whole prefix, as in each
         step of cached decoding)."""
-        return self.is_empty or (
-            self.causal and q_len == 1 and self.key_valid is None and self.q_segments is None and self.window is None
-        )
+        return self.is_empty or (self.causal_alone and q_len == 1)
 
     def only_causal(self, q_len: int, kv_len: int) -> bool:
         """True when the mask is exactly SDPA's ``is_causal=True`` (top-left aligned, square)."""
-        return self.causal and q_len == kv_len and self.key_valid is None and self.q_segments is None and self.window is None
+        return self.causal_alone and q_len == kv_len
 
     def zero_padding(self, *tensors: Tensor) -> tuple[Tensor, ...]:
         """``tensors`` (``[B, H, Tk, ...]``: keys, values, their features) with the padded keys
@@ -159,6 +169,36 @@ class AttentionMask:
         h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
         return self.fn(q_len, kv_len)(b, h, q_idx.view(1, 1, -1, 1), kv_idx.view(1, 1, 1, -1))
 
+    def smallest_dense(self, batch: int, q_len: int, kv_len: int, device) -> Tensor:
+        """The whole mask as the smallest boolean tensor SDPA broadcasts: ``[B, 1, 1, Tk]`` for
+        key padding alone (no ``T x T`` tensor), else ``[B or 1, 1, Tq, Tk]``."""
+        if self.only_key_padding:
+            return self.key_valid[:, None, None, :]
+        return self.dense(batch, torch.arange(q_len, device=device), torch.arange(kv_len, device=device), q_len, kv_len)
+
+    def allowed(self, batch: int, q_idx: Tensor, kv_idx: Tensor, q_len: int, kv_len: int) -> Tensor | None:
+        """:meth:`dense` at these indices, or None where every query sees every key
+        (:meth:`hides_nothing`: no mask tensor, no masked softmax)."""
+        if self.hides_nothing(q_len):
+            return None
+        return self.dense(batch, q_idx, kv_idx, q_len, kv_len)
+
+    def packed_runs(self, batch: int, q_len: int, kv_len: int) -> list[tuple[int, int]] | None:
+        """``[(start, stop), ...]``: the runs of one packed batch row whose segments are contiguous
+        (a PyG batch: each graph's nodes together), when the mask is those segments alone over the
+        same queries and keys; None otherwise. Each run then attends only to itself, so the
+        ``T x T`` mask and the work on pairs across runs are never made. Reads the segments (a
+        host sync), so never while ``torch.compile`` traces."""
+        if (self.q_segments is None or self.kv_segments is not self.q_segments or self.causal or self.window is not None
+                or self.key_valid is not None or batch != 1 or q_len != kv_len or q_len == 0
+                or torch.compiler.is_compiling()):
+            return None
+        ids, counts = torch.unique_consecutive(self.q_segments[0], return_counts=True)
+        if ids.numel() > MAX_PACKED_RUNS or (ids.numel() > 1 and torch.unique(ids).numel() != ids.numel()):
+            return None  # too many runs, or a segment id in two places: not contiguous runs
+        stops = torch.cumsum(counts, 0).tolist()
+        return list(zip([0, *stops[:-1]], stops))
+
     def block_mask(self, batch: int, q_len: int, kv_len: int, device: torch.device):
         """FlexAttention ``BlockMask`` (computed once per mask object, length and device)."""
         from torch.nn.attention.flex_attention import create_block_mask
@@ -174,3 +214,19 @@ class AttentionMask:
                 _compile=torch.device(device).type == "cuda",
             )
         return self._block_masks[key]
+
+
+def allowed_of(mask: AttentionMask | None, batch: int, q_idx: Tensor, kv_idx: Tensor, q_len: int,
+               kv_len: int) -> Tensor | None:
+    """:meth:`AttentionMask.allowed` of ``mask``, or None without a mask."""
+    return None if mask is None else mask.allowed(batch, q_idx, kv_idx, q_len, kv_len)
+
+
+def causal_of(mask: AttentionMask | None) -> bool:
+    """Whether ``mask`` has the causal rule (a chunk of rows then stops at its last visible key)."""
+    return mask is not None and mask.causal
+
+
+def per_batch_of(mask: AttentionMask | None) -> bool:
+    """Whether ``mask`` differs between the sequences of the batch."""
+    return mask is not None and mask.per_batch

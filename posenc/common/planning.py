@@ -17,6 +17,16 @@ Rules for ``backend="auto"``:
    ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
 4. a score bias: ``flex`` on CUDA, ``dense`` elsewhere.
 
+A **decoding step** (:func:`decoding_step`: at most :data:`FEW_ROWS` query rows and no gradient) is a plan of its own (``Plan.decode``): the encoding builds
+its bias with its decoding hook
+(:meth:`~posenc.common.encoding.PositionEncoding.decode_score_bias`), and the ``dense`` and
+``math`` kernels run its rows in one pass, with no autograd node and no copy of the cache's keys
+(``Plan.form == "one_pass"``). Every other ``dense`` or ``math`` call runs chunk by chunk
+(``"chunked"``), or, traced by ``torch.compile`` with a learned bias, as one block under plain
+autograd (``"whole"``). Where the positions are one run of consecutive integers, the plan says so
+(``offset_start``: the bias's values along the diagonals; ``offset_values``: Shaw's value term
+from the log-sum-exp).
+
 ``flex`` on CUDA is compiled, and compiled FlexAttention has limits (:func:`flex_refusal`: the
 dtype, head dims under 16, a bias with a reduction per element); a call past them takes ``dense``
 (rule 4) or ``sdpa`` with the mask as a tensor (rule 3), and the plan's reason says why.
@@ -27,12 +37,13 @@ and ``math`` work on chunks of ``chunk_rows`` query rows, so no ``T x T`` tensor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from . import kernels
+from .kernels.chunking import Form
 from .encoding import NO_NEEDS, AttentionNeeds
 from .linear_attention import LINEAR_CHUNK_ROWS, check_linear_mask
 from .masks import AttentionMask
@@ -40,6 +51,10 @@ from .masks import AttentionMask
 Path = Literal["sdpa", "flex", "dense", "math", "linear"]
 Backend = Literal["auto", "sdpa", "flex", "dense", "math"]
 BACKENDS: tuple[str, ...] = ("auto", "sdpa", "flex", "dense", "math")
+
+#: A decoding step has at most this many query rows (one token, or a few of speculative
+#: decoding): few enough that its whole bias ``[B, H, rows, Tk]`` is small beside the keys.
+FEW_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,15 @@ class Plan:
         chunk_rows: query rows per chunk on the chunked paths (``dense``, ``math``), else None.
         prob_bias: an after-softmax bias is added beside the kernel (``(B * mask) V``).
         offset_values: the value term is computed from the fused kernel's log-sum-exp.
+        decode: a decoding step (:func:`decoding_step`): the encoding's decoding hook builds the bias.
+        form: how the ``dense`` and ``math`` kernels go through the rows: ``"chunked"`` (chunks of
+            ``chunk_rows`` under one autograd node), ``"one_pass"`` (a decoding step: every row at
+            once, no autograd node, the keys read as they lie) or ``"whole"`` (traced with a learned
+            bias: one block under plain autograd, which the compiler differentiates).
+        grad: a gradient flows to q, k, v or the encoding's parameters.
+        offset_start: ``kv_pos[0] - q_pos[0]`` where the dense kernel cuts the bias's blocks from
+            its values along the diagonals (``PairwiseBias.by_offset`` over runs of consecutive
+            positions); None otherwise.
     """
 
     path: Path
@@ -59,11 +83,16 @@ class Plan:
     chunk_rows: int | None = None
     prob_bias: bool = False
     offset_values: bool = False
+    decode: bool = False
+    form: Form = "chunked"
+    grad: bool = False
+    offset_start: int | None = None
 
     @property
     def label(self) -> str:
-        """``path`` plus the extra terms, e.g. ``"sdpa+prob_bias"``."""
-        extras = [name for name, on in (("offset_values", self.offset_values), ("prob_bias", self.prob_bias)) if on]
+        """``path`` plus the extra terms, e.g. ``"sdpa+prob_bias"``, ``"dense+decode"``."""
+        extras = [name for name, on in (("offset_values", self.offset_values), ("prob_bias", self.prob_bias),
+                                        ("decode", self.decode)) if on]
         return "+".join([self.path, *extras])
 
     def __str__(self) -> str:
@@ -103,8 +132,9 @@ class PlanInputs:
         backend: ``"auto"`` or a forced path.
         bias_per_batch: the score bias differs between sequences of the batch.
         bias_learned: the score bias needs a gradient (learned tables, content-dependent terms).
-        consecutive_causal: the mask is causal only and the positions are one run of consecutive
-            integers, the queries last (:func:`posenc.common.kernels.contiguous_causal`).
+        run_offset: ``kv_pos[0] - q_pos[0]`` when both positions are one integer run of consecutive
+            values shared by the batch (:func:`~posenc.common.pairwise.shared_run_offset`), else None;
+            read by :func:`~posenc.common.attention.prepare` only where a plan could use it.
         what: the encoding's name, for error messages.
         feature_map: the name of a linear attention's feature map (``"elu+1"``, ``"favor+"``):
             the call is linear attention (:mod:`posenc.common.linear_attention`), not softmax.
@@ -112,6 +142,9 @@ class PlanInputs:
         head_dim: the smaller of the query/key and the value head dims.
         bias_pointwise: the score bias is lookups and arithmetic per element
             (:attr:`~posenc.common.pairwise.PairwiseBias.pointwise`).
+        bias_by_offset: the score bias is a function of the offset alone, shared by the batch
+            (:attr:`~posenc.common.pairwise.PairwiseBias.by_offset`).
+        traced: ``torch.compile`` is tracing the call (no host reads of the data).
     """
 
     needs: AttentionNeeds = NO_NEEDS
@@ -125,12 +158,30 @@ class PlanInputs:
     backend: Backend = "auto"
     bias_per_batch: bool = False
     bias_learned: bool = False
-    consecutive_causal: bool = False
+    run_offset: int | None = None
     what: str = "this encoding"
     feature_map: str | None = None
     dtype: torch.dtype = torch.float32
     head_dim: int = 64
     bias_pointwise: bool = True
+    bias_by_offset: bool = False
+    traced: bool = False
+
+    @property
+    def consecutive_causal(self) -> bool:
+        """A causal mask alone over one run of consecutive positions, the queries its last
+        ``Tq``: ``pos_j - pos_i = j - (i + Tk - Tq)``, so each relative offset is one diagonal."""
+        return (self.mask is not None and self.mask.causal_alone and self.run_offset is not None
+                and self.run_offset == self.q_len - self.kv_len)
+
+
+def decoding_step(inputs: PlanInputs) -> bool:
+    """Whether the call is a decoding step: at most :data:`FEW_ROWS` query rows and no gradient
+    (a step over a KV cache, or a short prompt: whether a cache holds the keys does not change
+    what is cheap). The one definition: :func:`decide` marks the plan with it, and
+    :func:`~posenc.common.attention.prepare` asks it before building the bias, which a decoding
+    step takes from the encoding's decoding hook."""
+    return not inputs.needs_grad and 0 < inputs.q_len <= FEW_ROWS and not inputs.traced
 
 
 # Compiled FlexAttention's limits (Triton on CUDA), met there on an H200 with torch 2.11: float64
@@ -163,10 +214,31 @@ def decide(inputs: PlanInputs) -> Plan:
     if inputs.feature_map is not None:
         return _linear_plan(inputs)
     plan = _softmax_plan(inputs)
+    reason = plan.reason
     if plan.prob_bias:
-        reason = plan.reason + "; the after-softmax bias is added beside it, (B * mask) V in row chunks"
-        plan = Plan(plan.path, reason, plan.chunk_rows, plan.prob_bias, plan.offset_values)
-    return plan
+        reason += "; the after-softmax bias is added beside it, (B * mask) V in row chunks"
+    decode = decoding_step(inputs)
+    form: Form = "chunked"
+    if plan.path in ("dense", "math"):
+        if decode:
+            form = "one_pass"
+            reason += f"; a decoding step ({inputs.q_len} rows, no gradient): the rows in one pass"
+        elif plan.path == "dense" and inputs.traced and inputs.bias_learned:
+            form = "whole"
+            reason += "; traced with a learned bias: one block under plain autograd"
+    offset_start = inputs.run_offset if plan.path == "dense" and _diagonal_layout(inputs) else None
+    return replace(plan, reason=reason, decode=decode, form=form, grad=inputs.needs_grad or inputs.bias_learned,
+                   offset_start=offset_start)
+
+
+def _diagonal_layout(inputs: PlanInputs) -> bool:
+    """The dense kernel can cut the bias's blocks from one row of values along the diagonals: a
+    bias of the offset alone shared by the batch, positions one run of consecutive integers, and
+    no mask but the causal rule with every query seeing a key."""
+    mask = inputs.mask
+    if not inputs.bias_by_offset or inputs.run_offset is None or inputs.traced or inputs.q_len == 0 or inputs.kv_len == 0:
+        return False
+    return mask is None or (mask.plain and not (mask.causal and inputs.q_len > inputs.kv_len))
 
 
 def check_attention_kind(needs: AttentionNeeds, feature_map: str | None, what: str) -> None:

@@ -20,18 +20,13 @@ computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gather
   included), on CPU: the bucket of a pair depends on ``j - i`` alone, so a block multiplies each
   run of keys by the few ``Qr`` rows its offsets reach and reads each pair's entry through a
   strided view (the skew of Transformer-XL's relative shift); keys whose every pair in the block
-  is beyond the span take one product per key. Nothing of size ``2k x Tk`` is built: peak memory
-  of forward and backward 1.8x bare SDPA's on CPU (B=4, H=8, d=64; T=1024, 2048, 4096), growing
-  linearly with ``T``, for about twice the p2c multiply-adds of a table. A few query rows (a
-  cached decoding step) without log buckets build their whole bias at once, where the buckets
-  clip found by arithmetic: the keys before the span take one product with ``Qr[0]``, those within
-  it a slice of ``Qr`` and the c2p row read backwards. One row without gradients hands
-  ``k.Qr[0]`` for every key to SDPA's fused kernel as a move of the query, and the rest
-  (``k.(Qr[m] - Qr[0])`` within the span, c2p) as its float mask. Through a
-  :class:`~posenc.common.attention.MultiheadAttention` KV cache (at batch x heads large enough
-  that the span's keys leave the CPU's caches), each key's ``k`` products ``k.(Qr[m] - Qr[0])``
-  are taken once, as it enters the cache, into the cache's memo (:class:`_SpanProducts`), and a
-  step reads one row of them instead of multiplying the span's keys again.
+  is beyond the span take one product per key. Nothing of size ``2k x Tk`` is built, and peak
+  memory grows linearly with ``T``, for about twice the p2c multiply-adds of a table. A decoding
+  step (the decoding hook, :meth:`DeBERTa.decode_score_bias`) without log buckets builds its whole
+  bias at once, where the buckets clip found by arithmetic: the keys before the span take one
+  product with ``Qr[0]``, those within it a slice of ``Qr`` and the c2p row read backwards. One
+  row hands ``k.Qr[0]`` for every key to SDPA's fused kernel as a move of the query, and the rest
+  (``k.(Qr[m] - Qr[0])`` within the span, c2p) as its float mask.
 - any other positions, code being traced by ``torch.compile`` (no host reads: one graph), and
   FlexAttention (scalar indices, as a ``d``-long dot product per element): the per-call table
   ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major through a
@@ -44,9 +39,7 @@ gradients flow on into q, k, ``P`` and the projections. Positions must be intege
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +53,6 @@ from ..common.checks import (
 )
 from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
-from ..common.kv_cache import LayerKVCache
 from ..common.pairwise import (
     PairwiseBias,
     SharedGradTable,
@@ -196,19 +188,24 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
         return q * (1 / math.sqrt(3)), k
 
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: on CPU over one run of positions without log buckets, the whole
+        ``[B, H, rows, Tk]`` bias at once from where the buckets clip (:func:`_few_rows_linear`),
+        small beside the keys. One row's keys before the span share ``Qr[0]``: that product goes
+        to the kernel as a move of the query (:func:`~posenc.common.pairwise.key_linear_bias`),
+        so the keys are read once for the content scores and the bias. Else :meth:`score_bias`."""
+        check_sequence_positions(q_pos, kv_pos)
+        offset = None if q_pos.is_floating_point() or kv_pos.is_floating_point() else shared_run_offset(q_pos, kv_pos)
+        if offset is None or q.device.type != "cpu" or self.log_buckets:
+            return self.score_bias(q, k, q_pos, kv_pos)
+        k, kr, qr = self._scaled_relative(q, k)  # kr, qr [H, 2k, d]
+        kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]
+        if q.shape[2] == 1:  # every key's p2c is k.Qr[0] + k.(Qr[m] - Qr[0])
+            rest = _few_rows_linear(q, k, kr_by_dim, self._from_row0(qr), offset + self.span, far_products=False)
+            return key_linear_bias(rest, k, qr[:, :1].unsqueeze(0), k.shape[2], name="DeBERTa")
+        return dense_bias(_few_rows_linear(q, k, kr_by_dim, qr, offset + self.span), name="DeBERTa")
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        return self._bias(q, k, q_pos, kv_pos, None)
-
-    def cached_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache) -> PairwiseBias:
-        """:meth:`score_bias`, keeping the position-to-content products of the keys within the span
-        in ``cache.memo`` (:class:`_SpanProducts`) on the path that reads them: a cached decoding
-        step on CPU, without gradients or log buckets, over runs of consecutive positions, at
-        ``B x H x k x d >= 2^17`` (below, the step multiplies the span's keys itself)."""
-        if not isinstance(cache, LayerKVCache):
-            raise TypeError(f"cache must be the LayerKVCache that holds k; got {type(cache).__name__}")
-        return self._bias(q, k, q_pos, kv_pos, cache)
-
-    def _bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, cache: LayerKVCache | None) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
         if q_pos.is_floating_point() or kv_pos.is_floating_point():
             raise ValueError("DeBERTa's relative buckets need integer positions; got floating-point positions")
@@ -217,28 +214,6 @@ class DeBERTa(PositionEncoding):
         kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
         traced = torch.compiler.is_compiling()
         offset = None if traced else shared_run_offset(q_pos, kv_pos)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, kr, qr))
-        memo = row0 = None
-        if (cache is not None and offset is not None and q.device.type == "cpu" and not log_buckets and not grad
-                and q.dtype in (torch.float32, torch.float64) and k.shape[0] * k.shape[1] * span * k.shape[3]
-                >= _MEMO_MIN_PRODUCT):
-            # every call over the cache extends the memo (a prefill too), so that each key's
-            # products are computed once, when it enters
-            row0 = self._from_row0(qr)
-            memo = _SpanProducts.of(cache, k, row0, span)
-        if offset is not None and q.device.type == "cpu" and q.shape[2] < _MIN_SKEW_ROWS and not log_buckets:
-            # A few rows (a cached decoding step): the whole [B, H, Tq, Tk] bias at once, small
-            # beside the keys, with none of the per-block reads around it.
-            if q.shape[2] == 1 and not grad:
-                # One row: every key's p2c is k.Qr[0] + k.(Qr[m] - Qr[0]). The first term, one
-                # row of weights for all keys, goes to the kernel beside the query (the keys read
-                # once for both products); the rest holds the second, zero before the span, read
-                # from the memo where it holds it.
-                between = None if memo is None else functools.partial(memo.products, -offset)
-                row0 = self._from_row0(qr) if row0 is None else row0
-                rest = _few_rows_linear(q, k, kr_by_dim, row0, offset + span, far_products=False, between=between)
-                return key_linear_bias(rest, k, qr[:, :1].unsqueeze(0), k.shape[2], name="DeBERTa")
-            return dense_bias(_few_rows_linear(q, k, kr_by_dim, qr, offset + span), name="DeBERTa")
         q_rows = SharedGradTable(q)
         if offset is not None and q.device.type == "cpu":
             return self._skewed_bias(q, k, kr, kr_by_dim, qr, q_rows, offset)
@@ -341,7 +316,6 @@ def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tenso
 
 def _few_rows_linear(
     rows: Tensor, keys: Tensor, kr_by_dim: Tensor, qr: Tensor, shift: int, far_products: bool = True,
-    between: Callable[[int, int], Tensor | None] | None = None,
 ) -> Tensor:
     """The whole bias of a few query rows over keys ``0 .. n-1`` without log buckets (a cached
     decoding step), from where the buckets clip, found by arithmetic on the host: row ``r``'s
@@ -353,8 +327,6 @@ def _few_rows_linear(
     ``far_products=False`` leaves the keys before the span their c2p entry alone, without the
     product with ``Qr[0]``: for a ``qr`` whose row 0 is zero (``Qr - Qr[0]``, with ``Qr[0]``
     added to every key by the kernel: :func:`~posenc.common.pairwise.key_linear_bias`).
-    ``between(a, b)``: one row's p2c products of keys ``a .. b-1`` within the span ``[B, H, b - a]``
-    where known (:meth:`_SpanProducts.products`), else None and they are multiplied here.
 
     ``rows [B, H, R, d]`` (``q / sqrt(3)``), ``keys [B, H, n, d]``, ``kr_by_dim [H, d, 2k]``,
     ``qr [H, 2k, d]`` (both scaled) -> ``[B, H, R, n]``."""
@@ -374,135 +346,13 @@ def _few_rows_linear(
             far_c2p = c2p[..., -1:]  # [B, H, 1], c2p row 2k - 1
             parts.append(matvec(keys[:, :, :a], qr[:, 0]) + far_c2p if far_products else far_c2p.expand(-1, -1, a))
         if b > a:  # c2p rows 2k - a - s down to 2k + 1 - b - s
-            known = None if between is None else between(a, b)
-            p2c = (keys[:, :, a:b] * qr[:, a + s: b + s]).sum(-1) if known is None else known
+            p2c = (keys[:, :, a:b] * qr[:, a + s: b + s]).sum(-1)
             parts.append(p2c + c2p[..., two_k + 1 - b - s - lo: two_k + 1 - a - s - lo].flip(-1))
         if n > b:  # keys after the query (no causal mask): c2p rows 1, 0, 0, ...
             c = (two_k - s - torch.arange(b, n, device=keys.device)).clamp(0, top) - lo
             parts.append(matvec(keys[:, :, b:], qr[:, top]) + c2p[..., c])
         out.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
     return out[0].unsqueeze(2) if len(out) == 1 else torch.stack(out, dim=2)
-
-
-# A memo of span products (_SpanProducts) gathers this many keys before it moves them into its
-# table (the table's rows then take 16 adjacent floats, one 64-byte line, per move), and keeps
-# room for a crop of up to _MEMO_SLACK keys (HF-style rewinds of a few tokens).
-_MEMO_BLOCK = 16
-_MEMO_SLACK = 32
-# A decoding step multiplies the span's keys itself below this many multiply-adds (B x H x k x
-# d): its keys then stay in the CPU's caches, and the memo's own steps cost more than they save
-# (batch 1, 4 heads, k = 256, d = 64: 0.75 against 0.72x RoPE with the memo; batch 8: 0.74 against 0.83).
-_MEMO_MIN_PRODUCT = 1 << 17
-
-
-class _SpanProducts:
-    """A cached decoding step's p2c products ``k_j . (Qr[m] - Qr[0])`` of the keys within the
-    span, computed once per key as it enters the KV cache and kept in the cache's ``memo``
-    (:class:`~posenc.common.kv_cache.KeyMemo`): a step then reads ``k`` floats per head from one
-    row of a table instead of the span's keys (``k x d`` floats, from memory beyond the caches
-    at batch 8).
-
-    Key ``j`` meets the query at index ``i`` (both counted in the cache; ``i = q_pos -
-    kv_pos[0]``) at lag ``t = i - j`` and reads ``Qr`` row ``k - t`` while ``0 <= t < k`` (older
-    keys read row 0, which the kernel adds as a move of the query). ``table [B, H, k, ring]``
-    holds key ``j``'s product for query ``i`` at ``[i mod k, j mod ring]``. A key's ``k``
-    products (one matmul, by lag) first go to a row of ``recent [B, H, G, G + k]`` (``G = min(16,
-    k)``); every ``G`` keys the rows move into the table at once, each table row taking ``G``
-    adjacent values, so that the scattered writes happen once per ``G`` keys. Keys ``first ..
-    flushed - 1`` are in the table, ``flushed .. length - 1`` in ``recent``; ``ring = k + slack``
-    columns keep what the remaining keys need through crops to at most ``slack`` keys before
-    ``reach``, the most keys the table has held. Memory: ``B x H x k x (k + slack)`` values,
-    beside ``2 x B x Hkv x T x d`` for the cache's keys and values.
-
-    ``source``: ``Qr - Qr[0]`` ``[H, 2k, d]`` the products are taken with (the encoding's kept
-    table; another one, after the parameters changed, makes a new memo)."""
-
-    def __init__(self, source: Tensor, keys: Tensor, span: int) -> None:
-        b, h, _, _ = keys.shape
-        g = self.block = min(_MEMO_BLOCK, span)
-        self.source, self.span = source, span
-        self.by_lag = source[:, 1: span + 1].flip(1).transpose(1, 2).contiguous()  # [H, d, k]: column t = row k - t
-        self.ring = -(-(span + _MEMO_SLACK) // g) * g
-        self.table = keys.new_empty(b, h, span, self.ring)
-        self.recent = keys.new_empty(b, h, g, g + span)
-        self.first = self.flushed = self.length = self.reach = 0
-
-    @classmethod
-    def of(cls, cache: LayerKVCache, keys: Tensor, source: Tensor, span: int) -> _SpanProducts:
-        """The memo of ``cache`` for these parameters (``source``), a new one where it has none
-        that fits, extended over ``keys [B, H, n, d]`` (every cached key, at the query heads)."""
-        memo = cache.memo
-        if not (isinstance(memo, cls) and memo.source is source and memo.table.shape[:2] == keys.shape[:2]
-                and memo.table.dtype == keys.dtype and memo.table.device == keys.device):
-            memo = cls(source, keys, span)
-            cache.memo = memo
-        memo.extend(keys)
-        return memo
-
-    def crop(self, length: int) -> bool:
-        """Forget keys ``length`` and later (see :class:`~posenc.common.kv_cache.KeyMemo`)."""
-        # keys moved into the table (up to `reach`, through earlier crops too) took the columns of
-        # keys a ring earlier, which the next queries read unless the crop is within the slack
-        if length < self.first or self.reach - length > _MEMO_SLACK:
-            return False
-        if length < self.flushed:
-            self.flushed = self.length = length - length % self.block  # (extend recomputes the rest)
-        else:
-            self.length = min(self.length, length)
-        return True
-
-    def extend(self, keys: Tensor) -> None:
-        """Take the products of the keys ``length .. n - 1`` of ``keys [B, H, n, d]``."""
-        n, g, k = keys.shape[2], self.block, self.span
-        start = max(0, n - k)  # the oldest key a later query (at index n - 1 or after) reads
-        start -= start % g
-        if start > self.length or n < self.length:  # keys no query reads again were never taken
-            self.first = self.flushed = self.length = self.reach = start
-        base = self.length
-        if base == n:
-            return
-        products = rows_times_table(keys[:, :, base:n], self.by_lag)  # [B, H, n - base, k], by lag
-        while self.length < n:
-            slot, src = self.length - self.flushed, self.length - base
-            take = min(n - self.length, g - slot)
-            self.recent[:, :, slot: slot + take, g:] = products[:, :, src: src + take]
-            self.length += take
-            if self.length - self.flushed == g:
-                self._flush()
-
-    def _flush(self) -> None:
-        """Move the ``G`` rows of ``recent`` (keys ``flushed ..``) into the table."""
-        g, k, r = self.block, self.span, self.recent
-        r[..., :g] = r[..., k: k + g]  # the last lags again, before the first
-        s = r.stride()
-        # by_query[.., u, c] = recent[.., c, g + u - c]: key flushed + c's product for the query at
-        # index flushed + u (mod k); where u < c it is the copy of the last lags
-        by_query = r.as_strided((*r.shape[:2], k, g), (s[0], s[1], 1, s[2] - 1), r.storage_offset() + g)
-        row, col = self.flushed % k, self.flushed % self.ring
-        self.table[:, :, row:, col: col + g] = by_query[:, :, : k - row]
-        if row:
-            self.table[:, :, :row, col: col + g] = by_query[:, :, k - row:]
-        self.flushed += g
-        self.reach = max(self.reach, self.flushed)
-
-    def products(self, i: int, lo: int, hi: int) -> Tensor | None:
-        """The products of keys ``lo .. hi - 1`` with the query at index ``i`` ``[B, H, hi - lo]``,
-        or None where the memo does not hold them all (keys after the query, or older than it
-        took)."""
-        if lo < self.first or hi > self.length or hi - 1 > i or i - lo >= self.span or hi <= lo:
-            return None
-        parts = []
-        mid = max(lo, min(hi, self.flushed))
-        if mid > lo:
-            row = self.table[:, :, i % self.span]  # [B, H, ring]
-            c0, c1 = lo % self.ring, (mid - 1) % self.ring + 1
-            parts.append(row[..., c0:c1] if c0 < c1 else torch.cat((row[..., c0:], row[..., :c1]), dim=-1))
-        if hi > mid:  # recent[c + x, g + i - (mid + x)] for the keys mid + x
-            r = self.recent
-            s = r.stride()
-            offset = r.storage_offset() + (mid - self.flushed) * s[2] + self.block + i - mid
-            parts.append(r.as_strided((*r.shape[:2], hi - mid), (s[0], s[1], s[2] - 1), offset))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tensor, c: Tensor) -> Tensor:

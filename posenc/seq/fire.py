@@ -105,6 +105,43 @@ class FIRE(PositionEncoding):
         """``psi(|i - j|) / (psi(max(L_thr, i)) + eps)`` for broadcastable positions."""
         return self._psi((q_pos - kv_pos).to(self._work_dtype()).abs()) / self._normalizer(q_pos)
 
+    def _mlp(self, x: Tensor, h: Tensor | None, every_head: bool = False, rows: bool = False) -> Tensor:
+        """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
+        order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``;
+        ``rows``: every head at ``x [R]``, as ``[H, R]``."""
+        first, last = self.mlp[0], self.mlp[2]
+        # one input feature: the first layer is a multiply-add per unit, not a K=1 matmul
+        hidden = torch.addcmul(first.bias, x.unsqueeze(-1).to(first.weight.dtype), first.weight[:, 0]).relu()
+        out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
+        if rows:
+            return out.T
+        if every_head:
+            return out.squeeze(1).movedim(-1, 1)
+        return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
+
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: the MLP on the step's few pairs directly, which costs less than
+        building its piecewise-linear form. One query without a batch of positions has a bias that
+        is a function of the key's offset, evaluated once as a row the kernel cuts its block from,
+        with ``psi(|i - j|)`` read from a kept table (the same values as :meth:`normalized_distance`)."""
+        check_sequence_positions(q_pos, kv_pos)
+        normalized = self.normalized_distance
+
+        def direct(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
+            every_head = is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1
+            return self._mlp(x, h, every_head)
+
+        by_offset = None
+        if q_pos.shape == (1, 1) and kv_pos.shape[0] == 1:
+            def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
+                distance = offsets.abs()
+                psi = gather(self._kept_psi(int(distance.max()), distance.device), distance)
+                return self._mlp(psi / self._normalizer(q_pos[0]), None, rows=True)
+
+        return PairwiseBias(direct, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="FIRE",
+                            by_offset=by_offset, pointwise=False)
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
         first, last = self.mlp[0], self.mlp[2]
@@ -112,43 +149,8 @@ class FIRE(PositionEncoding):
         per_batch = max(q_pos.shape[0], kv_pos.shape[0]) > 1
         mlp_weights = (first.weight, first.bias, last.weight, last.bias)  # not mlp.parameters(): a module walk per call
         learned = (self.c, self.l_mult, *mlp_weights)
-        def mlp(x: Tensor, h: Tensor | None, every_head: bool = False, rows: bool = False) -> Tensor:
-            """The MLP itself at ``x``, head ``h``; ``every_head``: a dense block of all heads in
-            order (``x [B or 1, 1, rows, keys]``), returned as a view ``[B or 1, H, rows, keys]``;
-            ``rows``: every head at ``x [R]``, as ``[H, R]``."""
-            # one input feature: the first layer is a multiply-add per unit, not a K=1 matmul
-            hidden = torch.addcmul(first.bias, x.unsqueeze(-1).to(first.weight.dtype), first.weight[:, 0]).relu()
-            out = F.linear(hidden, last.weight, last.bias)  # [..., H]: every head at once
-            if rows:
-                return out.T
-            if every_head:
-                return out.squeeze(1).movedim(-1, 1)
-            return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
-
+        mlp = self._mlp
         inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in learned))
-        pairs = max(q_pos.shape[0], kv_pos.shape[0]) * q_pos.shape[-1] * kv_pos.shape[-1]
-        if inference and pairs <= _DIRECT_PAIRS:
-            # A few pairs (a cached decoding step: one query row): the MLP on them costs less than
-            # building its piecewise-linear form.
-            def direct(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                x = normalized(take(q_pos, b, q_idx), take(kv_pos, b, kv_idx))
-                every_head = is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and x.shape[1] == 1
-                return mlp(x, h, every_head)
-
-            by_offset = None
-            if q_pos.shape == (1, 1) and kv_pos.shape[0] == 1:
-                # One query (a cached decoding step without a batch of positions): its bias is a
-                # function of the key's offset, evaluated once as a row the kernel cuts its block
-                # from, without the per-element indexing of positions.
-                def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
-                    distance = offsets.abs()
-                    # psi(|i - j|) read from a kept table (the logarithms were half of a decoding
-                    # step's time at context 8192); the same values as normalized() computes
-                    psi = gather(self._kept_psi(int(distance.max()), distance.device), distance)
-                    return mlp(psi / self._normalizer(q_pos[0]), None, rows=True)
-
-            return PairwiseBias(direct, per_batch=per_batch, name="FIRE", by_offset=by_offset,
-                                pointwise=False)
         if inference:
             # The same MLP in its exact piecewise-linear form, a lookup per pair.
             breaks, slope, offset = self.piecewise_linear()

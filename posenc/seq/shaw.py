@@ -47,11 +47,6 @@ from ..common.pairwise import (
 from ..common.registry import register
 from ..common.relative import clipped_relative_index, relative_positions
 
-# Fewer query rows than this without gradients (cached decoding) take their whole bias at once:
-# the per-block gathers through the positions cost more than the bias.
-_MIN_TABLE_ROWS = 8
-
-
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
     """``clip(j - i, -k, k) + k`` as ``[B or 1, 1, Tq, Tk]`` (long), the slot of each pair."""
     return clipped_relative_index(relative_positions(q_pos, kv_pos), max_relative).unsqueeze(1)
@@ -84,18 +79,24 @@ class ShawRelative(PositionEncoding):
         self.key_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5)
         self.value_table = nn.Parameter(torch.randn(2 * max_relative + 1, head_dim) * head_dim ** -0.5) if values else None
 
-    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def _query_table(self, q: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """``q . aK[r] / sqrt(d)`` for every slot ``r``: ``[B, H, Tq, 2k+1]``."""
         check_sequence_positions(q_pos, kv_pos, integer_for="ShawRelative")
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
-        table = torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5  # [B, H, Tq, 2k+1]
+        return torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5
+
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: the whole bias ``[B, H, rows, Tk]`` at once, by one gather at the
+        pairs' slots (the per-block gathers through the positions cost more than the bias); the
+        offset value term reads its last keys from it."""
+        table = self._query_table(q, q_pos, kv_pos)  # [B, H, Tq, 2k+1]
+        slot = clipped_offsets(q_pos, kv_pos, self.max_relative).expand(*table.shape[:2], -1, -1)  # [B, H, Tq, Tk]
+        return dense_bias(table.gather(-1, slot), name="ShawRelative keys")
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        table = self._query_table(q, q_pos, kv_pos)  # [B, H, Tq, 2k+1]
         kmax = self.max_relative
-        if q.shape[2] < _MIN_TABLE_ROWS and not (torch.is_grad_enabled() and table.requires_grad):
-            # A few rows without gradients (a cached decoding step): the whole bias [B, H, Tq, Tk]
-            # at once, by one gather at the pairs' slots; the dense path hands it to the kernel
-            # and the offset value term reads its last keys.
-            slot = clipped_offsets(q_pos, kv_pos, kmax).expand(*table.shape[:2], -1, -1)  # [B, H, Tq, Tk]
-            return dense_bias(table.gather(-1, slot), name="ShawRelative keys")
         rows_of = SharedGradTable(table)  # a chunk's rows, with one gradient buffer for all chunks
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -45,17 +45,14 @@ from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
     SharedGradTable,
+    dense_bias,
     is_dense_block,
     rows_times_table,
-    run_start,
     shared_run_offset,
     take,
 )
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
-
-# Fewer query rows than this (a cached decoding step) read their distances as slices of the table.
-_FEW_ROWS = 8
 
 
 @register(
@@ -102,13 +99,16 @@ class TransformerXLRelative(PositionEncoding):
         self._check(q, q_pos, kv_pos)
         return q + self.u.to(q.dtype)[None, :, None, :], k
 
-    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        """``q`` is the shifted ``q + u`` from :meth:`transform_qk`."""
+    def _shifted_queries(self, q: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
+        """``(q + v) / sqrt(d)`` ``[B, H, Tq, d]`` from the shifted ``q + u``: the 1/sqrt(d) of the
+        positional terms folded into the queries."""
         self._check(q, q_pos, kv_pos)
-        # (q + v) / sqrt(d): the 1/sqrt(d) of the positional terms folded into the queries.
-        qv = (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5  # [B, H, Tq, d]
-        if torch.compiler.is_compiling():
-            return self._traced_bias(qv, q_pos, kv_pos)
+        return (q + (self.v - self.u).to(q.dtype)[None, :, None, :]) * self.head_dim ** -0.5
+
+    def _distances(self, qv: Tensor, q: Tensor, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor, int, int | None]:
+        """The distance table the bias reads and the queries that read it, ``(qv, wr, lo, offset)``:
+        ``wr [H or 1, R, d or dim]`` by distance from ``lo``, ``offset = kv_pos[0] - q_pos[0]`` over
+        runs of consecutive positions (else None)."""
         b, h, tq, d = qv.shape
         tk = kv_pos.shape[1]
         offset = shared_run_offset(q_pos, kv_pos)  # kv_pos[j] - q_pos[i] = offset + j - i
@@ -121,32 +121,42 @@ class TransformerXLRelative(PositionEncoding):
         if DerivedTensors.keeps((self.r_proj.weight,)):
             wr = self._kept_table(lo, hi, q.dtype, q.device)  # [H, R, d]
         elif b * h * tq * (d + dists) * self.dim < dists * self.dim * h * d + b * h * tq * dists * d:
-            # Few queries against many distances (a cached decoding step): the same term as
-            # ((q + v) W_R^h) . R, the queries taken back to the sinusoid's width instead of
-            # projecting every distance's R again, d times less work there.
+            # Few queries against many distances: the same term as ((q + v) W_R^h) . R, the
+            # queries taken back to the sinusoid's width instead of projecting every distance's R
+            # again, d times less work there.
             w = self.r_proj.weight.view(h, d, self.dim).to(qv.dtype)  # [H, d, dim]
             qv = torch.matmul(qv, w)  # [B, H, Tq, dim]
             wr = self._sinusoids(lo, hi, q.device).to(q.dtype).unsqueeze(0)  # [1, R, dim]: one table for every head
         else:  # W_R R per distance
             wr = self.r_proj(self._sinusoids(lo, hi, q.device)).view(-1, h, d).transpose(0, 1).to(q.dtype)  # [H, R, d]
+        return qv, wr, lo, offset
+
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: over one run of positions, row ``i`` reads the distances ``i -
+        offset`` down to ``i - offset - Tk + 1``, one slice of the table read backwards: the whole
+        ``[B, H, rows, Tk]`` bias by a product and a flip per row, no index tensor."""
+        qv, wr, lo, offset = self._distances(self._shifted_queries(q, q_pos, kv_pos), q, q_pos, kv_pos)
+        if offset is None:
+            return self.score_bias(q, k, q_pos, kv_pos)
+        n = kv_pos.shape[1]
+        rows = []
+        for r in range(qv.shape[2]):
+            top = r - offset - lo  # the row of wr at key 0
+            part = rows_times_table(qv[:, :, r: r + 1], wr[:, top - n + 1: top + 1].transpose(-1, -2))
+            rows.append(part.flip(-1))  # [B, H, 1, n]
+        return dense_bias(rows[0] if len(rows) == 1 else torch.cat(rows, dim=2), name="TransformerXLRelative")
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """``q`` is the shifted ``q + u`` from :meth:`transform_qk`."""
+        qv = self._shifted_queries(q, q_pos, kv_pos)  # [B, H, Tq, d]
+        if torch.compiler.is_compiling():
+            return self._traced_bias(qv, q_pos, kv_pos)
+        qv, wr, lo, _ = self._distances(qv, q, q_pos, kv_pos)
         heads_r = wr.shape[0] > 1
         qv_rows = SharedGradTable(qv)  # read a chunk of rows at a time, one gradient buffer
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dense = is_dense_block(b, h, q_idx, kv_idx)
-            start = run_start(q_idx) if dense and offset is not None and q_idx.shape[2] < _FEW_ROWS else None
-            if start is not None and run_start(kv_idx) == 0:
-                # A few rows (a cached decoding step), one run, over keys 0 .. n-1 of one run of
-                # positions: row i reads the distances i - offset down to i - offset - n + 1, one
-                # slice of the table read backwards: a product and a flip, no index tensor.
-                n = kv_idx.shape[3]
-                rows = qv_rows.rows(q_idx)  # [B, H, rows, d or dim]
-                out = []
-                for r in range(rows.shape[2]):
-                    top = start + r - offset - lo  # the row of wr at key 0
-                    part = rows_times_table(rows[:, :, r: r + 1], wr[:, top - n + 1: top + 1].transpose(-1, -2))
-                    out.append(part.flip(-1))  # [B, H, 1, n]
-                return out[0] if len(out) == 1 else torch.cat(out, dim=2)
             rel = take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx) - lo  # row of wr, [B or 1, 1, rows, keys]
             if dense:
                 # A block of query rows: one matmul against the distances these rows need, then a

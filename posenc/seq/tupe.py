@@ -49,10 +49,6 @@ from ..common.pairwise import (
 from ..common.registry import register
 from .learned import lerp_rows
 
-# Fewer query rows than this without gradients (cached decoding) take their whole term at once.
-_MIN_BLOCK_ROWS = 8
-
-
 @register(
     "tupe",
     modality="seq",
@@ -155,27 +151,31 @@ class TUPE(PositionEncoding):
         queries = batch * h * q_len * (d + kv_len) * c
         return keys <= queries
 
+    def _position_sides(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The two sides of the position term, ``pq [B or 1, H, Tq, w]`` and ``pk [B or 1, H or 1,
+        Tk, w]``: projected as the paper writes them, or, where that is cheaper (:meth:`_key_side`),
+        the queries taken back through ``Uk`` and the raw table rows for every head,
+        ``(p_i Uq / sqrt(2d)) . (p_j Uk) = ((p_i Uq / sqrt(2d)) Uk^T) . p_j``."""
+        if self._key_side(q_pos.shape[0], q_pos.shape[1], kv_pos.shape[1]):
+            return self.projected_positions(q_pos, kv_pos)
+        pq = self._project(self._positions(q_pos), self.pos_q) * (1 / math.sqrt(2 * self.head_dim))
+        uk = self.pos_k.weight.view(self.num_heads, self.head_dim, self.dim)  # [H, d, C]
+        pq = torch.matmul(pq, uk.to(pq.dtype))  # [B or 1, H, Tq, C]
+        return pq, self._positions(kv_pos).unsqueeze(1)  # pk [B or 1, 1, Tk, C]: one row for every head
+
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+        """The decoding hook: the whole term ``[B or 1, H, rows, Tk]`` at once by one matmul,
+        small beside the keys; the kernel takes it as it is, with none of the per-block reads."""
+        term = _position_products(*self._position_sides(q_pos, kv_pos))
+        if self.untie_cls:
+            h = self.num_heads
+            term = _reset_cls(term, (q_pos == 0)[:, None, :, None], (kv_pos == 0)[:, None, None, :],
+                              self.cls_to_others.view(1, h, 1, 1), self.others_to_cls.view(1, h, 1, 1))
+        return dense_bias(term, name="TUPE")
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
-        if not self._key_side(q_pos.shape[0], q_pos.shape[1], kv_pos.shape[1]):
-            # The same term, (p_i Uq / sqrt(2d)) . (p_j Uk) = ((p_i Uq / sqrt(2d)) Uk^T) . p_j.
-            pq = self._project(self._positions(q_pos), self.pos_q) * (1 / math.sqrt(2 * self.head_dim))
-            uk = self.pos_k.weight.view(self.num_heads, self.head_dim, self.dim)  # [H, d, C]
-            pq = torch.matmul(pq, uk.to(pq.dtype))  # [B or 1, H, Tq, C]
-            pk = self._positions(kv_pos).unsqueeze(1)  # [B or 1, 1, Tk, C]: one row for every head
-        else:
-            pq, pk = self.projected_positions(q_pos, kv_pos)
+        pq, pk = self._position_sides(q_pos, kv_pos)
         untie = self.untie_cls
-        if (q_pos.shape[1] < _MIN_BLOCK_ROWS and not torch.compiler.is_compiling()
-                and not (torch.is_grad_enabled() and (pq.requires_grad or pk.requires_grad))):
-            # A few rows without gradients (a cached decoding step): the whole term at once by one
-            # matmul, [B or 1, H, Tq, Tk], small beside the keys; the kernel takes it as it is,
-            # with none of the per-block reads around it.
-            term = _position_products(pq, pk)
-            if untie:
-                h = self.num_heads
-                term = _reset_cls(term, (q_pos == 0)[:, None, :, None], (kv_pos == 0)[:, None, None, :],
-                                  self.cls_to_others.view(1, h, 1, 1), self.others_to_cls.view(1, h, 1, 1))
-            return dense_bias(term, name="TUPE")
         heads_k = pk.shape[1] > 1
         per_batch = pq.shape[0] > 1 or pk.shape[0] > 1
         cls_row = cls_col = None  # bound either way: torch.compile breaks its graph on reading an unset closure cell
