@@ -44,10 +44,6 @@ from ..common.pairwise import (
 from ..common.registry import register
 
 _EPS = 1e-6
-# Up to this many (query, key) pairs in a call without gradients, the MLP is evaluated directly:
-# its piecewise-linear form costs about 0.5 ms to build (per call, so per layer and decoding
-# step), the MLP about 30 ns a pair more than the lookup.
-_DIRECT_PAIRS = 1 << 14
 _PSI_TABLE_MAX = 1 << 20  # distances looked up in a table up to this span; past it, a logarithm per pair
 
 

@@ -250,7 +250,7 @@ def forward_rows(
     ``offsets``, or evaluated): ``(out [B, H, rows, D], lse [B, H, rows])``, rows that see no key
     zeroed."""
     b, h, tq, _ = q.shape
-    if values is not None:  # every row sees a key (consecutive_offset checked it)
+    if values is not None:  # every row sees a key (the plan's diagonal layout requires it)
         block, row_any = offsets.block(values, s, e, kv_end), None  # [1, H or 1, rows, kv_end]
     else:  # [B or 1, H, rows, kv_end] (masked entries -inf), row_any [B or 1, 1, rows, 1]
         # the whole call's block of a dense table is the table itself
