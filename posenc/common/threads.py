@@ -1,0 +1,119 @@
+"""How many CPU threads posenc's work runs on: one policy for the library and every command.
+
+Why a policy at all: torch runs each CPU operation above a small size on a team of OpenMP
+threads that meet at a barrier when the operation ends. A training step is thousands of such
+operations. While every thread of the team has a core, that costs little; once another process
+takes one of those cores, the descheduled thread holds up the whole team at every barrier and a
+step costs scheduler time slices instead of work. torch's default team is one thread per core,
+so it is exactly the setting that breaks when anything else runs on the machine.
+
+The rule, :func:`default_threads`: one thread fewer than the cores this process may use (at
+least one). A team of ``k`` threads keeps its pace as long as ``k`` cores are free for it, so
+``cores - 1`` holds with one other busy process on any machine, and on a two-core machine it is
+one thread: no team and no barrier at all, which holds under any load. On a quiet machine it
+gives up at most one core's share of the parallel work. Under heavier sharing, fewer threads
+are always safe: ``set_threads(1)`` (``--threads 1``) never waits on a barrier. A thread count
+the user set in ``OMP_NUM_THREADS`` is the default instead (``torchrun`` sets it to 1 for its
+processes).
+
+posenc's own thread pools follow the same number: the chunked attention paths
+(:mod:`posenc.common.chunk_pool`) and the batched graph encodings (``posenc.graph._threads``)
+spread independent pieces of work over ``torch.get_num_threads()`` single-threaded workers,
+which hold under load because no worker waits for another until the end.
+
+Library code never changes the thread count by itself: call :func:`set_threads` (``posenc.set_threads``)
+once, before the work; the ``posenc`` commands call it with their ``--threads`` before torch is
+imported. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+# the variables the OpenMP, MKL and OpenBLAS runtimes read when they load (torch, numpy, scipy):
+# set before those load, they size every pool, and child processes inherit them
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under ``taskset``; else all)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this system
+        return max(1, os.cpu_count() or 1)
+
+
+def _user_setting() -> int | None:
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def default_threads() -> int:
+    """``OMP_NUM_THREADS`` when the user set it to a positive integer, else
+    ``max(1, usable_cores() - 1)`` (the reasoning is in this module's docstring)."""
+    user = _user_setting()
+    return user if user is not None else max(1, usable_cores() - 1)
+
+
+def resolve_threads(threads: int | None) -> int | None:
+    """The thread count :func:`set_threads` applies: ``None`` -> :func:`default_threads`;
+    ``0`` -> None (torch's own default, a thread per core, left alone); ``n >= 1`` -> ``n``."""
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int >= 0 or None; got {threads!r} ({type(threads).__name__})")
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's own default, None: posenc's default); got {threads}")
+    return threads or None
+
+
+def set_threads(threads: int | None = None) -> int | None:
+    """Run posenc's CPU work (and torch's, numpy's and scipy's) on ``threads`` threads.
+
+    Args:
+        threads: a positive count; ``None`` (the default) for :func:`default_threads`, one fewer
+            than the usable cores, which keeps its speed when another process shares the
+            machine; ``0`` to leave torch's own default (a thread per core) untouched.
+
+    Returns the count set (None for ``0``). Sets ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and
+    ``OPENBLAS_NUM_THREADS`` for the libraries not loaded yet and for child processes, and, when
+    torch is already imported, ``torch.set_num_threads``. Call it once, before the work: torch's
+    setting is process-wide (posenc's worker pools read it on each call).
+    """
+    count = resolve_threads(threads)
+    if count is None:
+        return None
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(count)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(count)
+    return count
+
+
+@contextmanager
+def using_threads(threads: int | None = None) -> Iterator[int | None]:
+    """:func:`set_threads` for the body only: the thread variables and torch's count (when torch
+    was loaded before the block) are put back at the end, so that a command run from Python (the
+    tests, a notebook) leaves the process as it found it."""
+    saved = {variable: os.environ.get(variable) for variable in THREAD_VARIABLES}
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
+    try:
+        yield set_threads(threads)
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
+        torch = sys.modules.get("torch")
+        if before is not None and torch is not None:
+            torch.set_num_threads(before)
