@@ -9,19 +9,8 @@ YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), Llama 3.1's banded sc
 formulas are :mod:`.rope_scaling`'s; :meth:`~.rope.RotaryEncoding.frequencies` reads what a layer
 uses at a given length.
 
-:func:`rope_from_hf_config` builds the encoding a Hugging Face config describes (``rope_theta``,
-``max_position_embeddings``, ``head_dim`` or ``hidden_size / num_attention_heads``,
-``partial_rotary_factor``, and ``rope_scaling`` or the newer ``rope_parameters``), deriving what
-Hugging Face derives:
-
-* the original length ``L0``: ``original_max_position_embeddings`` from the scaling dict, else
-  from the config's top level (Phi-3 keeps it there), else ``max_position_embeddings``; for
-  ``dynamic`` always ``max_position_embeddings``, as transformers reads it (``dynamic_length_from``
-  selects the stated length instead);
-* ``factor``, when the scaling dict has none (YaRN, LongRoPE), is ``max_position_embeddings /
-  L0``; LongRoPE always takes that ratio when the config states ``L0`` (Phi-3), as Hugging Face
-  does for its attention factor;
-* the rotary width is ``int(head_dim * partial_rotary_factor)``.
+:func:`rope_from_hf_config` (from :mod:`.hf_rope`, named here too) builds the encoding a Hugging
+Face config describes, read as transformers reads it.
 """
 
 from __future__ import annotations
@@ -31,8 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from ..common.checks import check_choice
-
+from .hf_rope import DYNAMIC_LENGTH_SOURCES, rope_from_hf_config  # noqa: F401  (named here as before)
 from .rope import RotaryEncoding
 from .rope_scaling import (
     RopeScaling,
@@ -155,97 +143,6 @@ def plan_extension(
             scaling.compute(layer.rotary_dim, layer.base)
         planned.append((layer, scaling))
     return planned
-
-
-# --- Hugging Face configs ------------------------------------------------------------------------
-
-def _hf_types() -> dict[str, str]:
-    """Hugging Face ``rope_type`` -> method, from the table of scalings (``default`` is plain RoPE)."""
-    return {"default": "none", **{t: e.name for e in rope_scaling_entries() for t in e.hf_types}}
-
-
-def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
-#: Where :func:`rope_from_hf_config` reads a ``dynamic`` config's original length ``L0`` from.
-DYNAMIC_LENGTH_SOURCES = ("max_position_embeddings", "original_max_position_embeddings")
-
-
-def rope_from_hf_config(config: Mapping[str, Any] | Any, *, head_dim: int | None = None,
-                        pairing: str = "half_split",
-                        dynamic_length_from: str = "max_position_embeddings") -> RotaryEncoding:
-    """The :class:`~.rope.RotaryEncoding` a Hugging Face model config describes (a dict, or a
-    config object with the same attributes). ``head_dim`` overrides the config's; ``pairing`` is
-    Hugging Face's half-split by default. See the module docstring for what is derived.
-
-    ``dynamic_length_from``: the length ``L0`` a ``rope_type: dynamic`` config grows its base
-    from, one of :data:`DYNAMIC_LENGTH_SOURCES`:
-
-    * ``"max_position_embeddings"`` (default): what transformers computes. Its dynamic NTK reads
-      ``max_position_embeddings`` and ignores ``original_max_position_embeddings`` (it warns
-      "Unrecognized keys"), so a model run inside transformers gets the same frequencies.
-    * ``"original_max_position_embeddings"``: the stated original length when the config gives
-      one (in the scaling dict or at the top level), else ``max_position_embeddings``. This is
-      the length the model was trained at, which the dynamic NTK formula means by ``L0``; choose
-      it for a config written with that intent, served outside transformers. (posenc read
-      dynamic configs this way before.)
-
-    Without a stated original length the two readings agree.
-    """
-    check_choice("dynamic_length_from", dynamic_length_from, DYNAMIC_LENGTH_SOURCES)
-    params = _get(config, "rope_parameters")
-    scaling_dict = params if isinstance(params, Mapping) else _get(config, "rope_scaling")
-    scaling_dict = dict(scaling_dict or {})
-    base = scaling_dict.get("rope_theta", _get(config, "rope_theta", 10000.0))
-    if head_dim is None:
-        head_dim = _get(config, "head_dim")
-        if head_dim is None:
-            hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
-            if hidden is None or heads is None:
-                raise ValueError("the config gives neither head_dim nor hidden_size and num_attention_heads")
-            head_dim = hidden // heads
-    partial = scaling_dict.get("partial_rotary_factor", _get(config, "partial_rotary_factor", 1.0))
-    if not 0 < partial <= 1:
-        raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {partial!r}")
-    rotary_dim = int(head_dim * partial)
-    rotary_dim -= rotary_dim % 2
-    kind = scaling_dict.get("rope_type", scaling_dict.get("type", "default"))
-    hf_types = _hf_types()
-    if kind not in hf_types:
-        raise ValueError(f"rope type {kind!r} has no posenc mapping; known: {', '.join(hf_types)}")
-    method = hf_types[kind]
-    max_pos = _get(config, "max_position_embeddings")
-    stated = scaling_dict.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings")
-    original = stated
-    factor = scaling_dict.get("factor")
-    # the method's own options, under the names Hugging Face uses too
-    options: dict[str, Any] = {key: scaling_dict[key] for key in METHOD_OPTIONS[method]
-                               if scaling_dict.get(key) is not None}
-    if method == "dynamic_ntk" and dynamic_length_from == "max_position_embeddings":
-        original = max_pos  # as transformers (ROPE_INIT_FUNCTIONS["dynamic"]): the stated length is ignored
-    if method in NEEDS_ORIGINAL_LENGTH:
-        if original is None:
-            original = max_pos
-        if original is None:
-            raise ValueError(f"a {kind} config needs max_position_embeddings or original_max_position_embeddings")
-    if method == "yarn" and factor is None:
-        factor = max_pos / original
-    elif method == "longrope":
-        missing = [key for key in ("short_factor", "long_factor") if key not in options]
-        if missing:
-            raise ValueError(f"a {kind} rope config needs {' and '.join(missing)}")
-        if stated is not None and max_pos is not None:
-            factor = max_pos / stated  # Hugging Face: the ratio, whatever factor says (Phi-3)
-        elif factor is None:
-            factor = 1.0
-    if method != "none" and factor is None:
-        raise ValueError(f"a {kind} rope config needs a factor")
-    scaling = make_scaling(method, rotary_dim=rotary_dim, factor=1.0 if method == "none" else float(factor),
-                           original_max_len=None if original is None else int(original), **options)
-    return RotaryEncoding(head_dim, base=float(base), rotary_dim=rotary_dim, pairing=pairing, scaling=scaling)
 
 
 # --- saving a model's scalings ---------------------------------------------------------------------
