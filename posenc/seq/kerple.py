@@ -11,6 +11,9 @@ the constraint is a reparametrisation with no state change in the forward pass:
 ``r = 0.01 + softplus(raw)`` (and ``r2 = 2 * sigmoid(raw)`` for the power exponent), initialised
 so that ``r1``, ``r2`` start at the paper's initial ranges (``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``
 for log; ``r1 ~ U(0, 1)`` and ``r2 ~ U(0, 2)`` for power, clamped to ``>= 0.01``).
+``init_distance_scale = s`` starts the kernel at distance ``d`` where the paper's initial kernel
+is at ``s * d`` (log: ``r2`` times ``s``; power: ``r1`` times ``s ** r2``): a model trained at
+length ``L`` starts with the paper's kernel at its training length 512 when ``s = 512 / L``.
 
 Causal by default (the paper's setting: ``|i - j| = i - j``); ``symmetric=True`` allows
 bidirectional attention with the same ``|i - j|``.
@@ -29,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_choice, check_int, check_sequence_positions
+from ..common.checks import check_bool, check_choice, check_int, check_number, check_sequence_positions
 from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, take
@@ -63,6 +66,8 @@ class KERPLE(PositionEncoding):
         num_heads: query heads ``H``.
         variant: ``"log"`` (default) or ``"power"``.
         symmetric: allow bidirectional attention (``|i - j|``); otherwise causal-only.
+        init_distance_scale: start the kernel at distance ``d`` where the paper's initial kernel
+            is at ``init_distance_scale * d`` (default 1: the paper's initialisation).
 
     Parameters: ``raw_r1 [H]``, ``raw_r2 [H]``; the constrained values are :attr:`r1`, :attr:`r2`.
     """
@@ -70,16 +75,22 @@ class KERPLE(PositionEncoding):
     hooks = frozenset({Hook.SCORE_BIAS})
     causal_only = True  # the default; the symmetric variant lifts it
 
-    def __init__(self, num_heads: int, variant: str = "log", symmetric: bool = False) -> None:
+    def __init__(self, num_heads: int, variant: str = "log", symmetric: bool = False,
+                 init_distance_scale: float = 1.0) -> None:
         super().__init__()
         check_int("num_heads", num_heads, minimum=1)
         check_choice("variant", variant, KERPLE_VARIANTS)
         check_bool("symmetric", symmetric)
+        scale = check_number("init_distance_scale", init_distance_scale, minimum=0.0, strict=True)
         self.num_heads, self.variant, self.symmetric = num_heads, variant, symmetric
         self.causal_only = not symmetric
         r1_scale, r2_scale = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
         r1 = (torch.rand(num_heads) * r1_scale).clamp(min=2 * _EPS)
         r2 = (torch.rand(num_heads) * r2_scale).clamp(min=2 * _EPS, max=1.99)
+        if variant == "log":
+            r2 = (r2 * scale).clamp(min=2 * _EPS)  # -r1 ln(1 + r2 s d): the paper's kernel at s d
+        else:
+            r1 = (r1 * scale ** r2).clamp(min=2 * _EPS)  # -r1 (s d)^r2 = -(r1 s^r2) d^r2
         self.raw_r1 = nn.Parameter(_inverse_softplus(r1 - _EPS))
         if variant == "log":
             self.raw_r2 = nn.Parameter(_inverse_softplus(r2 - _EPS))

@@ -238,6 +238,7 @@ class LengthSuite:
     train_min: int
     train_max: int
     splits: tuple[EvalSplit, ...]
+    options: tuple[tuple[str, object], ...] = ()  # the task's constructor options (its format), sorted
 
     @property
     def vocab_size(self) -> int:
@@ -252,11 +253,11 @@ class LengthSuite:
 
 # name -> (train task factory, default largest training size, smallest size, paper family,
 #          {variant label: test task factory})
-_SUITES: dict[str, tuple[Callable[[], Task], int, int, str, dict[str, Callable[[], Task]]]] = {
-    "copy": (lambda: TASKS["copy"](), 8, 1, "nope", {}),
-    "reverse": (lambda: TASKS["reverse"](), 8, 1, "nope", {}),
-    "sort": (lambda: TASKS["sort"](), 8, 1, "nope", {}),
-    "addition": (lambda: TASKS["addition"](), 4, 1, "nope", {}),
+_SUITES: dict[str, tuple[Callable[..., Task], int, int, str, dict[str, Callable[[], Task]]]] = {
+    "copy": (TASKS["copy"], 8, 1, "nope", {}),
+    "reverse": (TASKS["reverse"], 8, 1, "nope", {}),
+    "sort": (TASKS["sort"], 8, 1, "nope", {}),
+    "addition": (TASKS["addition"], 4, 1, "nope", {}),
     "summation": (ModularSum, 8, 1, "nope", {}),
     "parity": (Parity, 8, 1, "nope", {}),
     "flipflop": (FlipFlop, 16, 2, "cope", {"sparse": lambda: FlipFlop(0.98), "dense": lambda: FlipFlop(0.1)}),
@@ -268,17 +269,27 @@ LENGTH_TASKS: tuple[str, ...] = tuple(_SUITES)
 TEST_MULTIPLES = (2, 4)
 
 
-def length_suite(name: str, train_len: int | None = None) -> LengthSuite:
+def length_suite(name: str, train_len: int | None = None, options: dict | None = None) -> LengthSuite:
     """The suite of task ``name`` (one of :data:`LENGTH_TASKS`), trained at sizes up to
     ``train_len`` (default: the task's own) and tested at 1x, 2x and 4x that size; the density
-    variants (flip-flop, selective copy) are tested at 1x, where the papers test them."""
+    variants (flip-flop, selective copy) are tested at 1x, where the papers test them.
+    ``options``: the task's constructor arguments (its format, e.g. ``{"index_hints": True}``
+    for addition); a task with density variants takes none."""
     check_choice("task", name, LENGTH_TASKS)
     make, default_len, smallest, family, variants = _SUITES[name]
+    options = dict(options or {})
+    if options and variants:
+        raise ValueError(f"{name}: options are for tasks without density variants; got {sorted(options)}")
     size = default_len if train_len is None else check_int("train_len", train_len, minimum=smallest)
-    task = make()
+    try:
+        task = make(**options)
+    except TypeError as exc:
+        raise ValueError(f"{name}: bad task options {options}: {exc}") from None
+    for m in (1, *TEST_MULTIPLES):
+        task.check_length(m * size)  # e.g. enough index hints for the longest test
     splits = [EvalSplit(f"@{m * size}", task, m * size, m > 1) for m in (1, *TEST_MULTIPLES)]
     splits += [EvalSplit(f"{label}@{size}", make_variant(), size, True) for label, make_variant in variants.items()]
-    return LengthSuite(name, family, task, smallest, size, tuple(splits))
+    return LengthSuite(name, family, task, smallest, size, tuple(splits), tuple(sorted(options.items())))
 
 
 def eval_seed(task: str, label: str, seed: int) -> int:

@@ -156,14 +156,36 @@ class Sort(Task):
 class Addition(Task):
     """``a PLUS b SEP (a + b)`` with ``length``-digit operands (leading zeros allowed) and a
     ``length + 1``-digit sum. Digits are written least significant first by default
-    (``reverse_digits``), the order in which a left-to-right model can carry."""
+    (``reverse_digits``), the order in which a left-to-right model can carry.
+
+    ``index_hints`` (Zhou et al. 2023, https://arxiv.org/abs/2310.16028): every digit follows a
+    hint token naming its place, the same hint for the same place in both operands and the sum
+    (``h0 a0 h1 a1 .. PLUS h0 b0 h1 b1 .. SEP h0 s0 h1 s1 ..``), so a digit is found by content
+    instead of by counting. The hints are consecutive symbols of the ordered set after the ten
+    digits, starting at a random place in it, so every hint is seen in training at short
+    lengths; ``num_symbols`` must leave ``length + 1`` of them.
+    """
 
     name = "addition"
     min_symbols = 10
 
-    def __init__(self, num_symbols: int = 64, reverse_digits: bool = True) -> None:
+    def __init__(self, num_symbols: int = 64, reverse_digits: bool = True, index_hints: bool = False) -> None:
         super().__init__(num_symbols)
-        self.reverse_digits = reverse_digits
+        if not isinstance(reverse_digits, bool) or not isinstance(index_hints, bool):
+            raise TypeError(f"addition: reverse_digits and index_hints must be bools; got {reverse_digits!r}, "
+                            f"{index_hints!r}")
+        self.reverse_digits, self.index_hints = reverse_digits, index_hints
+
+    @property
+    def num_hints(self) -> int:
+        """Hint symbols (the symbols after the ten digits)."""
+        return self.num_symbols - 10 if self.index_hints else 0
+
+    def check_length(self, length):
+        super().check_length(length)
+        if self.index_hints and length + 1 > self.num_hints:
+            raise ValueError(f"addition: {length} digits need {length + 1} index hints; num_symbols={self.num_symbols} "
+                             f"leaves {self.num_hints} (num_symbols >= {length + 11})")
 
     def example(self, length, generator):
         a = torch.randint(0, 10, (length,), generator=generator).tolist()  # most significant first
@@ -172,10 +194,20 @@ class Addition(Task):
         if self.reverse_digits:
             a, b, s = a[::-1], b[::-1], s[::-1]
         d = NUM_SPECIAL
-        return [d + v for v in a] + [PLUS] + [d + v for v in b], [d + v for v in s]
+        a, b, s = [d + v for v in a], [d + v for v in b], [d + v for v in s]
+        if self.index_hints:
+            start = int(torch.randint(0, self.num_hints - length, (1,), generator=generator))
+            hints = [d + 10 + start + k for k in range(length + 1)]
+            a, b, s = (self.hinted(x, hints) for x in (a, b, s))
+        return a + [PLUS] + b, s
+
+    @staticmethod
+    def hinted(digits: list[int], hints: list[int]) -> list[int]:
+        """``digits`` with hint ``k`` before digit ``k``."""
+        return [t for pair in zip(hints, digits) for t in pair]
 
     def max_total_length(self, length):
-        return 3 * length + 5
+        return 6 * length + 6 if self.index_hints else 3 * length + 5
 
     @staticmethod
     def sum_digits(a: list[int], b: list[int]) -> list[int]:
@@ -232,16 +264,22 @@ def _seed(*parts: object) -> int:
 class TaskDataset(Dataset):
     """``num_examples`` examples of a task as a map-style dataset (for the Trainer): item ``i`` is
     drawn from a generator seeded with ``(seed, i)``, so it is the same in every epoch and process.
-    Sizes are uniform in ``[min_length, length]``; each item is padded to the longest possible
+    Sizes are uniform in ``[min_length, length]`` (``[min_length, largest[i]]`` with ``largest``,
+    a curriculum: see :func:`curriculum_largest`); each item is padded to the longest possible
     example, so items stack into a batch. Item: ``(tokens, targets, loss_mask)``, each ``[T]``."""
 
-    def __init__(self, task: Task, num_examples: int, length: int, *, seed: int = 0, min_length: int = 1) -> None:
+    def __init__(self, task: Task, num_examples: int, length: int, *, seed: int = 0, min_length: int = 1,
+                 largest: list[int] | None = None) -> None:
         task.check_length(length)
         if not isinstance(min_length, int) or not 1 <= min_length <= length:
             raise ValueError(f"min_length must be an int in [1, length={length}], got {min_length!r}")
         if num_examples < 1:
             raise ValueError(f"num_examples must be positive, got {num_examples}")
+        if largest is not None and (len(largest) != num_examples
+                                    or any(not min_length <= n <= length for n in largest)):
+            raise ValueError(f"largest must hold {num_examples} sizes in [min_length={min_length}, length={length}]")
         self.task, self.num_examples, self.length, self.seed, self.min_length = task, num_examples, length, seed, min_length
+        self.largest = largest
         self.width = task.max_total_length(length)
 
     def __len__(self) -> int:
@@ -251,9 +289,29 @@ class TaskDataset(Dataset):
         if not 0 <= i < self.num_examples:
             raise IndexError(f"index {i} out of range for {self.num_examples} examples")
         g = torch.Generator().manual_seed(_seed("posenc.task", self.task.name, self.seed, i))
-        size = int(torch.randint(self.min_length, self.length + 1, (1,), generator=g))
+        top = self.length if self.largest is None else self.largest[i]
+        size = int(torch.randint(self.min_length, top + 1, (1,), generator=g))
         tokens, targets, mask = collate([self.task.sequence(size, g)], pad_to=self.width)
         return tokens[0], targets[0], mask[0]
+
+
+def curriculum_largest(steps: int, batch_size: int, *, seed: int, min_length: int, length: int,
+                       fraction: float) -> list[int]:
+    """The largest size of each item of a :class:`TaskDataset` of ``steps * batch_size`` items
+    that the trainer reads once in its order (:func:`posenc.training.trainer.epoch_batches`), so
+    that the largest training size grows linearly from ``min_length`` to ``length`` over the
+    first ``fraction`` of the steps, then stays at ``length``."""
+    from ..training.trainer import epoch_batches
+
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"curriculum must be a fraction of the steps in (0, 1]; got {fraction!r}")
+    ramp = max(1.0, fraction * steps)
+    largest = [length] * (steps * batch_size)
+    for step, batch in enumerate(epoch_batches(steps * batch_size, batch_size, seed=seed, epoch=0)):
+        top = min(length, min_length + int((length - min_length + 1) * step / ramp))
+        for i in batch:
+            largest[i] = top
+    return largest
 
 
 def exact_match(logits: Tensor, targets: Tensor, loss_mask: Tensor) -> Tensor:
@@ -278,14 +336,21 @@ def task_loss(model: torch.nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> t
 
 
 def train_on_task(model: torch.nn.Module, task: Task, length: int, *, steps: int, batch_size: int, lr: float,
-                  seed: int, device: str, progress: bool, min_length: int = 1) -> float:
+                  seed: int, device: str, progress: bool, min_length: int = 1, curriculum: float = 0.0) -> float:
     """``steps`` of answer-only training on ``task`` at sizes ``[min_length, length]`` (warm-up a
-    tenth, cosine decay) through the shared trainer; returns the final training loss. The task
-    counterpart of :func:`posenc.seq.byte_lm.train_on_bytes` (``posenc bench extrapolation`` and
-    ``posenc bench length-generalization`` share both)."""
+    tenth, cosine decay) through the shared trainer; returns the final training loss. With
+    ``curriculum`` (a fraction of the steps), the largest size grows from ``min_length`` to
+    ``length`` over that fraction (:func:`curriculum_largest`). The task counterpart of
+    :func:`posenc.seq.byte_lm.train_on_bytes` (``posenc bench extrapolation`` and ``posenc bench
+    length-generalization`` share both)."""
     from ..training.trainer import TrainConfig, Trainer
 
-    train = TaskDataset(task, max(batch_size, steps * batch_size), length, seed=seed, min_length=min_length)
+    count = max(batch_size, steps * batch_size)
+    largest = None
+    if curriculum:
+        largest = curriculum_largest(steps, batch_size, seed=seed, min_length=min_length, length=length,
+                                     fraction=curriculum)
+    train = TaskDataset(task, count, length, seed=seed, min_length=min_length, largest=largest)
     config = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=max(1, steps // 10), seed=seed,
                          device=device, progress=progress, log_every=0)
     return float(Trainer(model, train, task_loss, config).fit()["train_loss"])
