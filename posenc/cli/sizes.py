@@ -164,6 +164,8 @@ def _measure(work: Work, what: str, limits: Limits) -> float:
 
 def _text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
+        if len(value) > 8:  # a long list on one line: its ends and its length
+            return f"{','.join(_text(v) for v in value[:3])},...,{_text(value[-1])} ({len(value)} values)"
         return ",".join(_text(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -194,8 +196,10 @@ def _largest_fitting(args: argparse.Namespace, dest: str, estimate: Estimate, li
     """The largest cap on ``dest`` (bisected from ``low``, which fits) under which the run fits."""
     value = getattr(args, dest)
     values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None  # names (datasets, encodings): no number to bound
     high = float(max(values))
-    integer = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    integer = all(isinstance(v, int) for v in values)
 
     def fits(cap: float) -> bool:
         work = _safe(estimate, _with(args, dest, _capped(value, int(cap) if integer else cap)))
@@ -213,7 +217,8 @@ def _largest_fitting(args: argparse.Namespace, dest: str, estimate: Estimate, li
 
 def _lowest(value: Any) -> float:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    return float(min(values))
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return float(min(numbers)) if numbers else 1.0
 
 
 def _flag_of(entry: str | tuple[str, str]) -> tuple[str, str]:

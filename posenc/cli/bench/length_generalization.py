@@ -10,9 +10,12 @@ which of the papers' claims hold at this scale.
 
 **Tasks** (:mod:`posenc.seq.length_tasks`): one small causal LM per (encoding, task, seed) learns
 the task at sizes up to the task's training size (``--train-len`` overrides it for every task)
-and is scored by exact match (every answer token right under teacher forcing, which is when
-greedy decoding writes the whole answer) on ``--eval-examples`` fresh instances at 1x, 2x and
-4x that size, and on the density variants of flip-flop (sparse, dense) and selective copy. The
+with the model, steps, learning rate, curriculum and format of ``--scale``
+(:mod:`.length_settings`: ``cpu`` learned on 2 CPU cores, ``paper`` the papers' sizes for a
+device, ``uniform`` one setting for all as in the runs before), every encoding at its paper's
+settings scaled to the training length (not under ``uniform``), and is scored by exact match
+(every answer token right under teacher forcing, which is when greedy decoding writes the whole
+answer) on ``--eval-examples`` fresh instances at 1x, 2x and 4x that size, and on the density variants of flip-flop (sparse, dense) and selective copy. The
 splits other than 1x are out of distribution ("OOD"); a task's OOD score is their mean.
 
 **Long-context LM rows**: one byte LM per (encoding, seed) in ``--lm-encodings`` trained on
@@ -20,7 +23,9 @@ pydoc text at ``--lm-train-len`` (128) bytes and scored in bits per byte on the 
 ``--lm-eval-lens`` (as in ``posenc bench extrapolation``, through the same helpers).
 
 **Claims**: :mod:`posenc.cli.bench.length_claims` decides each paper claim on the seeds (mean
-difference beyond two standard errors and a margin; ``unclear`` with fewer than two seeds).
+difference beyond two standard errors and a margin; ``unclear`` with fewer than two seeds), each
+part only on the tasks that every encoding it compares learned in distribution ("no verdict"
+where none was and no other part decides).
 
 Encodings are named by label (:data:`ENCODINGS`): the registry name, or a variant of one
 (``kerple`` is the log kernel, ``kerple_power`` the power one, ``cape_alibi`` / ``cape_kerple`` /
@@ -38,9 +43,9 @@ this process's torch threads); this process alone writes the log, a line per uni
 finishes, so a killed run resumes the same way. Units are independent and seeded, so the
 results do not depend on ``N`` (up to the float summation order of the thread count).
 
-Outputs (with ``--out``): ``length_generalization.txt`` (a table per task, the LM table, the
-claims), ``length_generalization.json``, ``length_generalization.png`` (heat map: encodings x
-tasks, mean OOD exact match) and ``units.jsonl``.
+Outputs (with ``--out``): ``length_generalization.txt`` (the settings, a table per task, the
+in-distribution table, the LM table, the claims with their rule), ``length_generalization.json``,
+``length_generalization.png`` (heat map: encodings x tasks, mean OOD exact match) and ``units.jsonl``.
 """
 
 from __future__ import annotations
@@ -55,9 +60,14 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...training.report import format_table, write_atomic, write_json
-from .length_claims import CLAIMS, judge, mean_sd
-from .unit_log import UnitLog, config_key
+from ..outputs import out_error, write_file, write_json_file
+from ..sizes import add_allow_large, defaults_of, size_error
+from ...training.report import format_table
+from . import length_budget
+from .length_report import aggregate, plot_heat_map, render
+from .length_settings import SCALES, encoding_options, settings_rows, task_rows, task_settings
+from .length_units import check_line, check_planned
+from .unit_log import UnitLog, UnitLogError, config_key
 
 PROG = "posenc bench length-generalization"
 
@@ -71,13 +81,16 @@ ENCODINGS: dict[str, tuple[str, dict]] = {
     "cape_alibi": ("cape", {"base": "alibi"}), "cape_kerple": ("cape", {"base": "kerple"}),
     "cape_fire": ("cape", {"base": "fire"}), "cope": ("cope", {}), "shaw": ("shaw", {}),
     "transformer_xl": ("transformer_xl", {}), "tupe": ("tupe", {}), "deberta": ("deberta", {}), "peg1d": ("peg1d", {}),
+    "fox": ("fox", {}), "fox_alibi": ("fox", {"gate_init": "alibi"}),
 }
 TABLE_ENCODINGS = frozenset({"learned", "tupe"})  # built with rows up to the longest test sequence
 
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
 DEFAULT_TASKS = ("copy", "summation", "flipflop", "counting")
-# training budgets: (task steps, LM steps, LM batch) by default and with --full
+# training budgets: (task steps under --scale uniform, LM steps, LM batch) by default and with --full
 DEFAULT_BUDGET, FULL_BUDGET = (250, 200, 16), (1000, 1000, 32)
+# the model of the byte LM rows (and of every task under --scale uniform) unless flags say otherwise
+SMALL_MODEL = {"dim": 64, "depth": 2, "heads": 4, "lr": 3e-3, "batch_size": 32}
 DEFAULT_LM_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "kerple", "fire", "cape_alibi")
 FULL_LM_ENCODINGS = DEFAULT_LM_ENCODINGS + ("cape_kerple", "cape_fire")
 DEFAULT_LM_EVAL_LENS = (128, 256, 512, 1024)
@@ -115,16 +128,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every encoding and task, the LM rows with CAPE on all three biases, scored to 2048 bytes")
     parser.add_argument("--seeds", type=positive_int, default=3, help="seeds per cell (default 3)")
     parser.add_argument("--seed", type=seed_value, default=0, help="the first seed (default 0)")
+    parser.add_argument("--scale", choices=SCALES, default="cpu",
+                        help="cpu (default): each task's model, budget, curriculum and format from the table learned "
+                             "on 2 CPU cores, encodings at their papers' settings scaled to the training length; "
+                             "paper: the papers' model sizes and budgets (for a device); uniform: one model and "
+                             "budget for every task from the flags below, plain formats, registry defaults (the "
+                             "runs before the table)")
     parser.add_argument("--train-len", type=positive_int, default=None,
-                        help="largest training size of every task (default: each task's own, e.g. 8 items, 16 "
+                        help="largest training size of every task (default: the scale's, e.g. 8 items, 16 "
                              "flip-flop instructions)")
     parser.add_argument("--steps", type=positive_int, default=None,
-                        help="training steps per task model (default 250; --full 1000)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="task batch (default 32)")
-    parser.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate (default: %(default)s)")
-    parser.add_argument("--dim", type=positive_int, default=64, help="model width (default: %(default)s)")
-    parser.add_argument("--depth", type=positive_int, default=2, help="layers (default: %(default)s)")
-    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (default: %(default)s)")
+                        help="training steps per task model (default: the scale's; uniform: 250, --full 1000)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="task batch (default: the scale's; 32)")
+    parser.add_argument("--lr", type=positive_float, default=None,
+                        help="learning rate (default: the scale's; 0.003, and for the byte LM)")
+    parser.add_argument("--dim", type=positive_int, default=None, help="model width (default: the scale's; 64)")
+    parser.add_argument("--depth", type=positive_int, default=None, help="layers (default: the scale's; 2)")
+    parser.add_argument("--heads", type=positive_int, default=None, help="attention heads (default: the scale's; 4)")
     parser.add_argument("--eval-examples", type=positive_int, default=128, help="test instances per split (default 128)")
     parser.add_argument("--lm-steps", type=positive_int, default=None,
                         help="training steps per byte LM (default 200; --full 1000)")
@@ -142,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for the results and units.jsonl (needed to resume)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress")
+    add_allow_large(parser)
 
 
 def _choose(given: list[str] | None, default: tuple[str, ...], full: tuple[str, ...], choices, flag: str,
@@ -173,23 +194,46 @@ def _resolve(args: argparse.Namespace) -> None:
     args.lm_encodings = _choose(args.lm_encodings, DEFAULT_LM_ENCODINGS, FULL_LM_ENCODINGS if full else None,
                                 ENCODINGS, "--lm-encodings", allow_none=True)
     budget = FULL_BUDGET if full else DEFAULT_BUDGET
-    args.steps = args.steps or budget[0]
     args.lm_steps = args.lm_steps or budget[1]
     args.lm_batch_size = args.lm_batch_size or budget[2]
     if args.lm_eval_lens is None:
         args.lm_eval_lens = list(FULL_LM_EVAL_LENS if full else DEFAULT_LM_EVAL_LENS)
-    if args.dim % args.heads:
-        raise ValueError(f"--dim ({args.dim}) must be divisible by --heads ({args.heads})")
-    if args.train_len is not None:
-        for name in args.tasks:
-            try:
-                length_suite(name, args.train_len)
-            except ValueError as exc:
-                raise ValueError(f"--train-len {args.train_len}: {exc}") from None
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out: {args.out!r} exists and is not a directory")
+    flags = {"train_len": args.train_len, "dim": args.dim, "depth": args.depth, "heads": args.heads,
+             "steps": args.steps, "lr": args.lr, "batch_size": args.batch_size}
+    small = {k: flags[k] if flags[k] is not None else v for k, v in SMALL_MODEL.items()}
+    args.lm_model = {k: small[k] for k in ("dim", "depth", "heads", "lr")}  # the byte LM rows' model
+    if args.scale == "uniform":
+        flags = {**flags, **small, "steps": args.steps or budget[0]}
+    args.settings, args.suites = {}, {}
+    for name in args.tasks:
+        default_len = length_suite(name).train_max
+        s = task_settings(args.scale, name, default_len=default_len, overrides=flags)
+        if s.dim % s.heads:
+            raise ValueError(f"--dim ({s.dim}) must be divisible by --heads ({s.heads})"
+                             + ("" if args.dim and args.heads else f" (task {name} at --scale {args.scale})"))
+        try:
+            args.suites[name] = length_suite(name, s.train_len, dict(s.options))
+        except ValueError as exc:
+            raise ValueError(f"--train-len {s.train_len}: {exc}") from None
+        args.settings[name] = s
+    if args.lm_model["dim"] % args.lm_model["heads"]:
+        raise ValueError(f"--dim ({args.lm_model['dim']}) must be divisible by --heads ({args.lm_model['heads']})")
     if args.lm_encodings:
         _check_lm_memory(args)
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
+    if error is not None:
+        raise ValueError(error)
+
+
+SIZE_FLAGS = length_budget.SIZE_FLAGS
+OUTPUTS = ("units.jsonl", f"{BASENAME}.txt", f"{BASENAME}.json", f"{BASENAME}.png")
+
+
+def estimate(args: argparse.Namespace):
+    """The run's work (posenc.cli.sizes; :mod:`.length_budget`)."""
+    full = args.full
+    return length_budget.estimate(args, budget=FULL_BUDGET if full else DEFAULT_BUDGET, small_model=SMALL_MODEL,
+                                  lm_eval_lens=FULL_LM_EVAL_LENS if full else DEFAULT_LM_EVAL_LENS)
 
 
 def _check_lm_memory(args: argparse.Namespace) -> None:
@@ -201,9 +245,10 @@ def _check_lm_memory(args: argparse.Namespace) -> None:
         "cuda" if args.device == "auto" else args.device)
     n = max(args.lm_eval_lens)
     windows = max(1, 4096 // n)  # the slice bits_per_byte_at scores at once
-    check_allocation(f"--lm-eval-lens {n}: attention scores", (windows, args.heads, n, n), torch.float32, device)
+    check_allocation(f"--lm-eval-lens {n}: attention scores", (windows, args.lm_model["heads"], n, n), torch.float32,
+                     device)
     if any(ENCODINGS[e][0] == "cape" for e in args.lm_encodings):
-        check_allocation(f"--lm-eval-lens {n}: CAPE's MLP over [scores; bias]", (windows, n, n, 2 * args.heads + 32),
+        check_allocation(f"--lm-eval-lens {n}: CAPE's MLP over [scores; bias]", (windows, n, n, 2 * args.lm_model["heads"] + 32),
                          torch.float32, device)
 
 
@@ -211,28 +256,53 @@ def _check_lm_memory(args: argparse.Namespace) -> None:
 # units
 
 
-def _task_key(args: argparse.Namespace, suite) -> str:
+def _encoding_key(args: argparse.Namespace, label: str, length: int) -> dict:
+    """The options of ``label``'s encoding at training length ``length`` (nothing under ``uniform``:
+    the registry defaults, as in the runs before the settings table)."""
+    if args.scale == "uniform":
+        return {}
+    return {"scale": args.scale, "encoding": [ENCODINGS[label][0], _options(args, label, length)]}
+
+
+def _task_key(args: argparse.Namespace, suite, label: str) -> str:
+    """The configuration of one task unit of encoding ``label`` (another key: another unit)."""
+    s = args.settings[suite.name]
+    if args.scale == "uniform":  # the key of the runs before the settings table
+        return config_key({
+            "kind": "task", "task": suite.name, "train": [suite.train_min, suite.train_max],
+            "splits": [sp.label for sp in suite.splits], "steps": s.steps, "batch_size": s.batch_size, "lr": s.lr,
+            "dim": s.dim, "depth": s.depth, "heads": s.heads, "eval_examples": args.eval_examples,
+        })
     return config_key({
-        "kind": "task", "task": suite.name, "train": [suite.train_min, suite.train_max],
-        "splits": [s.label for s in suite.splits], "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-        "dim": args.dim, "depth": args.depth, "heads": args.heads, "eval_examples": args.eval_examples,
+        "kind": "task", "task": suite.name, "train_min": suite.train_min, "splits": [sp.label for sp in suite.splits],
+        **s.key(), "eval_examples": args.eval_examples, **_encoding_key(args, label, suite.max_total_length()),
     })
 
 
-def _lm_key(args: argparse.Namespace) -> str:
+def _lm_key(args: argparse.Namespace, label: str) -> str:
+    """The configuration of the byte LM unit of encoding ``label``."""
+    m = args.lm_model
     return config_key({
         "kind": "lm", "train_len": args.lm_train_len, "eval_lens": sorted(args.lm_eval_lens), "steps": args.lm_steps,
-        "batch_size": args.lm_batch_size, "lr": args.lr, "dim": args.dim, "depth": args.depth, "heads": args.heads,
-        "eval_tokens": args.eval_tokens,
+        "batch_size": args.lm_batch_size, "lr": m["lr"], "dim": m["dim"], "depth": m["depth"], "heads": m["heads"],
+        "eval_tokens": args.eval_tokens, **_encoding_key(args, label, args.lm_train_len),
     })
 
 
-def _model(args: argparse.Namespace, label: str, vocab: int, max_len: int):
+def _options(args: argparse.Namespace, label: str, length: int) -> dict:
+    """The constructor options of ``label`` for a model trained at ``length`` tokens."""
+    base = ENCODINGS[label][1]
+    return dict(base) if args.scale == "uniform" else encoding_options(label, base, length)
+
+
+def _model(args: argparse.Namespace, label: str, vocab: int, max_len: int, length: int, model: dict):
+    """A causal LM with encoding ``label`` trained at ``length`` tokens (``max_len``: the table
+    length of learned positions); ``model``: its ``dim``, ``depth`` and ``heads``."""
     from ...seq.models import CausalLM
 
-    name, options = ENCODINGS[label]
-    return CausalLM(vocab, args.dim, args.depth, args.heads, encoding=name, encoding_options=options or None,
-                    max_len=max_len)
+    options = _options(args, label, length)
+    return CausalLM(vocab, model["dim"], model["depth"], model["heads"], encoding=ENCODINGS[label][0],
+                    encoding_options=options or None, max_len=max_len)
 
 
 def run_task_unit(args: argparse.Namespace, suite, label: str, seed: int) -> dict:
@@ -241,12 +311,14 @@ def run_task_unit(args: argparse.Namespace, suite, label: str, seed: int) -> dic
     from ...seq.length_tasks import eval_seed
     from ...seq.tasks import train_on_task
 
+    s = args.settings[suite.name]
     torch.manual_seed(seed)
     max_len = suite.max_total_length(tested=label in TABLE_ENCODINGS)
-    model = _model(args, label, suite.vocab_size, max_len)
+    model = _model(args, label, suite.vocab_size, max_len, suite.max_total_length(), s.__dict__)
     t0 = time.perf_counter()
-    loss = train_on_task(model, suite.train_task, suite.train_max, min_length=suite.train_min, steps=args.steps,
-                         batch_size=args.batch_size, lr=args.lr, seed=seed, device=args.device, progress=False)
+    loss = train_on_task(model, suite.train_task, suite.train_max, min_length=suite.train_min, steps=s.steps,
+                         batch_size=s.batch_size, lr=s.lr, seed=seed, device=args.device, progress=False,
+                         curriculum=s.curriculum)
     train_s = time.perf_counter() - t0
     model.eval()
     scores = {}
@@ -264,10 +336,10 @@ def run_lm_unit(args: argparse.Namespace, label: str, seed: int, texts: tuple[st
     train_text, valid_text = texts
     torch.manual_seed(seed)
     max_len = max(args.lm_eval_lens + [args.lm_train_len]) if label in TABLE_ENCODINGS else args.lm_train_len
-    model = _model(args, label, 256, max_len)
+    model = _model(args, label, 256, max_len, args.lm_train_len, args.lm_model)
     t0 = time.perf_counter()
     loss = train_on_bytes(model, train_text, args.lm_train_len, steps=args.lm_steps, batch_size=args.lm_batch_size,
-                          lr=args.lr, seed=seed, device=args.device, progress=False)
+                          lr=args.lm_model["lr"], seed=seed, device=args.device, progress=False)
     train_s = time.perf_counter() - t0
     bpb = bits_per_byte_at(model, valid_text, sorted(args.lm_eval_lens), args.eval_tokens)
     return {"train_loss": round(loss, 4), "train_s": round(train_s, 2),
@@ -335,21 +407,26 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
     """Every unit of the run: ``(unit id, config key, spec)``, seed-major: every task model and
     byte LM at the first seed, then at the next, so that a partial (long, ``--full``) run already
     has every cell at its first seeds."""
-    from ...seq.length_tasks import length_suite
-
     seeds = [args.seed + k for k in range(args.seeds)]
-    suites = [(name, length_suite(name, args.train_len)) for name in args.tasks]
-    keys = {name: _task_key(args, suite) for name, suite in suites}
-    lm_key = _lm_key(args)
+    suites = [(name, args.suites[name]) for name in args.tasks]
+    keys = {(name, label): _task_key(args, suite, label) for name, suite in suites for label in args.encodings}
+    lm_keys = {label: _lm_key(args, label) for label in args.lm_encodings}
     units = []
     for seed in seeds:
         for name, suite in suites:
             for label in args.encodings:
-                units.append((f"task/{name}/{label}/{seed}", keys[name], {"kind": "task", "suite": suite, "task": name,
-                                                                        "encoding": label, "seed": seed}))
+                units.append((f"task/{name}/{label}/{seed}", keys[name, label],
+                              {"kind": "task", "suite": suite, "task": name, "encoding": label, "seed": seed}))
         for label in args.lm_encodings:
-            units.append((f"lm/{label}/{seed}", lm_key, {"kind": "lm", "encoding": label, "seed": seed}))
+            units.append((f"lm/{label}/{seed}", lm_keys[label], {"kind": "lm", "encoding": label, "seed": seed}))
     return units
+
+
+def _scored(args: argparse.Namespace, spec: dict) -> list[str]:
+    """The scores a unit's line must hold: its task's splits, or the LM's scoring lengths."""
+    if spec["kind"] == "task":
+        return [s.label for s in spec["suite"].splits]
+    return [str(n) for n in args.lm_eval_lens]
 
 
 def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tuple[list[dict], bool]:
@@ -360,8 +437,12 @@ def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tupl
     planned = {uid: key for uid, key, _ in plan}
     done: dict[str, dict] = {}
     if log is not None:
-        for item in log.lines:  # the last line of a unit wins
+        needed = {uid: _scored(args, spec) for uid, _, spec in plan}
+        for index, item in enumerate(log.lines):  # the last line of a unit wins
             if planned.get(item["unit"]) == item["config"]:
+                problem = check_planned(item, needed[item["unit"]])
+                if problem is not None:  # a line the report would read a missing score from
+                    raise log.refuse(index, problem)
                 done[item["unit"]] = item
         others = sum(1 for item in log.lines if planned.get(item["unit"]) != item["config"])
         if others:
@@ -394,143 +475,27 @@ def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tupl
 
 
 # ---------------------------------------------------------------------------------------------
-# aggregation and reports
+# report
 
 
-def _stat(values: list[float]) -> dict:
-    m, sd = mean_sd(values)
-    return {"mean": m, "sd": sd, "values": values}
-
-
-def aggregate(args: argparse.Namespace, results: list[dict]) -> dict:
-    """Means and spreads over seeds, the per-seed scores the claims use, and the claims."""
-    from ...seq.length_tasks import length_suite
-
-    tasks: dict[str, dict] = {}
-    ood_by_family: dict[str, dict[str, dict[int, list[float]]]] = {}
-    for name in args.tasks:
-        suite = length_suite(name, args.train_len)
-        rows = [r for r in results if r["kind"] == "task" and r["task"] == name]
-        encodings = {}
-        for label in args.encodings:
-            mine = sorted((r for r in rows if r["encoding"] == label), key=lambda r: r["seed"])
-            if not mine:
-                continue
-            ood_labels = [s.label for s in suite.splits if s.ood]
-            per_seed_ood = [sum(r["exact_match"][lab] for lab in ood_labels) / len(ood_labels) for r in mine]
-            encodings[label] = {
-                "seeds": [r["seed"] for r in mine],
-                "exact_match": {s.label: _stat([r["exact_match"][s.label] for r in mine]) for s in suite.splits},
-                "ood": _stat(per_seed_ood), "train_s": _stat([r["train_s"] for r in mine]),
-            }
-            family = ood_by_family.setdefault(suite.family, {}).setdefault(label, {})
-            for r, v in zip(mine, per_seed_ood):
-                family.setdefault(r["seed"], []).append(v)
-        tasks[name] = {"family": suite.family, "train_sizes": [suite.train_min, suite.train_max],
-                       "splits": [{"label": s.label, "size": s.size, "ood": s.ood} for s in suite.splits],
-                       "encodings": encodings}
-    scores: dict[str, dict[str, list[float]]] = {}
-    for family, by_enc in ood_by_family.items():
-        ran = [n for n in args.tasks if tasks[n]["family"] == family]
-        # a seed counts for a family score only when every task of the family has it
-        scores[f"ood_{family}"] = {e: [sum(v) / len(v) for s, v in sorted(seeds.items()) if len(v) == len(ran)]
-                                   for e, seeds in by_enc.items()}
-    lm = _aggregate_lm(args, results, scores)
-    claims = judge(CLAIMS, scores)
-    return {"tasks": tasks, "lm": lm, "claims": claims, "claim_scores": scores}
-
-
-def _aggregate_lm(args: argparse.Namespace, results: list[dict], scores: dict) -> dict:
-    lens = sorted(args.lm_eval_lens)
-    base = args.lm_train_len if args.lm_train_len in lens else lens[0]
-    longest = lens[-1]
-    encodings = {}
-    growth, long_bpb = {}, {}
-    for label in args.lm_encodings:
-        mine = sorted((r for r in results if r["kind"] == "lm" and r["encoding"] == label), key=lambda r: r["seed"])
-        if not mine:
-            continue
-        g = [r["bpb"][str(longest)] - r["bpb"][str(base)] for r in mine]
-        encodings[label] = {"seeds": [r["seed"] for r in mine],
-                            "bpb": {str(n): _stat([r["bpb"][str(n)] for r in mine]) for n in lens},
-                            "growth": _stat(g), "train_s": _stat([r["train_s"] for r in mine])}
-        growth[label], long_bpb[label] = g, [r["bpb"][str(longest)] for r in mine]
-    scores["lm_growth"], scores["lm_long"] = growth, long_bpb
-    return {"train_len": args.lm_train_len, "eval_lens": lens, "base_len": base, "longest": longest,
-            "encodings": encodings}
-
-
-def _cell(stat: dict | None) -> str:
-    if stat is None:
-        return "-"
-    return f"{stat['mean']:.2f}" if stat["sd"] is None else f"{stat['mean']:.2f}±{stat['sd']:.2f}"
-
-
-def render(summary: dict) -> str:
-    """The text report: a table per task, the LM table and the claims table."""
-    parts = []
-    for name, task in summary["tasks"].items():
-        labels = [s["label"] for s in task["splits"]]
-        headers = ["encoding", *labels, "OOD", "seeds"]
-        body = [[enc, *[_cell(row["exact_match"][lab]) for lab in labels], _cell(row["ood"]), len(row["seeds"])]
-                for enc, row in task["encodings"].items()]
-        lo, hi = task["train_sizes"]
-        parts.append(f"task {name}: exact match, mean±sd over seeds (trained at sizes {lo}..{hi}; "
-                     f"OOD = mean of the splits other than @{hi})\n"
-                     + format_table(headers, body, align="l" + "r" * (len(labels) + 2)))
-    lm = summary["lm"]
-    if lm["encodings"]:
-        headers = ["encoding", *[f"@{n}" for n in lm["eval_lens"]], f"growth @{lm['longest']}-@{lm['base_len']}", "seeds"]
-        body = [[enc, *[_cell(row["bpb"][str(n)]) for n in lm["eval_lens"]], _cell(row["growth"]), len(row["seeds"])]
-                for enc, row in lm["encodings"].items()]
-        parts.append(f"byte LM: bits per byte on held-out pydoc text (trained at {lm['train_len']} bytes; lower is "
-                     "better)\n" + format_table(headers, body, align="l" + "r" * (len(lm["eval_lens"]) + 2)))
-    body = [[c["paper"], c["claim"], "; ".join(c["numbers"]) or "-", c["verdict"]] for c in summary["claims"]]
-    parts.append("claims (rule: mean difference beyond 2 standard errors and a margin; unclear with < 2 seeds)\n"
-                 + format_table(["paper", "claim", "our numbers", "verdict"], body))
-    return "\n\n".join(parts)
-
-
-def plot_heat_map(summary: dict, path: Path) -> bool:
-    """Encodings x tasks, mean OOD exact match; False when matplotlib is missing."""
-    from ...training.report import pyplot
-
-    plt = pyplot()
-    if plt is None:
-        return False
-    tasks = list(summary["tasks"])
-    encodings = [e for e in ENCODINGS if any(e in summary["tasks"][t]["encodings"] for t in tasks)]
-    if not tasks or not encodings:
-        return False
-    import numpy as np
-
-    grid = np.full((len(encodings), len(tasks)), np.nan)
-    for j, t in enumerate(tasks):
-        for i, e in enumerate(encodings):
-            row = summary["tasks"][t]["encodings"].get(e)
-            if row is not None:
-                grid[i, j] = row["ood"]["mean"]
-    fig, ax = plt.subplots(figsize=(1.1 * len(tasks) + 2.5, 0.42 * len(encodings) + 1.6))
-    image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
-    ax.set_yticks(range(len(encodings)), encodings)
-    for i in range(len(encodings)):
-        for j in range(len(tasks)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if grid[i, j] > 0.6 else "white")
-    fig.colorbar(image, ax=ax, label="OOD exact match")
-    ax.set_title("Length generalisation: out-of-distribution exact match")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+def settings_text(args: argparse.Namespace) -> str:
+    """The run's settings: per task, what the papers used and what runs here; and the encodings'
+    settings scaled to the training length (none under ``--scale uniform``)."""
+    headers, body = task_rows(args.scale, args.settings)
+    text = f"settings (--scale {args.scale})\n" + format_table(headers, body)
+    if args.scale == "uniform":
+        return text + "\n(encodings at their registry defaults: no setting scaled to the training length)"
+    lengths = {name: args.suites[name].max_total_length() for name in args.tasks}
+    if args.lm_encodings:
+        lengths = {"byte LM": args.lm_train_len, **lengths}
+    headers, body = settings_rows(lengths)
+    return text + "\n\nencodings at their papers' settings scaled to the training length\n" + format_table(headers, body)
 
 
 def _config(args: argparse.Namespace) -> dict:
-    keys = ("encodings", "tasks", "lm_encodings", "full", "seeds", "seed", "train_len", "steps", "batch_size", "lr",
-            "dim", "depth", "heads", "eval_examples", "lm_steps", "lm_batch_size", "lm_train_len", "lm_eval_lens", "eval_tokens")
-    return {k: getattr(args, k) for k in keys}
+    keys = ("encodings", "tasks", "lm_encodings", "full", "scale", "seeds", "seed", "eval_examples", "lm_steps",
+            "lm_batch_size", "lm_train_len", "lm_eval_lens", "eval_tokens", "lm_model")
+    return {**{k: getattr(args, k) for k in keys}, "settings": {n: s.key() for n, s in args.settings.items()}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -542,29 +507,35 @@ def run(args: argparse.Namespace) -> int:
     out = None if args.out is None else Path(args.out)
     log = None
     if out is not None:
-        log = UnitLog(out / "units.jsonl")
-        if log.path.is_symlink():
-            print(f"{PROG}: error: --out: {log.path} is a symbolic link; results are never written through one",
-                  file=sys.stderr)
+        log = UnitLog(out / "units.jsonl", check=check_line)
+        try:
+            log.load()
+        except UnitLogError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
-        log.load()
         if log.dropped:
             print(f"note: dropped {log.dropped} unreadable line(s) of {log.path} (a run killed while writing)")
     start = time.perf_counter()
-    results, complete = execute(args, log)
+    settings = settings_text(args)
+    if not args.no_progress:
+        print(settings + "\n", flush=True)
+    try:
+        results, complete = execute(args, log)
+    except UnitLogError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     summary = aggregate(args, results)
-    text = render(summary)
+    text = settings + "\n\n" + render(summary)
     status = "complete" if complete else "PARTIAL (rerun the same command to continue)"
     print(f"\n{text}\n\n{len(results)} units, {status}; {time.perf_counter() - start:.0f} s this run")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         header = "" if complete else "PARTIAL RUN: not every unit is in; rerun the same command to continue\n\n"
-        write_atomic(out / f"{BASENAME}.txt", lambda f: f.write((header + text + "\n").encode("utf-8")))
-        write_json(out / f"{BASENAME}.json", {"config": _config(args), "complete": complete, "units": len(results),
+        write_file(out, f"{BASENAME}.txt", header + text + "\n")
+        write_json_file(out, f"{BASENAME}.json", {"config": _config(args), "complete": complete, "units": len(results),
                                              **summary})
-        drew = plot_heat_map(summary, out / f"{BASENAME}.png")
+        drew = plot_heat_map(summary, out / f"{BASENAME}.png", ENCODINGS)
         print(f"written to {out}/{BASENAME}.{{txt,json{',png' if drew else ''}}} and units.jsonl")
     return 0
 
 
-__all__ = ["DEFAULT_ENCODINGS", "DEFAULT_TASKS", "ENCODINGS", "add_arguments", "aggregate", "execute", "render", "run"]
+__all__ = ["DEFAULT_ENCODINGS", "DEFAULT_TASKS", "ENCODINGS", "add_arguments", "execute", "run", "settings_text"]
