@@ -10,10 +10,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .checks import check_int, check_positions, check_static_positions
+
 
 def relative_positions(q_pos: Tensor, kv_pos: Tensor) -> Tensor:
     """``kv_pos[..., j] - q_pos[..., i]``: ``[..., Tq]`` and ``[..., Tk]`` (leading axes broadcast)
-    -> ``[..., Tq, Tk]``, in the positions' dtype (exact for integers)."""
+    -> ``[..., Tq, Tk]``, in the positions' dtype (exact for integers). Positions are real and
+    finite, as the modules take them (float NaN or inf is a ValueError, read unless
+    ``torch.compile`` traces; integer positions are never read)."""
+    check_positions("q_pos", q_pos)
+    check_positions("kv_pos", kv_pos)
     return kv_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)
 
 
@@ -36,9 +42,9 @@ def relative_position_grid(q_len: int, k_len: int, *, offset: int | None = None,
 
 def clipped_relative_index(relative: Tensor, max_distance: int) -> Tensor:
     """``clip(relative, -K, K) + K`` (long, same shape): the row of a ``2K + 1``-row table of
-    relative embeddings (Shaw et al. 2018), where offsets beyond ``K`` share the edge rows."""
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-        raise ValueError(f"max_distance must be a non-negative int, got {max_distance!r}")
-    if relative.dtype.is_floating_point:
-        raise TypeError(f"relative must be an integer tensor, got dtype {relative.dtype}")
+    relative embeddings (Shaw et al. 2018), where offsets beyond ``K`` share the edge rows.
+    ``K >= 1``, as :class:`posenc.seq.ShawRelative`'s ``max_relative``: with ``K = 0`` every offset
+    would read the one row, a table that cannot tell positions apart."""
+    check_int("max_distance", max_distance, minimum=1)
+    check_static_positions("relative", relative, integer=True)
     return (relative.clamp(-max_distance, max_distance) + max_distance).long()

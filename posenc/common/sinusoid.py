@@ -7,15 +7,14 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import check_dtype, check_int, check_static_positions
+from .checks import check_dtype, check_int, check_number, check_positions
 
 
 def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
     """``omega_k = base^(-2k/dim)`` for ``k = 0 .. dim/2 - 1`` (float64)."""
-    if dim <= 0 or dim % 2:
-        raise ValueError(f"dim must be a positive even number, got {dim}")
-    if base <= 1:
-        raise ValueError(f"base must be > 1, got {base}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+        raise ValueError(f"dim must be a positive even number, got {dim!r}")
+    check_number("base", base, minimum=1.0, strict=True)  # NaN or inf would give NaN frequencies
     k = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
     return torch.exp(-math.log(base) * k / dim)
 
@@ -26,7 +25,8 @@ def sinusoid_table(
     """Interleaved sinusoid table: ``PE[..., p, 2k] = sin(p * scale * omega_k)``, ``PE[..., p, 2k+1] = cos(...)``.
 
     Args:
-        positions: ``[...]`` integer or float positions.
+        positions: ``[...]`` integer or float positions, finite (NaN or inf is a ValueError, read
+            unless ``torch.compile`` traces; integer positions are never read).
         dim: table width (even).
         scale: multiplies the angles (tAPE uses ``d / L``).
         dtype: of the result; the angles are computed in float64 (exact for large positions).
@@ -34,8 +34,9 @@ def sinusoid_table(
     Returns:
         ``[..., dim]``.
     """
-    check_static_positions("positions", positions)
+    check_positions("positions", positions)
     check_int("dim", dim, minimum=2)
+    check_number("scale", scale)
     check_dtype("dtype", dtype)
     omega = sinusoid_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64)[..., None] * (omega * scale)

@@ -16,7 +16,15 @@ import math
 import torch
 from torch import Tensor
 
-from ..common.checks import check_allocation, check_bool, check_dtype, check_int, check_sequence_positions, check_tensor
+from ..common.checks import (
+    check_allocation,
+    check_bool,
+    check_dtype,
+    check_int,
+    check_positions,
+    check_sequence_positions,
+    check_tensor,
+)
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
@@ -39,14 +47,32 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+def _check_slopes(slopes: Tensor) -> None:
+    check_tensor("slopes", slopes, floating=True)
+    if slopes.numel() == 0:
+        raise ValueError(f"slopes must hold one slope a head; got shape {tuple(slopes.shape)}")
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(slopes).all()):
+        raise ValueError(f"slopes must be finite; got {slopes.flatten().tolist()[:8]}")
+
+
 def alibi_penalty(distance: Tensor, slopes: Tensor, *, symmetric: bool) -> Tensor:
     """ALiBi's linear penalty, element-wise: ``-m * d`` (causal form) or ``-m * |d|`` (symmetric).
 
-    ``distance`` is the query position minus the key position (``i - j``), ``slopes`` broadcasts
-    against it. For keys after the query (``d < 0``) the causal form is *positive*: it is only
-    meaningful under a causal mask that removes those keys. :func:`alibi_bias` applies that mask
-    itself; :class:`ALiBi` requires a causal mask from the attention call.
+    ``distance`` is the query position minus the key position (``i - j``), real and finite (NaN or
+    inf is a ValueError, read unless ``torch.compile`` traces); ``slopes`` (finite, floating)
+    broadcasts against it. For keys after the query (``d < 0``) the causal form is *positive*: it
+    is only meaningful under a causal mask that removes those keys. :func:`alibi_bias` applies that
+    mask itself; :class:`ALiBi` requires a causal mask from the attention call.
     """
+    check_positions("distance", distance)
+    _check_slopes(slopes)
+    check_bool("symmetric", symmetric)
+    return _penalty(distance, slopes, symmetric)
+
+
+def _penalty(distance: Tensor, slopes: Tensor, symmetric: bool) -> Tensor:
+    """:func:`alibi_penalty` without the checks: the bias functions' form (their positions were
+    checked where the call entered, and a value read inside a traced ``score_mod`` would break it)."""
     return -slopes * (distance.abs() if symmetric else distance)
 
 
@@ -82,7 +108,7 @@ def alibi_bias(
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    check_tensor("slopes", slopes, floating=True)
+    _check_slopes(slopes)
     if slopes.dim() != 1:
         raise ValueError(f"slopes must be a [num_heads] tensor (alibi_slopes(H)); got {getattr(slopes, 'shape', slopes)!r}")
     check_int("q_len", q_len, minimum=0)
@@ -91,7 +117,7 @@ def alibi_bias(
     check_allocation(f"alibi_bias(q_len={q_len}, k_len={k_len}): the bias [H, q_len, k_len]",
                      (slopes.shape[0], q_len, k_len), dtype, slopes.device)
     distance = -relative_position_grid(q_len, k_len, offset=offset, device=slopes.device)  # [Tq, Tk], i - j
-    bias = alibi_penalty(distance.to(dtype), slopes.to(dtype)[:, None, None], symmetric=not causal)
+    bias = _penalty(distance.to(dtype), slopes.to(dtype)[:, None, None], not causal)
     if causal:
         bias = bias.masked_fill(distance < 0, float("-inf"))
     return bias
@@ -133,9 +159,9 @@ class ALiBi(PositionEncoding):
             # causal form is positive for keys after the query: the causal mask this encoding
             # requires (causal_only) removes them.
             dist = (take(q_pos, b, q_idx) - take(kv_pos, b, kv_idx)).to(torch.float32)
-            return alibi_penalty(dist, slopes[h], symmetric=symmetric)
+            return _penalty(dist, slopes[h], symmetric)
 
         def by_offset(offsets: Tensor) -> Tensor:  # offsets kv - q [R] -> [H, R]
-            return alibi_penalty((-offsets).to(torch.float32), slopes[:, None], symmetric=symmetric)
+            return _penalty((-offsets).to(torch.float32), slopes[:, None], symmetric)
 
         return PairwiseBias(bias, per_batch=max(q_pos.shape[0], kv_pos.shape[0]) > 1, name="ALiBi", by_offset=by_offset)

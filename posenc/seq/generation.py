@@ -13,6 +13,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..common.checks import check_bool, check_int, check_number
+
+
+def check_token_ids(tokens: Tensor, vocab_size: int, name: str = "tokens") -> None:
+    """``tokens`` hold ids in ``[0, vocab_size)``: one ValueError naming the first one outside,
+    instead of the embedding's "index out of range in self" (on a GPU, a device-side assert that
+    ends the process). Reads the values: call it where tokens enter, not in every step."""
+    if tokens.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = (int(v) for v in torch.aminmax(tokens))
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} must hold token ids in [0, {vocab_size}) (the model's vocab_size); got {bad}")
+
 
 def sample_next(
     logits: Tensor,
@@ -51,22 +65,29 @@ def generate(
     Args:
         model: a :class:`~posenc.seq.models.CausalLM` (put it in eval mode first: dropout stays
             as the model's mode says).
-        temperature: > 0; divides the logits before sampling.
+        tokens: the prompt, ids in ``[0, model.vocab_size)`` (one outside is a ValueError naming it).
+        temperature: > 0 and finite; divides the logits before sampling.
         top_k: sample among the ``top_k`` most likely tokens only (None: all).
         greedy: take the most likely token (temperature and top_k are then irrelevant).
         use_cache: None: a KV cache when the model supports one, else full recomputation;
             True: a cache (ValueError when an encoding refuses it); False: recompute.
         generator: random generator for the draws (reproducible sampling).
     """
-    if tokens.dim() != 2 or tokens.dtype != torch.long or tokens.shape[1] == 0:
-        raise ValueError(f"tokens must be a non-empty [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long or tokens.shape[1] == 0:
+        what = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a non-empty [batch, length] long tensor; got {what}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+    check_bool("greedy", greedy)
     if not greedy:
-        if not temperature > 0:
+        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0):
             raise ValueError(f"temperature must be positive (or use greedy=True), got {temperature}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        check_number("temperature", temperature, minimum=0.0, strict=True)  # inf: every token equally likely
+        if top_k is not None:
+            check_int("top_k", top_k, minimum=1)
+    vocab_size = getattr(model, "vocab_size", None)
+    if isinstance(vocab_size, int):
+        check_token_ids(tokens, vocab_size)
     if use_cache is None:
         use_cache = model.supports_kv_cache
     out = tokens

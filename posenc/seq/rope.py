@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common.checks import check_dtype, check_int, check_sequence_positions, check_static_positions, check_tensor
+from ..common.checks import check_dtype, check_int, check_positions, check_sequence_positions, check_tensor
 from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
@@ -106,7 +106,8 @@ def rope_cos_sin(
     """The cos/sin cache of RoPE: ``cos(p * theta_k) * a`` and ``sin(p * theta_k) * a``.
 
     Args:
-        positions: ``[..., T]``, integer or float (offsets, packed or per-row positions).
+        positions: ``[..., T]``, integer or float (offsets, packed or per-row positions); finite (NaN
+            or inf is a ValueError, read unless ``torch.compile`` traces).
         dim: the rotated width ``r`` (even): the head dim, or less for partial rotary.
         base: frequency base (10000).
         scaling: a context extension (:class:`~.rope_scaling.LinearScaling`, ...); its attention
@@ -118,7 +119,7 @@ def rope_cos_sin(
         ``(cos, sin)``, each ``[..., T, dim/2]``; pair ``k`` of the half-split or interleaved
         layout (see :func:`apply_rope`) is rotated by column ``k``.
     """
-    check_static_positions("positions", positions)
+    check_positions("positions", positions)  # NaN or inf would be a NaN row of the cache, without a word
     check_int("dim", dim, minimum=2)
     if dim % 2:
         raise ValueError(f"dim must be even (features are rotated in pairs); got {dim}")
@@ -131,7 +132,7 @@ def rope_cos_sin(
 
 
 def _batch_positions(positions: Tensor, length: int, name: str) -> Tensor:
-    check_static_positions(name, positions)
+    check_positions(name, positions)
     batched = positions.unsqueeze(0) if positions.dim() == 1 else positions
     if batched.dim() != 2 or batched.shape[1] != length:
         raise ValueError(f"{name} must be [{length}] or [batch or 1, {length}]; got {tuple(positions.shape)}")
@@ -153,7 +154,8 @@ def apply_rope(
 
     Args:
         q: ``[B, Hq, Tq, D]``; k: ``[B, Hkv, Tk, D]`` (transpose a ``[B, T, H, D]`` layout first).
-        positions: the queries' positions, ``[Tq]`` or ``[B or 1, Tq]`` (integer or float).
+        positions: the queries' positions, ``[Tq]`` or ``[B or 1, Tq]`` (integer or float; finite, as
+            :func:`rope_cos_sin`'s).
         k_positions: the keys' positions, ``[Tk]`` or ``[B or 1, Tk]``; default ``positions``
             (self-attention; a KV cache passes the cached keys' own positions).
         base: frequency base (10000).

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
@@ -306,13 +307,11 @@ class SplineTransformer(nn.Module):
                 raise ValueError(f"{name} must be a positive int; got {v!r}")
         self.degree = _check_degree(degree)
         self.num_control_points = _check_num_control(num_control_points, self.degree, "num_control_points")
-        decoder_depth = depth if decoder_depth is None else decoder_depth
-        if not isinstance(decoder_depth, int) or decoder_depth < 1:
-            raise ValueError(f"decoder_depth must be a positive int; got {decoder_depth!r}")
+        decoder_depth = depth if decoder_depth is None else check_int("decoder_depth", decoder_depth, minimum=1)
         if encoder_mask not in ENCODER_MASKS:
             raise ValueError(f"encoder_mask must be one of {', '.join(ENCODER_MASKS)}; got {encoder_mask!r}")
-        if decoder_window is not None and (not isinstance(decoder_window, int) or decoder_window < 1):
-            raise ValueError(f"decoder_window must be None or a positive int; got {decoder_window!r}")
+        if decoder_window is not None:
+            check_int("decoder_window", decoder_window, minimum=1)  # True is an int to Python, never a size
         self.in_dim, self.dim = in_dim, dim
         self.encoder_mask, self.decoder_window = encoder_mask, decoder_window
         self.encoder_encoding = _build_encoding(encoder_encoding, encoding_options, dim, num_heads, max_len)

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..common.checks import check_choice, check_int, check_number, check_static_positions
+from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_frequencies
@@ -35,7 +35,7 @@ LAYOUTS = ("timm", "mae")
 
 def sincos2d_table(coords: Tensor, dim: int, *, layout: str = "timm", base: float = 10000.0) -> Tensor:
     """The 2D sinusoidal encoding of ``coords [..., 2]`` (row, col) -> ``[..., dim]`` float64."""
-    check_static_positions("coords", coords)
+    check_positions("coords", coords)  # finite: NaN would be a NaN row, without a word
     if coords.dim() == 0 or coords.shape[-1] != 2:
         raise ValueError(f"coords must be [..., 2] (row, col); got shape {tuple(coords.shape)}")
     check_int("dim", dim, minimum=4)
