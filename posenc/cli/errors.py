@@ -4,6 +4,7 @@ stderr, and the command exits with 2 (argparse's convention for bad input).
 :func:`usage_error` prints such a line; :func:`run_checked` checks a command's arguments, runs it,
 and reports the problems it may raise the same way; :func:`unknown_name` is the message for a
 misspelt name (an encoding, a task, a dataset, a part, a bench): the closest names, not all of them.
+:func:`code_notice` is the one line printed before code a user named is imported.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def usage_error(prog: str, message: str) -> int:
     """Print ``prog: error: message`` (on one line) to stderr; return 2, the exit status."""
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
+
+
+def code_notice(prog: str, flag: str, where: str) -> None:
+    """One line on stderr before a command imports code a user named (``flag``: from ``where``):
+    that code runs with the user's permissions, so it never runs without a word."""
+    print(f"{prog}: note: {flag}: importing and running the Python code of {where}", file=sys.stderr, flush=True)
 
 
 def unknown_name(what: str, name: str, choices: Sequence[str], *, listing: str | None = None) -> str:

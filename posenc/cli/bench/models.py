@@ -64,7 +64,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
-from ...training.report import Progress, format_table, write_atomic, write_json
+from ..errors import code_notice, usage_error
+from ..outputs import out_error, write_file, write_json_file
+from ..sizes import CALL_SECONDS, Work, add_allow_large, defaults_of, size_error, transformer
+from ...training.report import Progress, format_table
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
@@ -77,6 +80,7 @@ LM_ENCODINGS = tuple(XT_LM)  # the default lm rows: the encodings with an x-tran
 ALL = "all"  # --lm-encodings all
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
+PROG = "posenc bench models"
 PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometric": "torch_geometric"}
 DTYPES = ("float32", "bfloat16")  # bfloat16: the forward pass and loss under torch.autocast
 
@@ -321,6 +325,7 @@ def authors_convtran(cfg: ModelsBenchConfig) -> Unit:
     """The authors' ``ConvTran`` imported from a checkout of their repository (its modules import
     each other as ``Models.*``, so the checkout is on ``sys.path`` while they load)."""
     repo = str(Path(cfg.convtran_repo).resolve())
+    code_notice(PROG, "--convtran-repo", os.path.join(repo, "Models", "model.py"))
     saved_path, saved_modules = list(sys.path), {k: v for k, v in sys.modules.items() if k.split(".")[0] == "Models"}
     sys.path.insert(0, repo)
     for name in saved_modules:  # another package called Models must not stand in for theirs
@@ -619,25 +624,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=out_directory, default=None, metavar="DIR", help="write models.txt and models.json into DIR")
     parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("batch", "seq_len", "graphs", "repeats", "warmup")
+COMPILE_SECONDS = 60.0  # torch.compile and dynamo's explain of one model, about
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): per row, the checked step, the warm-up and timed rounds,
+    the memory step, and with compiling its explain, compile and rounds again; the GPS batch's
+    graphs are made one by one in Python first."""
+    d = ModelsBenchConfig()
+    rounds = 2 + args.warmup + args.repeats + (1 + max(1, args.warmup) + args.repeats if args.compile else 0)
+    compiling = Work(calls=COMPILE_SECONDS / CALL_SECONDS) if args.compile else Work()
+    models = tuple(args.models)
+    work = Work()
+    if "lm" in models:
+        rows = len(args.lm_encodings) + len(set(args.lm_encodings) & set(XT_LM))
+        step = transformer(args.batch, args.seq_len, d.lm_dim, d.lm_depth, vocab=d.vocab)
+        work = work + (step * rounds + compiling) * rows
+    if "vit" in models:
+        step = transformer(args.batch, (d.img_size // d.patch) ** 2 + 1, d.vit_dim, d.vit_depth)
+        work = work + (step * rounds + compiling) * (2 * len(VIT_ENCODINGS))
+    if "gps" in models:
+        making = Work(calls=0.2 * args.graphs, bytes=4 * args.graphs * d.nodes * (16 + d.rwse_steps + 4 * 8))
+        step = transformer(args.graphs, d.nodes, d.gps_dim, d.gps_depth)
+        work = work + (making + step * rounds + compiling) * 2
+    if "convtran" in models:
+        step = transformer(d.series, d.series_len, 16, 1)
+        work = work + (step * rounds + compiling) * 2
+    return work
 
 
 def run(args: argparse.Namespace) -> int:
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is None:
+        error = out_error(args.out, ["models.txt", "models.json"])
+    if error is not None:
+        return usage_error(PROG, error)
     try:
         cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings), batch=args.batch,
                                 seq_len=args.seq_len, graphs=args.graphs, repeats=args.repeats, warmup=args.warmup,
                                 compile=args.compile, seed=args.seed, background_processes=args.background_processes,
                                 convtran_repo=args.convtran_repo, device=args.device, dtype=args.dtype)
-        result = run_benchmark(cfg, progress=args.progress)
+        require_available(cfg.device)
     except ValueError as exc:
-        print(f"posenc bench models: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, str(exc))
+    result = run_benchmark(cfg, progress=args.progress)
     text = render(result)
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = [write_json(out / "models.json", result.to_json()),
-                 write_atomic(out / "models.txt", lambda f: f.write((text + "\n").encode()))]
+        paths = [write_json_file(args.out, "models.json", result.to_json()),
+                 write_file(args.out, "models.txt", text + "\n")]
         print(f"\nwrote {', '.join(map(str, paths))}")
     return 0
 

@@ -23,14 +23,24 @@ from typing import Any, Mapping
 from ..errors import run_checked  # noqa: F401  (the commands' shared error path, kept importable here)
 
 RESULTS_FILE = "results.json"
+# every file a run directory gets (the trainer's and results.json): checked before training
+RUN_FILES = ("metrics.jsonl", "checkpoint.pt", RESULTS_FILE)
+
+
+def run_dir_error(out: str | None) -> str | None:
+    """Why ``--out`` cannot take a training run (see :func:`posenc.cli.outputs.out_error`), or None."""
+    from ..outputs import out_error
+
+    return out_error(out, RUN_FILES)
 
 
 def write_results(out: str | None, record: Mapping[str, Any]) -> Path | None:
-    """Write ``record`` as ``out/results.json`` (atomically; nothing without ``--out``)."""
-    from ...training.report import write_json
+    """Write ``record`` as ``out/results.json`` (the one writer, :mod:`posenc.cli.outputs`; nothing
+    without ``--out``)."""
+    from ..outputs import write_json_file
 
     if out is None:
         return None
-    path = write_json(Path(out) / RESULTS_FILE, dict(record))
+    path = write_json_file(Path(out), RESULTS_FILE, dict(record))
     print(f"results written to {path}")
     return path
