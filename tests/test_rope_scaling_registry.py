@@ -22,7 +22,8 @@ from posenc.seq.models import CausalLM
 
 def test_every_row_of_the_table_agrees_with_its_function_config_and_encoding():
     names = [e.name for e in rs.rope_scaling_entries()]
-    assert names == ["linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"] == list(rs.ROPE_SCALING_ENTRIES)
+    assert names == ["linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "proportional"] \
+        == list(rs.ROPE_SCALING_ENTRIES)
     for entry in rs.rope_scaling_entries():
         # the function takes the config, the width, the base and the length
         assert list(inspect.signature(entry.inv_freq).parameters)[1:] == ["rotary_dim", "base", "seq_len"]

@@ -1,11 +1,12 @@
 """The registered RoPE context extensions: ``rope_linear`` (:class:`LinearRoPE`), ``rope_ntk``
 (:class:`NTKRoPE`), ``rope_dynamic_ntk`` (:class:`DynamicNTKRoPE`), ``rope_yarn``
-(:class:`YaRNRoPE`), ``rope_llama3`` (:class:`Llama3RoPE`) and ``rope_longrope`` (:class:`LongRoPE`).
+(:class:`YaRNRoPE`), ``rope_llama3`` (:class:`Llama3RoPE`), ``rope_longrope`` (:class:`LongRoPE`) and
+``rope_proportional`` (:class:`ProportionalRoPE`, Gemma 4's full-attention layers).
 
 Each is a plain :class:`~.rope.RotaryEncoding` holding its scaling's dataclass, so
 ``posenc.build("rope_yarn", dims=..., factor=4.0)`` and ``RotaryEncoding(head_dim,
 scaling=YaRNScaling(...))`` compute the same thing. The classes exist for ``posenc.build`` and
-for users who import them by name; all six are made by :func:`_scaled_rope` from the table of
+for users who import them by name; all seven are made by :func:`_scaled_rope` from the table of
 :mod:`.rope_scaling`, so their arguments are the dataclass's fields, in order:
 ``(head_dim, [max_len,] factor, [original_max_len,] <options>, base, rotary_dim, pairing)``.
 The scalings that read the training length take ``max_len`` and ``original_max_len`` (``L0``):
@@ -104,10 +105,13 @@ DynamicNTKRoPE = _scaled_rope("DynamicNTKRoPE", "dynamic_ntk")
 YaRNRoPE = _scaled_rope("YaRNRoPE", "yarn")
 Llama3RoPE = _scaled_rope("Llama3RoPE", "llama3")
 LongRoPE = _scaled_rope("LongRoPE", "longrope")
+ProportionalRoPE = _scaled_rope("ProportionalRoPE", "proportional")
 
 #: Each scaling's registered encoding class, by scaling name.
 SCALED_ROPE_CLASSES: dict[str, type[RotaryEncoding]] = {
-    cls.scaling_name: cls for cls in (LinearRoPE, NTKRoPE, DynamicNTKRoPE, YaRNRoPE, Llama3RoPE, LongRoPE)
+    cls.scaling_name: cls
+    for cls in (LinearRoPE, NTKRoPE, DynamicNTKRoPE, YaRNRoPE, Llama3RoPE, LongRoPE, ProportionalRoPE)
 }
 
-__all__ = ["LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "SCALED_ROPE_CLASSES"]
+__all__ = ["LinearRoPE", "NTKRoPE", "DynamicNTKRoPE", "YaRNRoPE", "Llama3RoPE", "LongRoPE", "ProportionalRoPE",
+           "SCALED_ROPE_CLASSES"]

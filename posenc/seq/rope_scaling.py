@@ -340,6 +340,31 @@ def longrope_inv_freq(p: LongRoPEScaling, rotary_dim: int, base: float, seq_len:
     return torch.where(use_long, long_freq.to(t.device), short_freq.to(t.device)), float(attention_factor)
 
 
+@dataclass(frozen=True)
+class ProportionalScaling(RopeScaling):
+    """Proportional RoPE (Gemma 4's full-attention layers; the construction of Barbero et al. 2025,
+    https://arxiv.org/abs/2410.06205): the exponents span the whole rotated width ``r``, ``theta_k =
+    base^(-2k/r) / s``, and only the ``n = int(partial_rotary_factor * r // 2)`` fastest pairs turn;
+    the slower ``r/2 - n`` get frequency 0 (they pass through). Partial rotary (``rotary_dim``)
+    differs: it rotates the first features with exponents over that width alone. ``factor`` ``s``
+    divides every frequency (1: none), as Hugging Face's ``ROPE_INIT_FUNCTIONS["proportional"]``."""
+
+    name: ClassVar[str] = "proportional"
+    factor: float = 1.0
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_number("partial_rotary_factor", self.partial_rotary_factor, minimum=0.0, maximum=1.0)
+
+
+def proportional_inv_freq(p: ProportionalScaling, rotary_dim: int, base: float, seq_len: SeqLen = None) -> Frequencies:
+    turning = int(p.partial_rotary_factor * rotary_dim // 2)  # Hugging Face's rounding, floor of p * r / 2
+    theta = default_inv_freq(rotary_dim, base)
+    theta[turning:] = 0.0
+    return theta / p.factor, 1.0
+
+
 def ntk_long_factors(rotary_dim: int, factor: float) -> tuple[float, ...]:
     """``s^(2k/(r-2))``: the per-pair factors that reproduce the NTK-aware base; LongRoPE's default
     long list when no searched list is given (1 for the fastest pair, ``s`` for the slowest)."""
@@ -446,6 +471,13 @@ ROPE_SCALING_ENTRIES: dict[str, RopeScalingEntry] = {entry.name: entry for entry
         width_defaults=_longrope_width_defaults,
         summary="RoPE with per-pair short/long rescale factors, switched beyond original_max_len",
         paper="Ding et al. 2024, LongRoPE, https://arxiv.org/abs/2402.13753",
+    ),
+    RopeScalingEntry(
+        ProportionalScaling, proportional_inv_freq, encoding="rope_proportional", hf_types=("proportional",),
+        summary="RoPE with exponents over the whole head and only the fastest partial_rotary_factor of the pairs "
+                "turning (Gemma 4)",
+        paper="Barbero et al. 2025, Round and Round We Go! What makes Rotary Positional Encodings useful?, "
+              "https://arxiv.org/abs/2410.06205",
     ),
 )}
 

@@ -1,6 +1,6 @@
-"""Vision encodings (PEG, axial, 2D sinusoidal, learned 2D, 2D RoPE, 2D relative bias; for video
-3D sinusoidal, axial 3D and 3D RoPE) and a reference ViT for images and videos that takes any of
-them, or any sequence encoding over the raster patch order.
+"""Vision encodings (PEG, axial, 2D sinusoidal, learned 2D, 2D RoPE, DINOv3's RoPE, 2D relative
+bias; for video 3D sinusoidal, axial 3D and 3D RoPE) and a reference ViT for images and videos that
+takes any of them, or any sequence encoding over the raster patch order.
 
 Importing this package registers the encodings (modality "vision"); ``import
 posenc.vision.timm_models`` (or using :func:`replace_position_encoding`) registers the
@@ -20,6 +20,7 @@ from .prefix import PatchTokensOnly
 from .relbias2d import RelativePositionBias2D, resample_offset_table
 from .rope2d import Rope2DAxial, Rope2DMixed, rope2d_frequencies
 from .rope3d import Rope3D, rope3d_angles
+from .rope_dinov3 import Rope2DDinoV3, dinov3_patch_coords
 from .sincos2d import SinCos2D, sincos2d_grid, sincos2d_table
 from .sincos3d import SinCos3D, sincos3d_table
 from .vit import ViT
@@ -41,4 +42,5 @@ __all__ = [
     "PatchTokensOnly", "RelativePositionBias2D", "resample_offset_table", "Rope2DAxial", "Rope2DMixed",
     "rope2d_frequencies", "SinCos2D", "sincos2d_grid", "sincos2d_table", "ViT", "replace_position_encoding",
     "Axial3D", "grid_positions3d", "Rope3D", "rope3d_angles", "SinCos3D", "sincos3d_table",
+    "Rope2DDinoV3", "dinov3_patch_coords",
 ]
