@@ -9,6 +9,9 @@ shared in its paper (T5's bucket table, TUPE's position term: :data:`SHARED_IN_P
 otherwise each layer gets its own instance built from the registry (KERPLE, FIRE, CAPE, CoPE,
 Shaw, ...). ``share_encoding=True``/``False`` forces one or the other.
 
+Different encodings in different layers (Llama 4's NoPE layers among RoPE ones, Gemma's local
+and global bases): ``layer_schedule`` (:mod:`.layer_schedule`).
+
 The 1D PEG (``encoding="peg1d"``, :mod:`.peg1d`) is no input or attention hook here: like CPVT's
 PEG in a ViT it sits between blocks, after each block of ``peg_blocks`` (default ``(0,)``, after
 the first), one instance per block (``share_encoding=True``: one for all of them). The
@@ -34,6 +37,7 @@ from ..common.registry import ModelDims, build, get
 from ..training.pretrained import PretrainedMixin
 from .context import load_rope_scaling_state, rope_scaling_state
 from .generation import generate as _generate
+from .layer_schedule import scheduled_encodings
 from .peg1d import PEG1d
 
 # Encodings whose learned parameters are shared by all layers in their paper.
@@ -135,6 +139,28 @@ def build_layer_encodings(
             "it cannot have one instance per layer"
         )
     return [first] + [_build_named(encoding, dims, options) for _ in range(depth - 1)]
+
+
+def model_layer_encodings(
+    encoding: str | PositionEncoding | None,
+    *,
+    depth: int,
+    dims: ModelDims,
+    share_encoding: bool | None,
+    encoding_options: Mapping[str, object] | None,
+    layer_schedule: Mapping[str, object] | None,
+    conditional: object,
+) -> PositionEncoding | list[PositionEncoding | None] | None:
+    """The models' encodings: :func:`build_layer_encodings`, or one per layer from a
+    ``layer_schedule`` (:mod:`.layer_schedule`); nothing when the encoding sits between blocks."""
+    if layer_schedule is None:
+        return None if conditional is not None else build_layer_encodings(
+            encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options)
+    if conditional is not None:
+        raise ValueError("layer_schedule applies to attention encodings; peg1d sits between blocks")
+    return scheduled_encodings(layer_schedule, encoding, depth=depth, options=dict(encoding_options or {}),
+                               share=share_encoding, build=lambda name, opts: _build_named(name, dims, opts),
+                               shared_in_paper=SHARED_IN_PAPER)
 
 
 def build_peg_blocks(
@@ -243,6 +269,10 @@ class CausalLM(nn.Module, PretrainedMixin):
             a ValueError here, at construction.
         peg_blocks: with ``encoding="peg1d"``: the blocks (0-based) after which a causal 1D PEG
             is added (default ``(0,)``); a ValueError with any other encoding.
+        layer_schedule: a per-layer schedule of encodings (:mod:`.layer_schedule`): iRoPE's NoPE
+            layers with Llama 4's temperature (``{"schedule": "irope", "interval": 4}``), or Gemma's
+            local and global bases (``{"schedule": "local_global", ...}``); ``encoding`` names
+            what the RoPE (local) layers use.
 
     Shapes: ``tokens [B, T]`` (long) -> logits ``[B, T, vocab_size]``.
 
@@ -270,6 +300,7 @@ class CausalLM(nn.Module, PretrainedMixin):
         backend: str = "auto",
         feature_map: str | None = None,
         peg_blocks: Sequence[int] | None = None,
+        layer_schedule: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__()
         check_int("vocab_size", vocab_size, minimum=1)
@@ -279,8 +310,9 @@ class CausalLM(nn.Module, PretrainedMixin):
             encoding, depth=depth, dims=dims, causal=True, peg_blocks=peg_blocks, share_encoding=share_encoding,
             encoding_options=encoding_options,
         )
-        layer_encodings = None if conditional is not None else build_layer_encodings(
-            encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options
+        layer_encodings = model_layer_encodings(
+            encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options,
+            layer_schedule=layer_schedule, conditional=conditional,
         )
         self.vocab_size, self.max_len, self.depth = vocab_size, max_len, depth
         self.embed_scale = math.sqrt(dim)
@@ -382,6 +414,7 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
             ``backend`` and ``feature_map``.
         peg_blocks: with ``encoding="peg1d"``: the blocks after which a 1D PEG is added (default
             ``(0,)``); symmetric unless ``encoding_options={"causal": True}``.
+        layer_schedule: as for :class:`CausalLM`.
 
     Shapes: ``x [B, T]`` or ``[B, T, input_dim]``, ``key_valid [B, T]`` bool (True = real
     token) -> ``[B, num_outputs]``.
@@ -406,6 +439,7 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         backend: str = "auto",
         feature_map: str | None = None,
         peg_blocks: Sequence[int] | None = None,
+        layer_schedule: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
@@ -425,11 +459,13 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
             encoding, depth=depth, dims=dims, causal=False, peg_blocks=peg_blocks, share_encoding=share_encoding,
             encoding_options=encoding_options, num_prefix_tokens=1 if pool == "cls" else 0,
         )
-        layer_encodings = None if conditional is not None else build_layer_encodings(
-            encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options
+        layer_encodings = model_layer_encodings(
+            encoding, depth=depth, dims=dims, share_encoding=share_encoding, encoding_options=encoding_options,
+            layer_schedule=layer_schedule, conditional=conditional,
         )
         encs = [] if layer_encodings is None else (
-            [layer_encodings] if isinstance(layer_encodings, PositionEncoding) else layer_encodings
+            [layer_encodings] if isinstance(layer_encodings, PositionEncoding)
+            else [e for e in layer_encodings if e is not None]
         )
         for enc in encs:
             if enc.causal_only:
@@ -518,4 +554,5 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
 
 __all__: Sequence[str] = (
     "CausalLM", "SequenceEncoder", "SHARED_IN_PAPER", "build_layer_encodings", "build_peg_blocks", "model_encodings",
+    "model_layer_encodings",
 )
