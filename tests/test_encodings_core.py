@@ -156,8 +156,11 @@ def test_registry_lists_and_builds():
 
 
 def test_registry_errors_name_the_valid_choices():
-    with pytest.raises(KeyError, match="unknown encoding 'rotary'; available: .*alibi.*rope"):
+    with pytest.raises(KeyError, match=r"unknown encoding 'rotary'; posenc.available\(\) \(or `posenc list`\) names all \d+"):
         posenc.build("rotary", num_heads=4)
+    with pytest.raises(KeyError) as caught:  # a close name: the suggestion alone, not every name after it
+        posenc.build("alibbi", num_heads=4)
+    assert caught.value.args[0] == "unknown encoding 'alibbi' (did you mean 'alibi'?)"
     with pytest.raises(TypeError, match="alibi: unknown argument\\(s\\) heads; ALiBi accepts num_heads, symmetric"):
         posenc.build("alibi", heads=4)
     with pytest.raises(TypeError, match="alibi: missing required argument\\(s\\) num_heads"):

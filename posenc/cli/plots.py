@@ -44,11 +44,12 @@ def accuracy_axis(ax, chance: float | None, label: str = "accuracy") -> None:
 
 
 def chance_line(ax, chance: float, text: str | None = None) -> None:
-    """A dashed grey line at ``chance`` across the panel, labelled at its right end."""
+    """A dashed grey line at ``chance`` across the panel, labelled just above its left end (where
+    the curves of these figures start high: the training size, the first length)."""
     ax.axhline(chance, color=CHANCE_COLOR, linestyle=(0, (5, 3)), linewidth=1.1, zorder=1.5)
-    ax.annotate(text or f"chance {chance:.3g}", xy=(1.0, chance), xycoords=("axes fraction", "data"),
-                xytext=(-3, 3), textcoords="offset points", ha="right", va="bottom", fontsize=8,
-                color=CHANCE_COLOR)
+    ax.annotate(text or f"chance {chance:.3g}", xy=(0.0, chance), xycoords=("axes fraction", "data"),
+                xytext=(3, 2), textcoords="offset points", ha="left", va="bottom", fontsize=8,
+                color=CHANCE_COLOR, backgroundcolor=(1, 1, 1, 0.7))
 
 
 def legend_outside(fig, axes: Sequence | None = None, title: str | None = None) -> None:
@@ -65,40 +66,45 @@ def legend_outside(fig, axes: Sequence | None = None, title: str | None = None) 
                    title_fontsize=8)
 
 
-def coinciding(series: Mapping[str, Sequence[float | None]], tolerance: float) -> list[list[str]]:
-    """Groups (of two or more) of series whose values all lie within ``tolerance`` of each other at
-    every shared point: drawn, they hide each other."""
-    names = list(series)
-    groups: list[list[str]] = []
-    placed: set[str] = set()
-    for i, a in enumerate(names):
-        if a in placed:
-            continue
-        group = [a]
-        for b in names[i + 1:]:
-            if b not in placed and _close(series[a], series[b], tolerance):
-                group.append(b)
-        if len(group) > 1:
-            groups.append(group)
-            placed.update(group)
-    return groups
+def overlapping(series: Mapping[str, Sequence[float | None]], xs: Sequence, tolerance: float) -> list[str]:
+    """The groups of series (lines over the points ``xs``) that are drawn on top of each other: two
+    or more whose values lie within ``tolerance`` of each other at both ends of a segment. One text
+    per group, ``"a = b = c (16 to 32)"``, in the order met; a single point counts as a segment
+    when there is only one."""
+    found: dict[tuple[str, ...], list] = {}
+    spans = [(k, k + 1) for k in range(len(xs) - 1)] or [(0, 0)] * bool(xs)
+    for k, m in spans:
+        live = [n for n in series if _value(series[n], k) is not None and _value(series[n], m) is not None]
+        placed: set[str] = set()
+        for a in live:
+            if a in placed:
+                continue
+            group = [a] + [b for b in live if b != a and b not in placed
+                           and abs(_value(series[a], k) - _value(series[b], k)) <= tolerance
+                           and abs(_value(series[a], m) - _value(series[b], m)) <= tolerance]
+            if len(group) > 1:
+                placed.update(group)
+                where = found.setdefault(tuple(group), [])
+                for x in (xs[k], xs[m]):
+                    if x not in where:
+                        where.append(x)
+    return [" = ".join(group) + (f" ({where[0]} to {where[-1]})" if len(where) > 1 else f" (at {where[0]})")
+            for group, where in found.items()]
 
 
-def _close(a: Sequence[float | None], b: Sequence[float | None], tolerance: float) -> bool:
-    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None
-             and not (isinstance(x, float) and math.isnan(x)) and not (isinstance(y, float) and math.isnan(y))]
-    return bool(pairs) and all(abs(x - y) <= tolerance for x, y in pairs)
+def _value(values: Sequence[float | None], k: int) -> float | None:
+    value = values[k] if k < len(values) else None
+    return _number(value)
 
 
-def note_coinciding(fig, series: Mapping[str, Sequence[float | None]], tolerance: float, what: str = "") -> str | None:
-    """Write under the figure which series lie on top of each other (within ``tolerance``), if any;
-    returns the note."""
-    groups = coinciding(series, tolerance)
-    if not groups:
+def note(fig, texts: Sequence[str], what: str = "on top of each other") -> str | None:
+    """Write ``what: text; text`` under the figure (the series a reader cannot tell apart on the
+    axes), if there is any text; returns the note."""
+    if not texts:
         return None
-    text = "on top of each other" + (f" ({what})" if what else "") + ": " + "; ".join(" = ".join(g) for g in groups)
-    fig.supxlabel(text, fontsize=8, color="0.25")
-    return text
+    line = f"{what}: " + "; ".join(texts)
+    fig.supxlabel(line, fontsize=8, color="0.25")
+    return line
 
 
 def mb_axis(ax, label: str = "peak MB") -> None:
@@ -109,12 +115,27 @@ def mb_axis(ax, label: str = "peak MB") -> None:
     ax.set_ylabel(label)
 
 
-def bar_labels(ax, bars, values: Sequence[float | None], fmt: str = "{:.2f}") -> None:
-    """Each bar's value written above it (an accuracy of 0 still shows as a number)."""
-    for bar, value in zip(bars, values):
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+def plain_log_axis(ax, label: str) -> None:
+    """A log y-axis whose tick labels are plain numbers (``6``, ``20``, ``300``), minor ones included,
+    instead of ``6x10^0``."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_ylabel(label)
+
+
+def bar_labels(ax, bars, values: Sequence[float | None], fmt: str = "{:.2f}",
+               tops: Sequence[float | None] | None = None) -> None:
+    """Each bar's value written above it (an accuracy of 0 still shows as a number), above
+    ``tops`` where given (the end of an error bar) so that the two do not overlap."""
+    for k, (bar, value) in enumerate(zip(bars, values)):
+        if _number(value) is None:
             continue
-        ax.annotate(fmt.format(value), xy=(bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        top = bar.get_height() if tops is None or _number(tops[k]) is None else max(bar.get_height(), tops[k])
+        ax.annotate(fmt.format(value), xy=(bar.get_x() + bar.get_width() / 2, top),
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
@@ -125,10 +146,13 @@ def bar_chart(plt, rows: Sequence[Mapping[str, object]], keys: Sequence[str], la
               ylabel: str, title: str, accuracy: bool, chance: float | None = None, chance_text: str | None = None,
               top: float | None = None):
     """A figure of grouped bars: one group per row (its ``encoding``), one bar per key (labelled
-    ``labels``, told apart by hatching as well as colour), each bar's value above it. An accuracy
+    ``labels`` in a legend outside the panel, told apart by hatching as well as colour), each bar's
+    value above it. An accuracy
     gets the 0-to-1 axis; otherwise the axis starts at 0 and ends at ``top`` (default a little above
     the largest value). ``chance`` draws the labelled chance line. Returns the figure."""
-    fig, ax = plt.subplots(figsize=(1.1 * len(rows) * max(1, len(keys)) + 3.2, 4.0), layout="constrained")
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(rows) * max(1, len(keys)) + 3.2), 4.0), layout="constrained")
     width = 0.8 / max(1, len(keys))
     xs = range(len(rows))
     values_all = []
@@ -147,9 +171,10 @@ def bar_chart(plt, rows: Sequence[Mapping[str, object]], keys: Sequence[str], la
         ax.set_ylabel(ylabel)
     if chance is not None:
         chance_line(ax, chance, chance_text)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 70), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    legend_outside(fig)
+    if len(keys) > 1:  # one kind of bar needs no legend: the axis names it
+        legend_outside(fig)
     return fig
 
 

@@ -12,7 +12,9 @@ barriers inside a chunk, and whichever worker's core is free takes the next chun
 :func:`ordered_map` yields the results in the order of the items, so that whatever the caller
 adds up from them is added in a fixed order (bitwise reproducible). Workers inherit the caller's
 grad mode and inference mode per item. With one torch thread, inside a worker, or while
-``torch.compile`` traces, the items run inline on the calling thread.
+``torch.compile`` traces, the items run inline on the calling thread. The number of workers is
+torch's thread count, which :func:`posenc.common.threads.set_threads` sets (the one policy of the
+library and the commands).
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def get(name: str) -> EncodingInfo:
         _ensure_loaded()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
-        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-        raise KeyError(f"unknown encoding {name!r}{hint}; available: {', '.join(sorted(_REGISTRY))}")
+        if close:  # the closest names, not all of them
+            raise KeyError(f"unknown encoding {name!r} (did you mean {' or '.join(map(repr, close))}?)")
+        raise KeyError(f"unknown encoding {name!r}; posenc.available() (or `posenc list`) names all {len(_REGISTRY)}")
     return _REGISTRY[name]
 
 

@@ -12,7 +12,8 @@ Here the independent items of work (size chunks, large graphs, node blocks) are 
 ``torch.get_num_threads()`` threads instead (the calling thread and a small pool of helpers), and
 every operation runs on one intra-op thread (torch releases the GIL inside its operations). The
 threads meet once, at the end; they take the items in turn, so a thread whose core is taken
-simply does fewer of them.
+simply does fewer of them. How many threads: torch's count, which
+:func:`posenc.common.threads.set_threads` sets (the one policy of the library and the commands).
 
 torch's intra-op thread count is process-wide: :func:`single_threaded` sets it to 1 for the
 duration of a call and restores it, and holds a lock meanwhile, so concurrent calls from several

@@ -20,7 +20,8 @@ batch statistics, masked as attention keys (``AttentionMask(key_valid=...)``) an
 pooling, so the logits of a series do not depend on how much padding it comes with.
 
 ``encoding``: a registered name, ``"none"``, or ``"a+b"`` combining an input-hook encoding with an
-attention encoding (``"tape+erpe"``, ConvTran's choice). Each name is built with
+attention encoding, the input one first (``"tape+erpe"``, ConvTran's choice; ``"erpe+tape"`` is
+refused, so that one model has one name in run directories and results). Each name is built with
 ``posenc.build(name, dims=ModelDims(dim, num_heads, max_len))``.
 """
 
@@ -88,6 +89,9 @@ def build_encodings(
                     "encoding with an attention encoding"
                 )
             slots[slot] = (name, enc)
+    if len(names) == 2 and slots.get("input", (names[0],))[0] != names[0]:  # one spelling per model
+        raise ValueError(f"encoding {spec!r}: the input encoding comes first, as in 'tape+erpe'; write "
+                         f"{names[1]}+{names[0]}")
     return (slots["input"][1] if "input" in slots else None), (slots["attention"][1] if "attention" in slots else None)
 
 

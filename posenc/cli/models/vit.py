@@ -8,6 +8,9 @@ from ..options import encoding_error
 # Registered encodings a ViT takes: the 2D (or 3D, on video) ones, and the 1D ones over the
 # flattened patch order.
 VIT_MODALITIES = ("vision", "seq")
+# the digits tasks of posenc.vision.data.TASKS, named here without torch (tests/test_errors_before_torch.py
+# checks that they agree)
+DIGIT_TASKS = ("class", "where")
 
 
 def vit_encoding_error(name: str, flag: str = "--encoding", feature_map: str | None = None, *,
@@ -19,11 +22,11 @@ def vit_encoding_error(name: str, flag: str = "--encoding", feature_map: str | N
     error = encoding_error(name, VIT_MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
     if error is not None or name == "none":
         return error
-    from ...common.registry import get
+    from ...common.catalog import entry
 
-    info = get(name)
+    info = entry(name)
     if info.modality == "vision":
-        ndim = getattr(info.cls, "grid_ndim", 2)
+        ndim = info.grid_ndim
         if video and ndim != 3:
             return (f"{flag}: {name!r} is a 2D (image) encoding; with --video use a 3D one (sincos3d, axial3d, rope3d), "
                     "a seq encoding over the flattened (t, row, col) order, or none")
