@@ -33,6 +33,29 @@ def hf_alibi():
     assert torch.equal(cached, plain), (cached != plain).sum().item()
 
 
+def hf_static_cache():
+    """A padded batch into a static cache (issue 49): posenc's attention with and without a swap
+    generates what sdpa / the uncached model generates, in bf16."""
+    from posenc.integrations.transformers import register, swap_position_encoding
+    register()
+    ids = torch.randint(1, 256, (2, 12), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    ids = ids.masked_fill(mask == 0, 0)
+    args = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        sdpa = tiny_llama().to(DEVICE, dtype).eval()
+        posenc_attention = copy.deepcopy(sdpa)
+        posenc_attention.set_attn_implementation("posenc")
+        want = sdpa.generate(ids, cache_implementation="static", max_cache_len=32, **args)
+        got = posenc_attention.generate(ids, cache_implementation="static", max_cache_len=32, **args)
+        assert torch.equal(got, want), (got != want).sum().item()
+        swapped = swap_position_encoding(tiny_llama(), "alibi").to(DEVICE, dtype).eval()
+        cached = swapped.generate(ids, cache_implementation="static", max_cache_len=32, **args)
+        plain = swapped.generate(ids, use_cache=False, **args)
+        assert torch.equal(cached, plain), (cached != plain).sum().item()
+
+
 def hf_identity():
     from posenc.integrations.transformers import register, swap_position_encoding
     register()
@@ -62,6 +85,7 @@ def smithy_method():
 
 
 check(f"HF Llama with ALiBi, {dtype} on {DEVICE.type}: forward+backward, cached generation == uncached", hf_alibi)
+check(f"HF Llama static cache, {dtype} on {DEVICE.type}: posenc == sdpa, swapped cached == uncached", hf_static_cache)
 check(f"HF Llama identity swap == HF sdpa on {DEVICE.type} (float32)", hf_identity)
 check(f"AttentionSmithy: PosencAttentionMethod == StandardAttentionMethod with ALiBi on {DEVICE.type}", smithy_method)
 finish()

@@ -1,0 +1,140 @@
+"""The attention function registered as ``"posenc"`` in transformers' ``AttentionInterface``.
+
+How a call maps onto posenc (Hugging Face has already projected q/k/v, applied its own RoPE -- an
+identity after a swap -- and written the new keys into its cache, whatever its class):
+
+* where the keys sit: :func:`~.masks.cache_layout` gives the index of the first query and of the
+  first key slot, as the cache told transformers when the mask was made. Key slots past the last
+  query's own hold nothing yet (a static cache's empty slots) and are cut off before anything
+  runs, so causality is aligned with the last query, as transformers aligns it.
+* positions: the queries' from the ``position_ids`` the model passes (Llama, Qwen2, Mistral,
+  GPT-2, ...), else their indices in the sequence; a cached key's position is its index in the
+  sequence shifted as the last query's (each row keeps its left padding's shift; padded keys are
+  masked whatever their position). So a swapped RoPE's q/k transform runs on every key at each
+  step (the cache holds keys before the transform), each at its own position, as in Hugging Face.
+* masks: Hugging Face's boolean 4D mask (or None) is read back by :func:`~.masks.hf_mask_to_posenc`.
+* ``scaling`` is the score scale; ``dropout`` (training) takes :func:`attend_with_weights`;
+  grouped-query keys (``Hkv < Hq``) go to the core as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...common.attention import attend, attend_with_weights
+from ...common.encoding import Hook
+from .families import ATTACHED
+from .masks import cache_layout, hf_mask_to_posenc
+
+_REFUSED_KWARGS = ("softcap", "s_aux")
+
+
+def _query_positions(position_ids: Tensor | None, batch: int, q_len: int, first: int, device) -> Tensor:
+    """``[B or 1, Tq]`` integer positions of the queries: ``position_ids``, else their indices in the
+    sequence from ``first``."""
+    if position_ids is None:
+        return torch.arange(first, first + q_len, device=device).unsqueeze(0)
+    if not isinstance(position_ids, Tensor) or position_ids.dim() not in (1, 2):
+        got = tuple(position_ids.shape) if isinstance(position_ids, Tensor) else type(position_ids).__name__
+        raise ValueError(f"posenc attention: position_ids must be [batch or 1, {q_len}]; got {got} (multimodal "
+                         "3D position ids are not supported)")
+    pos = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
+    if pos.shape[-1] != q_len or pos.shape[0] not in (1, batch):
+        raise ValueError(f"posenc attention: position_ids must be [batch={batch} or 1, {q_len}] for {q_len} queries; "
+                         f"got {tuple(position_ids.shape)}")
+    return pos.to(device)
+
+
+def _key_positions(q_pos: Tensor, q_len: int, kv_len: int) -> Tensor:
+    """``[B or 1, Tk]`` for keys whose last ``Tq`` slots are the queries' own: the queries' positions
+    there, and before them consecutive positions ending right before the first query, counted back
+    from the last query (in a left-padded row the last query is a real token; clamped at 0, the
+    position Hugging Face gives padding, when the queries have no negative position)."""
+    if kv_len == q_len:
+        return q_pos
+    if kv_len < q_len:  # fewer keys than queries: keys from elsewhere, at their own indices
+        return torch.arange(kv_len, device=q_pos.device).unsqueeze(0)
+    past = kv_len - q_len
+    start = q_pos[:, -1:] - (q_len - 1) - past
+    before = start + torch.arange(past, device=q_pos.device)
+    if not q_pos.is_floating_point() and bool((q_pos >= 0).all()):
+        before = before.clamp(min=0)
+    return torch.cat([before.to(q_pos.dtype), q_pos], dim=1)
+
+
+def _check_tensors(query: Any, key: Any, value: Any) -> None:
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
+            got = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"posenc attention: {name} must be [batch, heads, tokens, head_dim] (4D, as transformers "
+                             f"passes it); got {got}")
+    if key.shape[:3] != value.shape[:3] or key.shape[0] != query.shape[0] or key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"posenc attention: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                         f"{tuple(value.shape)} must share batch and head_dim, key and value their tokens")
+
+
+def posenc_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """The attention function registered as ``"posenc"`` (Hugging Face's ``AttentionInterface``
+    contract): ``query [B, Hq, Tq, D]``, ``key, value [B, Hkv, Tk, D]`` -> ``(out [B, Tq, Hq, D],
+    weights [B, Hq, Tq, Tk] or None)``.
+
+    The encoding attached to ``module`` by :func:`~.swap.swap_position_encoding` (none: plain
+    attention) is applied by posenc's core. The keyword arguments read: ``position_ids`` (the
+    queries' positions), ``sliding_window``, ``position_bias`` (an additive bias, T5-style models)
+    and ``output_attentions`` (the weights are returned); ``softcap`` and attention sinks (``s_aux``)
+    are refused; the rest (cache bookkeeping, flash-attention lengths) do not change the result.
+    """
+    for name in _REFUSED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"posenc attention does not support {name}; use attn_implementation='eager'")
+    _check_tensors(query, key, value)
+    encoding = getattr(module, ATTACHED, None)
+    if encoding is not None and not (encoding.hooks - {Hook.INPUT}):
+        encoding = None
+    batch, _, q_len, _ = query.shape
+    slots = key.shape[2]
+    layout = cache_layout(attention_mask, q_len, slots)
+    kv_len = min(layout.filled(q_len), slots)  # the slots after the last query's own hold nothing yet
+    position_bias = kwargs.get("position_bias")
+    if kv_len < slots:
+        key, value = key[:, :, :kv_len], value[:, :, :kv_len]
+        if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4 and attention_mask.shape[-1] == slots:
+            attention_mask = attention_mask[..., :kv_len]
+        if isinstance(position_bias, Tensor) and position_bias.shape[-1] == slots:
+            position_bias = position_bias[..., :kv_len]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    position_ids = kwargs.get("position_ids")
+    q_pos = _query_positions(position_ids, batch, q_len, layout.q_offset, query.device)
+    kv_pos = _key_positions(q_pos, q_len, kv_len)
+    if encoding is not None and kv_len > q_len and not encoding.supports_kv_cache:
+        raise ValueError(f"{type(encoding).__name__} does not support a KV cache; call generate(..., use_cache=False)")
+    window = kwargs.get("sliding_window")
+    mask, bias = hf_mask_to_posenc(attention_mask, causal=causal, batch=batch, q_len=q_len, kv_len=kv_len,
+                                   dtype=query.dtype, position_ids=q_pos if position_ids is not None else None,
+                                   window=window)
+    if position_bias is not None:
+        bias = position_bias.to(query.dtype) if bias is None else bias + position_bias.to(query.dtype)
+    want_weights = bool(kwargs.get("output_attentions", False))
+    if dropout or want_weights:
+        out, weights = attend_with_weights(query, key, value, q_pos=q_pos, kv_pos=kv_pos, encoding=encoding,
+                                           mask=mask, scale=scaling, attn_bias=bias, dropout_p=float(dropout))
+        if want_weights and kv_len < slots:  # the weights cover every slot, as transformers' own
+            weights = torch.nn.functional.pad(weights, (0, slots - kv_len))
+    else:
+        out = attend(query, key, value, q_pos=q_pos, kv_pos=kv_pos, encoding=encoding, mask=mask, scale=scaling,
+                     attn_bias=bias)
+        weights = None
+    return out.transpose(1, 2).contiguous(), weights if want_weights else None
