@@ -356,6 +356,28 @@ def test_posenc_method_reads_q_pos_and_kv_pos_kwargs():
     assert not torch.allclose(out, method(q, k, v, None, None)[0])
 
 
+def test_posenc_method_gives_self_attention_one_position_tensor(monkeypatch):
+    """As posenc's MultiheadAttention: the encoding reads the positions once (RoPE's cos/sin
+    tables are computed once, not for the queries and again for the keys)."""
+    enc = _build("rope").double()
+    seen = []
+    original = type(enc).transform_qk
+
+    def spy(self, q, k, q_pos, kv_pos):
+        seen.append(kv_pos is q_pos)
+        return original(self, q, k, q_pos, kv_pos)
+
+    monkeypatch.setattr(type(enc), "transform_qk", spy)
+    q, k, v = (torch.randn(B, H, 5, D, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(5)[None]
+    want = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=AttentionMask(causal=True))
+    seen.clear()
+    out, _ = PosencAttentionMethod(enc, is_causal_masking=True)(q, k, v, None, None)
+    torch.testing.assert_close(out, want)
+    PosencAttentionMethod(enc)(q, k[:, :, :3], v[:, :, :3], None, None)  # cross attention: two tensors
+    assert seen == [True, False]
+
+
 # --- probabilities and dropout ------------------------------------------------------------------
 
 

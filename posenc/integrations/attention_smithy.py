@@ -548,6 +548,10 @@ class PosencAttentionMethod(nn.Module):
             extra = {n: x for n, x in kwargs.items() if n not in ("attention_score_matrix", "query", "key")}
             attn_bias = manager.create_bias_tensor(attention_score_matrix=zeros, query=q, key=k, **extra).to(q.dtype)
         q_pos, kv_pos = kwargs.get("q_pos"), kwargs.get("kv_pos")
+        if q_pos is None and kv_pos is None and tq == tk and self.encoding is not None:
+            # one tensor for both, as posenc's MultiheadAttention passes them: the encoding then reads
+            # the positions once (RoPE's cos/sin tables, a bias's run of positions), not once per side
+            q_pos = kv_pos = torch.arange(tq, device=q.device).unsqueeze(0)
         weights = self.return_probabilities or (self.training and self.dropout > 0)
         if weights:
             out, probs = attend_with_weights(
