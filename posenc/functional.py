@@ -23,12 +23,19 @@ ALiBi (Press et al. 2022)::
     bias = PF.alibi_bias(T, T, PF.alibi_slopes(H), causal=True)   # [H, T, T], -inf after the query
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
+FoX (Lin et al. 2025), the forget-gate bias, from the keys of your own attention::
+
+    log_f = PF.fox_log_gates(k, gate_weight, gate_bias)              # [B, Hq, T]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=PF.fox_bias(log_f))
+
 What is here:
 
 * rotary: :func:`apply_rope`, :func:`rope_cos_sin` (the cos/sin cache), :func:`rope_frequencies`,
   :func:`apply_rotary` (apply a cache you hold), :func:`rope_scaling_config` (context-extension configs:
   linear/PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE; :data:`ROPE_SCALINGS`);
 * ALiBi: :func:`alibi_slopes`, :func:`alibi_bias`, :func:`alibi_penalty`;
+* FoX: :func:`fox_log_gates` (``log f`` per token and head from the keys), :func:`fox_bias` (the
+  dense causal bias ``F_i - F_j``, ``-inf`` after the query);
 * T5: :func:`t5_relative_buckets`, :func:`t5_bias`;
 * relative indices: :func:`relative_positions`, :func:`relative_position_grid`,
   :func:`clipped_relative_index`;
@@ -49,6 +56,7 @@ from .common.relative import (
 from .common.rotary import PAIRINGS, apply_rotary, rotary_angles, rotary_cos_sin
 from .common.sinusoid import sinusoid_frequencies, sinusoid_table
 from .seq.alibi import alibi_bias, alibi_penalty, alibi_slopes
+from .seq.fox import fox_bias, fox_log_gates
 from .seq.rope import apply_rope, rope_cos_sin, rope_frequencies
 from .seq.rope_scaling import (
     ROPE_SCALINGS,
@@ -62,7 +70,7 @@ from .vision.sincos2d import sincos2d_grid, sincos2d_table
 __all__ = [
     "PAIRINGS", "apply_rope", "rope_cos_sin", "rope_frequencies", "apply_rotary", "rotary_angles", "rotary_cos_sin",
     "ROPE_SCALINGS", "RopeScaling", "rope_scaling_config", "rope_scaling_from_dict",
-    "alibi_slopes", "alibi_bias", "alibi_penalty",
+    "alibi_slopes", "alibi_bias", "alibi_penalty", "fox_log_gates", "fox_bias",
     "t5_relative_buckets", "t5_bias",
     "relative_positions", "relative_position_grid", "clipped_relative_index",
     "sinusoid_frequencies", "sinusoid_table", "sincos2d_table", "sincos2d_grid",

@@ -6,7 +6,8 @@
 #   correctness (run side by side; each line PASS or FAIL with the reason):
 #     cuda_tests       every kernel path on CUDA against the float64 reference, forward and backward
 #                      (flex included), for the proving encodings and every relative encoding under
-#                      every mask (tests/test_kernel_paths.py -k cuda), and the 2D relative bias on flex
+#                      every mask (tests/test_kernel_paths.py -k cuda), the 2D relative bias on flex, and
+#                      FoX's score_mod over its cumulative sums (tests/test_seq_fox.py -k cuda)
 #     plans            the plan each encoding gets on CUDA (path, reason, chunk rows)
 #     linear_spe       linear attention and SPE in float32 against float64, causal, padded, packed
 #     round_2026_12    torch drop-in masks, NaN padding, video ViT, GPSLayer, peg1d
@@ -71,7 +72,7 @@ if [[ $dev == cuda ]]; then
   # -v: a line per test as it ends, so a run cut off by the cap still names what passed and failed
   # (606 tests, most of them a flex compile: 240 s on 8 workers reached 11% on the first run)
   section cuda_tests 240 "$py" -m pytest -v --tb=line -p no:cacheprovider -n 12 --timeout 120 \
-    tests/test_kernel_paths.py tests/test_vision_encodings.py -k "cuda" &
+    tests/test_kernel_paths.py tests/test_vision_encodings.py tests/test_seq_fox.py -k "cuda" &
   tests_pid=$!
 fi
 checks=(plans linear_spe round_2026_12 generation bridges autocast_backward)
@@ -98,7 +99,7 @@ section models_bf16 90 "$py" -m posenc.cli bench models --device "$dev" --dtype 
   --repeats "$reps" --no-compile --no-progress --out "$out/models"
 section bench_attention 120 "$py" -m posenc.cli bench attention --device "$dev" --dtype "$dtype" --seq-lens "$lens" \
   --batch 1 --no-peers --no-progress --repeats "$reps" --long-repeats 2 --warmup 1 --plans \
-  --encodings none,rope,alibi,t5,fire,erpe,shaw,transformer_xl,erpe_vector,deberta,cape,cope \
+  --encodings none,rope,alibi,t5,fire,fox,erpe,shaw,transformer_xl,erpe_vector,deberta,cape,cope \
   --json "$out/bench_attention.json"
 section models_bf16_compiled 120 "$py" -m posenc.cli bench models --device "$dev" --dtype "$dtype" --models lm \
   --repeats "$reps" --no-progress --out "$out/models_compiled"

@@ -331,3 +331,32 @@ def vector_erpe_bias(q: Tensor, weight: Tensor, q_pos: Tensor, kv_pos: Tensor, m
         for r in rows:
             out[r, :, i, j] = (q[r, :, i].double() * w[:, int(pi - pj) + max_len - 1]).sum(-1) * scale
     return out
+
+
+def fox_log_gates(k: Tensor, weight: Tensor, bias: Tensor, key_valid: Tensor | None = None) -> Tensor:
+    """``log f [B, H, T]`` of the Forgetting Transformer's gates from the keys, head ``h`` reading
+    key head ``h // (H / Hkv)``, by loops; padded keys count as zero keys (posenc zeroes them)."""
+    b_size, kv_heads, length, _ = k.shape
+    heads = weight.shape[0]
+    out = torch.zeros(b_size, heads, length, dtype=torch.float64)
+    for b in range(b_size):
+        for h in range(heads):
+            for t in range(length):
+                key = k[b, h // (heads // kv_heads), t].double()
+                if key_valid is not None and not bool(key_valid[b if key_valid.shape[0] > 1 else 0, t]):
+                    key = torch.zeros_like(key)
+                logit = (key * weight[h].double()).sum() + bias[h].double()
+                out[b, h, t] = -torch.log1p(torch.exp(-logit))  # log sigmoid
+    return out
+
+
+def fox_bias(log_gates: Tensor, q_len: int) -> Tensor:
+    """``D [B, H, Tq, Tk]``, the paper's ``sum_{l = j+1 .. i} log f_l`` for query ``i`` (the token of
+    key index ``i + Tk - Tq``) and key ``j <= i``, by explicit sums; 0 where ``j > i`` (masked)."""
+    b_size, heads, kv_len = log_gates.shape
+    offset = kv_len - q_len
+    out = torch.zeros(b_size, heads, q_len, kv_len, dtype=torch.float64)
+    for i in range(q_len):
+        for j in range(min(i + offset, kv_len - 1) + 1):
+            out[:, :, i, j] = log_gates[:, :, j + 1: i + offset + 1].double().sum(-1)
+    return out

@@ -272,7 +272,7 @@ PARAM_KINDS = {
     "untie_cls": "bool", "prefix_bias": "bool", "use_eigenvalues": "bool", "per_head": "bool", "truncate": "bool",
     "causal": "bool",
     "pairing": "choice", "mode": "choice", "new_grid": "choice", "layout": "choice", "variant": "choice",
-    "beyond": "choice", "sign": "choice", "select": "choice",
+    "beyond": "choice", "sign": "choice", "select": "choice", "gate_init": "choice",
     "short_factor": "seq", "long_factor": "seq", "axis_dims": "seq", "axis_pairs": "seq",
     "scaling": "obj", "base_options": "obj",
 }

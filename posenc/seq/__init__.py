@@ -16,6 +16,7 @@ from .cope import CoPE
 from .curves import SmoothCurves
 from .deberta import DeBERTa, deberta_index, log_bucket_position
 from .fire import FIRE
+from .fox import ForgettingGate, fox_bias, fox_log_gates
 from .kerple import KERPLE, KERPLE_VARIANTS, kerple_bias
 from .latent_autoencoder import PositionalAutoencoder
 from .learned import LearnedEncoding
@@ -77,7 +78,8 @@ __all__ = [
     "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "Llama3Scaling", "LongRoPEScaling",
     "rope_scaling_config", "rope_scaling_entries", "rope_scaling_entry", "rope_scaling_from_dict", "XPos", "xpos_zeta",
     "METHODS", "extend_context", "make_scaling", "rope_from_hf_config", "rotary_layers",
-    "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "KERPLE",
+    "CAPE", "CAPE_BASES", "CoPE", "DeBERTa", "deberta_index", "log_bucket_position", "FIRE", "ForgettingGate",
+    "fox_bias", "fox_log_gates", "KERPLE",
     "KERPLE_VARIANTS", "kerple_bias", "ShawRelative", "T5Bias", "t5_bucket", "t5_relative_buckets", "t5_bias",
     "TransformerXLRelative", "TUPE",
     "SineSPE", "ConvSPE", "PEG1d", "peg1d", "peg1d_term",
