@@ -110,6 +110,13 @@ CASES = [
     ("llama3-partial-odd", "LlamaConfig",
      {**BASE, "rope_parameters": _rope(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                        original_max_position_embeddings=1024, partial_rotary_factor=0.3)}, ()),
+    # issue 47: Gemma 4's proportional RoPE (the whole head; partial_rotary_factor picks the pairs that turn)
+    ("proportional", "LlamaConfig",
+     {**BASE, "rope_parameters": _rope(rope_type="proportional", rope_theta=1e6, partial_rotary_factor=0.25)}, ()),
+    ("proportional-factor-odd-share", "LlamaConfig",
+     {**BASE, "rope_parameters": _rope(rope_type="proportional", factor=2.0, partial_rotary_factor=0.3)}, ()),
+    ("proportional-partial-missing", "LlamaConfig", {**BASE, "rope_parameters": _rope(rope_type="proportional")},
+     ()),
 ]
 
 
@@ -284,6 +291,6 @@ def test_values_transformers_cannot_use_are_one_line_naming_the_field(rope, matc
 
 def test_every_type_of_the_table_has_a_case_and_the_fields_are_read_once():
     covered = {c[2].get("rope_parameters", {}).get("rope_type", "default") for c in CASES}
-    assert set(HF_ROPE_TYPES) - covered == {"su"}
+    assert set(HF_ROPE_TYPES) - covered == {"su", "mrope"}  # mrope: Qwen2-VL's, tests/test_hf_layers.py
     fields = hf_rope_fields(CASES[10][2])
     assert (fields.rope_type, fields.head_dim, fields.nested) == ("yarn", 64, False)

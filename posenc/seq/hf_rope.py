@@ -34,6 +34,14 @@ that differ from "use the stated value":
   factor 1.
 * ``dynamic``: ``L0`` is ``max_position_embeddings`` (transformers ignores a stated original
   length; ``dynamic_length_from`` picks it instead).
+* ``proportional`` (Gemma 4's full-attention layers): the whole head, ``partial_rotary_factor``
+  choosing the pairs that turn (:class:`~.rope_scaling.ProportionalScaling`); ``factor`` absent is 1.
+* M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: ``rope_type`` ``default``, or transformers 4's ``mrope``):
+  an :class:`~.mrope.MRoPE` with ``mrope_section``, interleaved when ``mrope_interleaved`` says so;
+  a Qwen-VL text config without them (``model_type`` ``qwen2_vl*``, ``qwen2_5_vl*``, ``qwen3_vl*``)
+  gets the model's own fallback, (16, 24, 24) in sections or Qwen3-VL's (24, 20, 20) interleaved.
+  Per-layer readings (Gemma's layer types, Llama 4's and SmolLM3's NoPE layers) are
+  :mod:`.hf_layers`'.
 * the rotary width is ``int(head_dim * partial_rotary_factor)``; an odd width ``w`` rotates ``w + 1``
   features with frequencies ``base^(-2k/w)`` as transformers does (expressed here as base
   ``base^((w+1)/w)`` over ``w + 1``; default, linear, llama3), refused for dynamic, yarn and
@@ -54,8 +62,9 @@ from typing import Any
 
 from ..common.checks import check_choice, is_real
 from ..common.encoding import PositionEncoding
+from .mrope import QWEN2_VL_SECTIONS, QWEN3_VL_SECTIONS, MRoPE
 from .rope import RotaryEncoding
-from .rope_scaling import RopeScaling, rope_scaling_config
+from .rope_scaling import ProportionalScaling, RopeScaling, rope_scaling_config
 
 #: Where :func:`rope_from_hf_config` reads a ``dynamic`` config's original length ``L0`` from.
 DYNAMIC_LENGTH_SOURCES = ("max_position_embeddings", "original_max_position_embeddings")
@@ -169,7 +178,43 @@ class HFRopeFields:
 
 
 def _default(f: HFRopeFields) -> PositionEncoding:
+    if f.get("mrope_section") is not None or _qwen_vl(f) is not None:
+        return _mrope(f)  # Qwen2-VL's configs say "default" (transformers renames their "mrope")
     return f.encoding()
+
+
+def _qwen_vl(f: HFRopeFields) -> str | None:
+    """"qwen2" or "qwen3" for a Qwen-VL text config (whose rotary falls back to its own sections)."""
+    model_type = str(_field(f.config, "model_type") or "")
+    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        if model_type.startswith(family):
+            return "qwen3" if family == "qwen3_vl" else "qwen2"
+    return None
+
+
+def _mrope(f: HFRopeFields) -> PositionEncoding:
+    """M-RoPE (Qwen2-VL, Qwen2.5-VL: sections; Qwen3-VL: interleaved): ``mrope_section``, else the
+    model's own default (Qwen2-VL's (16, 24, 24), Qwen3-VL's (24, 20, 20), as their rotary falls back)."""
+    family = _qwen_vl(f)
+    interleaved = f.get("mrope_interleaved")
+    interleaved = family == "qwen3" if interleaved is None else bool(interleaved)
+    sections = f.get("mrope_section")
+    if sections is None:
+        sections = QWEN3_VL_SECTIONS if interleaved else QWEN2_VL_SECTIONS
+    rotary_dim, base = f.width(odd=False)
+    return MRoPE(f.head_dim, sections=tuple(sections), layout="interleaved" if interleaved else "sections",
+                 base=base, rotary_dim=rotary_dim, pairing=f.pairing)
+
+
+def _proportional(f: HFRopeFields) -> PositionEncoding:
+    """Proportional RoPE (Gemma 4's full-attention layers): over the whole head, whatever
+    ``partial_rotary_factor`` says (it picks the pairs that turn); ``factor`` absent is 1."""
+    partial = f.get("partial_rotary_factor")
+    if partial is None:
+        partial = _field(f.config, "partial_rotary_factor")
+    factor = 1.0 if "factor" not in f.rope else f.factor()
+    scaling = ProportionalScaling(factor=factor, partial_rotary_factor=1.0 if partial is None else partial)
+    return RotaryEncoding(f.head_dim, base=float(f.base), pairing=f.pairing, scaling=scaling)
 
 
 def _linear(f: HFRopeFields) -> PositionEncoding:
@@ -235,6 +280,8 @@ HF_ROPE_TYPES: dict[str, Callable[[HFRopeFields], PositionEncoding]] = {
     "longrope": _longrope,
     "su": _longrope,
     "llama3": _llama3,
+    "proportional": _proportional,
+    "mrope": _mrope,  # transformers 4's name in Qwen2-VL configs
 }
 
 
