@@ -64,23 +64,26 @@ def default_threads() -> int:
 
 def resolve_threads(threads: int | None) -> int | None:
     """The thread count :func:`set_threads` applies: ``None`` -> :func:`default_threads`;
-    ``0`` -> None (torch's own default, a thread per core, left alone); ``n >= 1`` -> ``n``."""
+    ``0`` -> None (torch's own default, a thread per core, left alone); ``n >= 1`` -> ``n``, at most
+    the usable cores (more only wait for each other; and torch, sized by the variables before it
+    loads, would not start more than the cores anyway: one answer either way)."""
     if threads is None:
         return default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int >= 0 or None; got {threads!r} ({type(threads).__name__})")
     if threads < 0:
         raise ValueError(f"threads must be >= 0 (0: torch's own default, None: posenc's default); got {threads}")
-    return threads or None
+    return min(threads, usable_cores()) or None
 
 
 def set_threads(threads: int | None = None) -> int | None:
     """Run posenc's CPU work (and torch's, numpy's and scipy's) on ``threads`` threads.
 
     Args:
-        threads: a positive count; ``None`` (the default) for :func:`default_threads`, one fewer
-            than the usable cores, which keeps its speed when another process shares the
-            machine; ``0`` to leave torch's own default (a thread per core) untouched.
+        threads: a positive count (at most the usable cores); ``None`` (the default) for
+            :func:`default_threads`, one fewer than the usable cores, which keeps its speed when
+            another process shares the machine; ``0`` to leave torch's own default (a thread per
+            core) untouched.
 
     Returns the count set (None for ``0``). Sets ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and
     ``OPENBLAS_NUM_THREADS`` for the libraries not loaded yet and for child processes, and, when
