@@ -202,6 +202,18 @@ def test_the_issue_figures():
     assert abs(rope_from_hf_config(yarn).frequencies()[1] - 1.1386) < 1e-4
 
 
+def test_yarn_scaling_itself_reads_a_zero_mscale_as_absent():
+    """The scaling's own function (extend_context, posenc extend) follows transformers too."""
+    from posenc.seq.rope_scaling import YaRNScaling
+
+    plain = YaRNScaling(original_max_len=1024, factor=4.0).compute(64, 10000.0)[1]
+    for mscale, mscale_all_dim in ((1.0, 0.0), (0.0, 0.8), (0.7, None)):
+        scaling = YaRNScaling(original_max_len=1024, factor=4.0, mscale=mscale, mscale_all_dim=mscale_all_dim)
+        assert scaling.compute(64, 10000.0)[1] == plain == pytest.approx(0.1 * math.log(4) + 1)
+    both = YaRNScaling(original_max_len=1024, factor=4.0, mscale=1.0, mscale_all_dim=0.8).compute(64, 10000.0)[1]
+    assert both == pytest.approx((0.1 * math.log(4) + 1) / (0.08 * math.log(4) + 1))
+
+
 NESTED = {**BASE, "num_hidden_layers": 2, "layer_types": ["full_attention", "sliding_attention"],
           "rope_theta": 50000.0,
           "rope_parameters": {
@@ -294,3 +306,28 @@ def test_every_type_of_the_table_has_a_case_and_the_fields_are_read_once():
     assert set(HF_ROPE_TYPES) - covered == {"su", "mrope"}  # mrope: Qwen2-VL's, tests/test_hf_layers.py
     fields = hf_rope_fields(CASES[10][2])
     assert (fields.rope_type, fields.head_dim, fields.nested) == ("yarn", 64, False)
+
+
+def config_table() -> str:
+    """The issue's table: each case in both schemas, posenc against transformers' ROPE_INIT_FUNCTIONS
+    (the largest relative difference of the inverse frequencies, float32 on their side, and the two
+    attention factors; a length-dependent type at each of its lengths, the worst shown)."""
+    rows = ["| case | schema | rope type | inv_freq rel. diff | attention factor posenc | transformers |",
+            "|---|---|---|---|---|---|"]
+    for case, config_class, config, lengths in CASES:
+        for schema in ("v5", "v4"):
+            given = config if schema == "v5" else _v4(config)
+            enc = rope_from_hf_config(copy.deepcopy(given))
+            kind = hf_rope_fields(given).rope_type
+            worst, ours, theirs = 0.0, None, None
+            for length in (lengths if enc.scaling is not None and enc.scaling.dynamic else (None,)):
+                inv, factor = enc.frequencies(length) if length else enc.frequencies()
+                hf_inv, hf_factor = _hf(config_class, given, length)
+                worst = max(worst, float(((inv.float() - hf_inv).abs() / hf_inv.abs()).max()))
+                ours, theirs = factor, hf_factor
+            rows.append(f"| {case} | {schema} | {kind} | {worst:.1e} | {ours:.6f} | {float(theirs):.6f} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(config_table())

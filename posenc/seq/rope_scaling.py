@@ -205,8 +205,9 @@ class YaRNScaling(RopeScaling):
     ``[0, r-1]`` (``truncate=False`` skips the floor and ceil, HF's ``truncate``); ``ramp_k =
     clamp((k-low)/(high-low), 0, 1)``, ``high`` + 0.001 when equal to ``low``. ``beta_fast >
     beta_slow > 0`` are rotations in ``L0``. The attention factor is ``0.1*ln(s) + 1``, or with
-    DeepSeek's ``mscale`` and ``mscale_all_dim`` (both given) ``m(s, mscale) / m(s,
-    mscale_all_dim)``, ``m(s, a) = 0.1*a*ln(s) + 1`` (1 when ``s <= 1``), or ``attention_factor``.
+    DeepSeek's ``mscale`` and ``mscale_all_dim`` (both given and nonzero: transformers reads a 0 as
+    absent) ``m(s, mscale) / m(s, mscale_all_dim)``, ``m(s, a) = 0.1*a*ln(s) + 1`` (1 when ``s <= 1``),
+    or ``attention_factor``.
     """
 
     name: ClassVar[str] = "yarn"
@@ -241,7 +242,7 @@ def yarn_inv_freq(p: YaRNScaling, rotary_dim: int, base: float, seq_len: SeqLen 
 
     attention_factor = p.attention_factor
     if attention_factor is None:
-        both = p.mscale is not None and p.mscale_all_dim is not None
+        both = bool(p.mscale) and bool(p.mscale_all_dim)  # as transformers: a 0 reads as absent
         attention_factor = m(p.mscale) / m(p.mscale_all_dim) if both else m(1.0)
     low, high = correction_dim(p.beta_fast), correction_dim(p.beta_slow)
     if p.truncate:
@@ -296,7 +297,9 @@ class LongRoPEScaling(RopeScaling):
     is at most ``L0`` and of ``long_factor`` beyond (their length is checked against the width at
     use; lists are stored as tuples of floats). ``select``: "by_length" (None: long, the extended
     regime, as Phi-3 in HF; length-dependent), "short" or "long" (one list). The attention factor
-    is ``sqrt(1 + ln s / ln L0)`` (1 when ``s <= 1``) in both regimes, as in HF."""
+    is ``sqrt(1 + ln s / ln L0)`` (1 when ``s <= 1``) in both regimes, as in HF, with ``s`` the
+    stated ``factor`` (a Hugging Face config without one gives the ratio of its two lengths:
+    :func:`posenc.seq.rope_from_hf_config`)."""
 
     name: ClassVar[str] = "longrope"
     short_factor: Sequence[float]
