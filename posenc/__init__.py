@@ -22,7 +22,7 @@ MODALITY_PACKAGES = ("seq", "vision", "graph", "timeseries")
 # the names re-exported from posenc.common, read on first use
 _COMMON_EXPORTS = (
     "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims",
-    "MultiheadAttention", "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock",
+    "MultiheadAttention", "PairwiseBias", "Plan", "PositionEncoding", "TransformerBlock",
     "TransformerEncoder", "attend", "available", "build", "linear_attention", "plan", "register",
 )
 
@@ -50,13 +50,17 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f"{__name__}.common"), name)
         globals()[name] = value  # later reads skip this hook
         return value
+    if name == "TorchMultiheadAttention":
+        value = importlib.import_module(f"{__name__}.torch_attention").TorchMultiheadAttention
+        globals()[name] = value
+        return value
     if name in MODALITY_PACKAGES or name == "functional":  # posenc.functional imports seq and vision
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_COMMON_EXPORTS) | set(MODALITY_PACKAGES))
+    return sorted(set(globals()) | set(_COMMON_EXPORTS) | set(MODALITY_PACKAGES) | {"TorchMultiheadAttention"})
 
 
 __all__ = [

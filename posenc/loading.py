@@ -26,7 +26,7 @@ from typing import Any
 from torch import nn
 
 from .common.checks import check_int, check_number
-from .common.vocabulary import read_results
+from .training.vocabulary import read_results
 
 from .training.checkpoint import load_checkpoint
 from .training.pretrained import (

@@ -26,7 +26,7 @@ def counted(make):
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "bfloat16"])
 def test_sources_compared_bit_by_bit(layout):
-    """One flipped bit anywhere rebuilds (memcmp on CPU; torch for a strided source); the same
+    """One flipped bit anywhere rebuilds (integer views compared by torch, contiguous or strided); the same
     bits keep the value, a NaN included (torch.equal calls NaN unequal to itself), and -0.0
     against 0.0 rebuilds (the bits differ), which is harmless."""
     base = torch.randn(64, 48, dtype=torch.bfloat16 if layout == "bfloat16" else torch.float32)

@@ -21,7 +21,8 @@ from torch import nn
 
 import posenc
 from posenc.common import registry
-from posenc.common.attention import MultiheadAttention, attend
+from posenc.common.attention import attend
+from posenc.common.multihead import MultiheadAttention
 from posenc.common.checks import check_allocation, check_number
 from posenc.common.encoding import Hook
 from posenc.common.linear_attention import EluFeatureMap, FavorFeatureMap, linear_attention

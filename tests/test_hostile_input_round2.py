@@ -19,7 +19,7 @@ import posenc.functional as PF
 from posenc import cli
 from posenc.common.attention import attend
 from posenc.common.registry import ModelDims, build
-from posenc.common.torch_attention import TorchMultiheadAttention
+from posenc.torch_attention import TorchMultiheadAttention
 from posenc.seq import CausalLM
 from posenc.seq.spline import bspline_basis, evaluate_spline, local_bspline_basis
 

@@ -5,6 +5,7 @@ masks, with no NaN on fully masked rows."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -178,6 +179,56 @@ def test_path_matches_float64_reference(kind, backend, case):
     for name, g, w in zip(["q", "k", "v", "erpe.weight"], got, want):
         assert not g.isnan().any(), name
         torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("choice", ["flash", "explicit"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_both_backwards_of_a_constant_bias_match_the_float64_reference(case, choice, monkeypatch):
+    """The plan names the chunked dense path's backward (POSENC_BIAS_BACKWARD chooses it for a
+    constant bias on CPU); both give the reference's gradients."""
+    monkeypatch.setenv("POSENC_BIAS_BACKWARD", choice)
+    enc = _encoding("alibi", case)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = _qkv(case, gen, requires_grad=True)
+    q_pos, kv_pos = case.positions()
+    kwargs = dict(q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend="dense")
+    chosen = posenc.plan(q, k, v, **kwargs)
+    assert chosen.bias_backward == choice and f"POSENC_BIAS_BACKWARD={choice}" in chosen.reason
+    expected = _reference("alibi", enc, case, q, k, v)
+    out = attend(q, k, v, **kwargs)
+    grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
+    for name, g, w in zip("qkv", torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_the_plan_says_which_backward_and_why(monkeypatch, tmp_path):
+    monkeypatch.delenv("POSENC_BIAS_BACKWARD", raising=False)
+    monkeypatch.setenv("POSENC_TUNE_FILE", str(tmp_path / "tune.json"))  # none yet
+    from posenc.common.tuning import DEFAULT_CONSTANT_BIAS_BACKWARD, machine_key
+
+    case = CASES[0]
+    q, k, v = _qkv(case, torch.Generator().manual_seed(0), requires_grad=True)
+    q_pos, kv_pos = case.positions()
+    kwargs = dict(q_pos=q_pos, kv_pos=kv_pos, mask=case.mask())
+    constant = posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs)
+    assert constant.bias_backward == DEFAULT_CONSTANT_BIAS_BACKWARD and "the default for a constant bias" in constant.reason
+    learned = posenc.plan(q, k, v, encoding=posenc.build("t5", num_heads=H), **kwargs)
+    assert learned.bias_backward == "explicit" and "the bias needs its gradient" in learned.reason
+    with torch.no_grad():
+        assert posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs).bias_backward is None  # no backward
+    # a measurement of this machine by posenc tune decides; another machine's does not
+    other = "flash" if DEFAULT_CONSTANT_BIAS_BACKWARD == "explicit" else "explicit"
+    (tmp_path / "tune.json").write_text(json.dumps({"machines": {"another CPU": {"constant_bias_backward": other}}}))
+    assert posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs).bias_backward == DEFAULT_CONSTANT_BIAS_BACKWARD
+    (tmp_path / "tune.json").write_text(json.dumps({"machines": {machine_key(): {"constant_bias_backward": other}}}))
+    tuned = posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs)
+    assert tuned.bias_backward == other and "measured on this machine by posenc tune" in tuned.reason
+    (tmp_path / "tune.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="not a posenc tune file; ignored"):
+        assert posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs).bias_backward == DEFAULT_CONSTANT_BIAS_BACKWARD
+    monkeypatch.setenv("POSENC_BIAS_BACKWARD", "fast")
+    with pytest.raises(ValueError, match="POSENC_BIAS_BACKWARD must be one of flash, explicit .*got 'fast'"):
+        posenc.plan(q, k, v, encoding=ALiBi(H), **kwargs)
 
 
 FLOAT32_PARAMS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.common.memo import ValueMemo
+from posenc.seq.memo import ValueMemo
 
 
 def test_kept_per_key_least_recently_used_dropped_first():

@@ -747,18 +747,11 @@ def test_fire_training_gradients_equal_the_mlp_reference():
     torch.testing.assert_close(element, want_value[1, 2, 17, 4], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("counted", [True, False])
 @pytest.mark.parametrize("layout", ["self", "cache"])
-def test_fire_training_over_runs_of_positions_equals_the_mlp_reference(layout, counted, monkeypatch):
-    """Positions that are runs shared by the batch (the usual training call) read psi along the
-    diagonals of one row and take the written-out gradients of ``_RunBlock``; its blocks (rows
-    from the middle, keys cut short), element-wise calls and gradients of c, the threshold and the
-    MLP are those of the MLP itself (float64), with the segments found by counting breakpoints or
-    by searchsorted, and queries below and above the threshold."""
-    import posenc.seq.fire as fire_module
-
-    if not counted:
-        monkeypatch.setattr(fire_module, "_COUNTED_BREAKS", -1)
+def test_fire_training_over_runs_of_positions_equals_the_mlp_reference(layout):
+    """Positions that are runs shared by the batch (the usual training call): blocks (rows from
+    the middle, keys cut short), element-wise calls and gradients of c, the threshold and the MLP
+    are those of the MLP itself (float64), with queries below and above the threshold."""
     torch.manual_seed(3)
     enc = FIRE(4, init_threshold=20.0).double()
     with torch.no_grad():
@@ -770,7 +763,6 @@ def test_fire_training_over_runs_of_positions_equals_the_mlp_reference(layout, c
     q_pos = kv_pos[:, tk - tq:]
     q = torch.zeros(1, 4, tq, 8, dtype=torch.float64)
     bias = enc.score_bias(q, q, q_pos, kv_pos)
-    assert len(bias.learned) == 4  # psi by offset, the inverse norms, slope, offset: the run path
     m = enc.mlp
     want_value = ref.fire_bias(enc.c, enc.threshold, m[0].weight, m[0].bias, m[2].weight, m[2].bias, q_pos, kv_pos)
     assert want_value[0, 0].amax() - want_value[0, 0].amin() > 0.5  # the MLP's slopes differ across the pairs
@@ -792,25 +784,6 @@ def test_fire_training_over_runs_of_positions_equals_the_mlp_reference(layout, c
     b, h = torch.tensor(0), torch.tensor(2)
     element = bias(b, h, torch.tensor(9), torch.tensor(30))  # scalar indices: the lookup per element
     torch.testing.assert_close(element, want_value[0, 2, 9, 30], rtol=1e-12, atol=1e-12)
-
-
-def test_fire_run_block_gradcheck():
-    """``_RunBlock``'s written-out backward against finite differences, for a block of rows from
-    the middle and keys cut short."""
-    from posenc.seq.fire import _counted_breaks, _RunBlock
-
-    torch.manual_seed(0)
-    q_len, kv_len, heads, segments = 9, 14, 3, 5
-    psi = torch.rand(q_len + kv_len - 1, dtype=torch.float64, requires_grad=True)
-    norm = torch.rand(1, q_len, dtype=torch.float64).add(0.5).requires_grad_()
-    slope = torch.randn(segments, heads, dtype=torch.float64, requires_grad=True)
-    offset = torch.randn(segments, heads, dtype=torch.float64, requires_grad=True)
-    breaks = torch.tensor([-0.5, 0.2, 0.6, 1.1], dtype=torch.float64)
-    counted = _counted_breaks(breaks, psi, norm)
-    assert counted is not None and counted[0] == 1
-    for use in (counted, None):
-        assert torch.autograd.gradcheck(
-            lambda *t, use=use: _RunBlock.apply(*t, breaks, use, 2, 7, 11), (psi, norm, slope, offset))
 
 
 @pytest.mark.parametrize("name, layout", [
@@ -891,31 +864,6 @@ def test_fire_piecewise_linear_form_is_the_mlp_on_the_whole_line(flat_units):
     assert breaks.shape == (32,) and slope.shape == offset.shape == (33, 4)
     seg = torch.searchsorted(breaks, x, right=True)
     torch.testing.assert_close(slope[seg] * x[:, None] + offset[seg], enc.mlp(x[:, None]), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("buckets", [
-    [3, 3, 3, 3, 3, 3],  # one bucket for every key
-    [0, 0, 0, 1, 2, 4, 7, 7],  # runs at both ends, a varying middle (gathered)
-    [0, 0, 1, 2, 3, 6, 6],  # runs at both ends, consecutive buckets between (a slice of Qr)
-    [0, 0, 3, 5, 5],  # one key between
-    [0, 1, 2, 3, 4],  # no run longer than one key
-    [2, 2, 5, 5, 5],  # two runs, nothing between
-])
-def test_deberta_row_p2c_by_runs_equals_the_gather(buckets):
-    """A cached decoding row's p2c entries (row-times-matrix products for the runs of one bucket
-    at either end, a slice or a gather of Qr between) equal ``k_j . Qr[bucket_j]`` key by key, values and gradients."""
-    from posenc.seq.deberta import _row_position_to_content
-
-    gen = torch.Generator().manual_seed(0)
-    keys = torch.randn(2, 3, len(buckets), 5, dtype=torch.float64, generator=gen, requires_grad=True)
-    qr = torch.randn(3, 8, 5, dtype=torch.float64, generator=gen, requires_grad=True)
-    idx = torch.tensor(buckets)
-    got = _row_position_to_content(keys, qr, idx)
-    want = (keys * qr[:, idx]).sum(-1)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    grad = torch.randn(want.shape, dtype=torch.float64, generator=gen)
-    for g, w in zip(torch.autograd.grad(got, [keys, qr], grad), torch.autograd.grad(want, [keys, qr], grad)):
-        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
 def test_dense_bias_blocks_are_views_for_runs_and_gathers_otherwise():

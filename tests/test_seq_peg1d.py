@@ -156,9 +156,32 @@ def test_cached_decoding_equals_the_full_forward_from_a_one_token_prompt():
         steps += [model(tokens[:, t : t + 1], cache=cache) for t in range(1, 6)]
         steps.append(model(tokens[:, 6:], cache=cache))
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
-    assert cache[0].conditional.shape == (3, 3, DIM)
+    assert cache.rows(0).length == cache.length == 9 and cache[0].length == 9
     assert torch.equal(model.generate(tokens[:, :2], 5, greedy=True),
                        model.generate(tokens[:, :2], 5, greedy=True, use_cache=False))
+
+
+def test_a_cropped_cache_rewinds_the_convolution_rows_with_the_keys():
+    """Decoding after crop(n) equals the full forward over the first n tokens and the new ones;
+    crop(0) then a prefill equals a fresh prefill (issue 51: the rows used to stay unrewound)."""
+    torch.manual_seed(0)
+    model = CausalLM(VOCAB, DIM, 2, HEADS, encoding="peg1d", peg_blocks=(0, 1),
+                     encoding_options={"kernel_size": 4}).eval().double()
+    with torch.no_grad():
+        for m in model.encodings:
+            m.proj.bias.normal_()
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=gen)
+    other = torch.randint(0, VOCAB, (2, 3), generator=gen)
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(tokens, cache=cache)
+        cache.crop(5)
+        steps = [model(other[:, t : t + 1], cache=cache) for t in range(3)]
+        want = model(torch.cat((tokens[:, :5], other), 1))[:, 5:]
+        torch.testing.assert_close(torch.cat(steps, 1), want, rtol=0, atol=1e-10)
+        cache.crop(0)
+        torch.testing.assert_close(model(other, cache=cache), model(other), rtol=0, atol=1e-10)
 
 
 def test_models_choose_blocks_and_refuse_a_non_causal_peg_in_a_causal_lm():
@@ -190,7 +213,7 @@ def test_models_choose_blocks_and_refuse_a_non_causal_peg_in_a_causal_lm():
     with pytest.raises(ValueError, match="built with causal=False"):
         peg(x, mask=AttentionMask(causal=True))
     with pytest.raises(ValueError, match="causal=False cannot decode with a KV cache"):
-        peg(x, cache=posenc.KVCache(1)[0])
+        peg(x, cache=posenc.KVCache(1).rows(0))
 
 
 @pytest.mark.parametrize(

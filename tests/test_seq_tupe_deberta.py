@@ -233,11 +233,10 @@ def test_deberta_forward_backward_against_reference(backend, causal, log_buckets
 def test_deberta_over_consecutive_positions_matches_reference_across_key_blocks(
     monkeypatch, backend, log_buckets, causal, q_len, offset, heads_kv,
 ):
-    """Positions shared by the batch take the skewed p2c path (no bucket table); with small chunks
-    and 300 keys a block spans several key windows, clamped ones included (span 8); five rows (a
-    cached decoding step) take the per-row product, as do the last four rows of 68 (a chunk of 64
-    rows, then 4); three rows in the middle without a mask reach
-    keys clipped on both sides (before and after the span)."""
+    """Positions shared by the batch, in chunks of about 64 rows over 300 keys (span 8, clamped
+    buckets on both sides); five rows without gradients would be a decoding step, here with
+    gradients they are a chunk; the last four rows of 68 a short chunk; three rows in the middle
+    without a mask reach keys clipped before and after the span."""
 
     monkeypatch.setattr("posenc.common.kernels.chunking.CHUNK_ELEMENTS", 4 * 64 * 300)  # blocks of about 64 rows
     kv_len = 300

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from posenc.common.vocabulary import current_key, current_keys, read_results
+from posenc.training.vocabulary import current_key, current_keys, read_results
 
 
 @pytest.mark.parametrize("old, new", [

@@ -6,6 +6,7 @@
     posenc bench attention [options]    attention benchmark (see posenc.cli.bench.attention)
     posenc demo [options]               see posenc.cli.demo
     posenc extend RUN_DIR [options]     context extension of a trained RoPE run (see posenc.cli.train.extend)
+    posenc tune [options]               measure this machine's kernel choices (see posenc.cli.tune)
 
 Subcommands other than ``list`` live in their own modules, each defining
 ``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``
@@ -33,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("posenc.cli.demo", "a short demonstration of the encodings (see posenc.cli.demo)"),
     "extend": ("posenc.cli.train.extend", "extend the context of a trained RoPE run of posenc train seq (PI, NTK, YaRN, ...)"),
+    "tune": ("posenc.cli.tune", "measure which kernel choices are faster on this machine and keep them for the plan"),
 }
 
 # modality -> (module, one-line help) for ``posenc train MODALITY``; the modules live in posenc.cli.train.

@@ -14,20 +14,20 @@ from types import ModuleType
 
 # public name -> the submodule defining it
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("MultiheadAttention", "PreparedCall", "attend", "attend_with_weights", "make_plan", "plan",
+    **dict.fromkeys(("PreparedCall", "attend", "attend_with_weights", "make_plan", "plan",
                      "prepare", "run"), "attention"),
     **dict.fromkeys(("MLP", "TransformerBlock", "TransformerEncoder"), "block"),
     **dict.fromkeys(("AttentionNeeds", "Hook", "PositionEncoding"), "encoding"),
-    **dict.fromkeys(("KVCache", "LayerKVCache"), "kv_cache"),
+    **dict.fromkeys(("KVCache", "LayerKVCache", "TokenRows"), "kv_cache"),
     **dict.fromkeys(("EluFeatureMap", "FavorFeatureMap", "FeatureMap", "linear_attention"), "linear_attention"),
     "AttentionMask": "masks",
+    "MultiheadAttention": "multihead",
     "PairwiseBias": "pairwise",
     "AttentionCall": "call",
     **dict.fromkeys(("BACKENDS", "Plan", "PlanInputs", "decide"), "planning"),
     **dict.fromkeys(("EncodingInfo", "ModelDims", "available", "build", "register"), "registry"),
     **dict.fromkeys(("apply_rotary", "rotary_angles"), "rotary"),
     **dict.fromkeys(("sinusoid_frequencies", "sinusoid_table"), "sinusoid"),
-    "TorchMultiheadAttention": "torch_attention",
 }
 
 
@@ -59,7 +59,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "BACKENDS", "MultiheadAttention", "TorchMultiheadAttention", "attend", "attend_with_weights", "plan", "Plan",
+    "BACKENDS", "MultiheadAttention", "attend", "attend_with_weights", "plan", "Plan",
     "AttentionCall", "PreparedCall", "PlanInputs", "prepare", "run", "make_plan", "decide",
     "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from .attention import MultiheadAttention
+from .multihead import MultiheadAttention
 from .call import normalize_positions
 from .encoding import Hook, PositionEncoding, attention_part
 from .kv_cache import KVCache
@@ -105,8 +105,8 @@ class TransformerEncoder(nn.Module):
         conditional: ``{i: module}``: ``module(x, positions, mask=mask, cache=layer_cache)`` is
             added after block ``i`` (0-based); conditional encoders such as PEG live here. They
             receive the stack's mask (padding, packed segments, causality) and, during cached
-            decoding, block ``i``'s :class:`~posenc.common.kv_cache.LayerKVCache` (else None), in
-            whose ``conditional`` slot a module keeps what it needs of the past.
+            decoding, the :class:`~posenc.common.kv_cache.TokenRows` of their place (the rows of
+            the tokens before, from ``cache.rows(i)``; else None), which they read and extend.
         final_norm: apply a LayerNorm after the last block.
 
     Shapes: ``x [B, T, C]``, ``positions [B or 1, T(, coords)]`` -> ``[B, T, C]``.
@@ -178,5 +178,6 @@ class TransformerEncoder(nn.Module):
             layer_cache = None if cache is None else cache[i]
             x = block(x, positions=positions, mask=mask, cache=layer_cache)
             if str(i) in self.conditional:
-                x = x + self.conditional[str(i)](x, positions, mask=mask, cache=layer_cache)
+                rows = None if cache is None else cache.rows(i)
+                x = x + self.conditional[str(i)](x, positions, mask=mask, cache=rows)
         return self.norm(x)

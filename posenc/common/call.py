@@ -2,7 +2,7 @@
 
 Every entry point of the core (:func:`~posenc.common.attention.attend`,
 :func:`~posenc.common.attention.attend_with_weights`, :func:`~posenc.common.attention.plan`,
-:class:`~posenc.common.attention.MultiheadAttention`, the torch drop-in) turns its arguments into
+:class:`~posenc.common.multihead.MultiheadAttention`, the torch drop-in) turns its arguments into
 one frozen call; :func:`~posenc.common.attention.prepare` turns the call into the encoding's terms
 and a :class:`~posenc.common.planning.Plan`, and :func:`~posenc.common.attention.run` runs the
 kernel the plan names. The checks of this module are the only ones on that way.
@@ -90,7 +90,7 @@ class AttentionCall:
     """The checked arguments of one attention call.
 
     Build it with :meth:`checked` (which checks everything once and fills the defaults);
-    :class:`~posenc.common.attention.MultiheadAttention` builds it from tensors it made itself and
+    :class:`~posenc.common.multihead.MultiheadAttention` builds it from tensors it made itself and
     checked before projecting.
 
     Attributes:

@@ -7,11 +7,11 @@ layer, which in a cached decoding step costs far more than the attention itself.
 per-call state: the value is a pure function of the parameters, and it is checked against them
 at every use, bit by bit, so an edit of any kind -- an optimizer step, a ``load_state_dict``,
 ``param.data.copy_(...)``, which no version counter sees -- rebuilds it. (Bits, not values: the
-same bits give the same table, and a CPU comparison of bytes is ``memcmp``.)
+same bits give the same table, and NaN in a parameter must not force a rebuild.)
 
 Inside :func:`tracked_edits_only` the check is torch's version counters instead (the same source
 tensors, each at the version and storage it had), which reads no bytes. A cached decoding step
-runs inside it (:class:`~posenc.common.attention.MultiheadAttention` with a non-empty KV cache):
+runs inside it (:class:`~posenc.common.multihead.MultiheadAttention` with a non-empty KV cache):
 its cache already holds keys and values computed from the parameters as they were, so an edit
 that no counter sees leaves such a step stale whatever the tables hold, while the bitwise
 comparison read every source twice per layer and step (DeBERTa: 2 MB, as much again as the
@@ -23,8 +23,6 @@ rebuild (the result must be part of their graph).
 from __future__ import annotations
 
 import contextvars
-import ctypes
-import sys
 import weakref
 from typing import Callable, Generic, TypeVar
 
@@ -139,34 +137,15 @@ def _same(kept: tuple[Tensor, ...], sources: tuple[Tensor, ...]) -> bool:
     )
 
 
-def _load_memcmp():
-    """libc's ``memcmp``, or None where it cannot be found (the comparison then stays in torch)."""
-    try:
-        # the process's own symbols hold libc's on POSIX: no library search (find_library runs
-        # ldconfig or a compiler in a subprocess at import)
-        libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
-        fn = libc.memcmp
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t), ctypes.c_int
-    return fn
-
-
-_MEMCMP = _load_memcmp()
-
-
 _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _same_bits(a: Tensor, b: Tensor) -> bool:
-    """``a`` and ``b`` (one shape, dtype and device) hold the same bits: ``memcmp`` over two
-    contiguous CPU tensors, else ``torch.equal`` of their elements read as integers of the same
-    size (of their values for a tensor that cannot be read so: conjugate or negative views)."""
+    """``a`` and ``b`` (one shape, dtype and device) hold the same bits: ``torch.equal`` of their
+    elements read as integers of the same size (NaN equals itself, -0.0 differs from 0.0), or of
+    their values for a tensor that cannot be read so (conjugate or negative views, complex)."""
     if a.layout != torch.strided or a.is_conj() or b.is_conj() or a.is_neg() or b.is_neg():
         return torch.equal(a, b)
-    if _MEMCMP is not None and a.device.type == "cpu" and a.is_contiguous() and b.is_contiguous():
-        size = a.numel() * a.element_size()
-        return size == 0 or _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
     integer = _SAME_SIZE_INTEGERS.get(a.element_size())
     if integer is None or a.is_complex():
         return torch.equal(a, b)

@@ -1,4 +1,9 @@
-"""KV cache for incremental decoding. It is an explicit argument, never module state."""
+"""KV cache for incremental decoding. It is an explicit argument, never module state.
+
+A layer's cache holds keys, values and key positions (:class:`LayerKVCache`); the stack's cache
+(:class:`KVCache`) holds one per layer and, for a conditional module between blocks (a causal 1D
+PEG), the rows of the token stream it reads (:class:`TokenRows`): data of the tokens, like the
+keys, cropped with them, never a module's private state."""
 
 from __future__ import annotations
 
@@ -17,10 +22,6 @@ class LayerKVCache:
     ``pos`` are views of the filled part. When a gradient flows through the keys (a cache used in
     training), appending concatenates instead, as autograd needs. :meth:`crop` drops the newest
     entries (to rewind a cache, as HF's ``DynamicCache.crop``).
-
-    ``conditional``: what the conditional module after this layer (the ``conditional`` slot of
-    :class:`~posenc.common.block.TransformerEncoder`) keeps of the past, or None before its first
-    call; for a causal 1D PEG its last ``kernel_size - 1`` inputs ``[B, k - 1, C]``.
     """
 
     def __init__(self) -> None:
@@ -28,7 +29,6 @@ class LayerKVCache:
         self._v: Tensor | None = None  # [B, Hkv, capacity, Dv]
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
         self._length = 0
-        self.conditional: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -125,13 +125,65 @@ class LayerKVCache:
             self._k = self._v = self._pos = None
 
 
+class TokenRows:
+    """The rows ``[B, length, C]`` of the token stream at one place of a stack (the input of a
+    conditional module after a block), one per cached token, cropped with the keys."""
+
+    def __init__(self) -> None:
+        self._rows: Tensor | None = None  # [B, capacity, C]
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def last(self, count: int, like: Tensor) -> Tensor:
+        """The newest ``count`` rows ``[B, count, C]``, zeros before the first token (``like``
+        gives batch, width, dtype and device)."""
+        have = min(count, self._length)
+        old = like.new_zeros(like.shape[0], have, like.shape[2]) if self._rows is None else (
+            self._rows[:, self._length - have: self._length].to(like.dtype))
+        if old.shape[0] != like.shape[0] or old.shape[2] != like.shape[2]:
+            raise ValueError(f"the cache holds rows [batch={old.shape[0]}, dim={old.shape[2]}]; these are "
+                             f"{tuple(like.shape)} (a cache of another model or batch?)")
+        return torch.cat((like.new_zeros(like.shape[0], count - have, like.shape[2]), old), dim=1)
+
+    def append(self, x: Tensor) -> None:
+        """Append ``x [B, T, C]``, the rows of the ``T`` new tokens (concatenated, not written into
+        a buffer, while a gradient flows through them, as :meth:`LayerKVCache.append` does)."""
+        n, t = self._length, x.shape[1]
+        if torch.is_grad_enabled() and (x.requires_grad or (self._rows is not None and self._rows.requires_grad)):
+            self._rows = x if self._rows is None or n == 0 else torch.cat((self._rows[:, :n], x), dim=1)
+            self._length = n + t
+            return
+        if self._rows is None or n + t > self._rows.shape[1]:
+            grown = x.new_empty(x.shape[0], max(2 * n, n + t, 16), x.shape[2])
+            if n:
+                grown[:, :n] = self._rows[:, :n]
+            self._rows = grown
+        self._rows[:, n: n + t] = x
+        self._length = n + t
+
+    def crop(self, length: int) -> None:
+        """Keep the oldest ``length`` rows (:meth:`KVCache.crop` checks ``length``)."""
+        self._length = min(self._length, length)
+        if self._length == 0:
+            self._rows = None  # a new prefill may have another batch
+
+
 class KVCache:
-    """One :class:`LayerKVCache` per layer of a stack."""
+    """One :class:`LayerKVCache` per layer of a stack, and the :class:`TokenRows` that the
+    conditional modules between blocks read (:meth:`rows`)."""
 
     def __init__(self, num_layers: int) -> None:
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.layers = [LayerKVCache() for _ in range(num_layers)]
+        self._rows: dict[int, TokenRows] = {}
+
+    def rows(self, place: int) -> TokenRows:
+        """The token rows kept after block ``place`` (made on first use)."""
+        return self._rows.setdefault(place, TokenRows())
 
     @property
     def length(self) -> int:
@@ -145,6 +197,8 @@ class KVCache:
         """See :meth:`LayerKVCache.crop`: every layer keeps its oldest ``length`` entries."""
         for layer in self.layers:
             layer.crop(length)
+        for rows in self._rows.values():
+            rows.crop(length)
 
     def __getitem__(self, i: int) -> LayerKVCache:
         return self.layers[i]

@@ -17,8 +17,8 @@ Rules for ``backend="auto"``:
    ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
 4. a score bias: ``flex`` on CUDA, ``dense`` elsewhere.
 
-A **decoding step** (:func:`decoding_step`: at most :data:`FEW_ROWS` query rows and no gradient) is a plan of its own (``Plan.decode``): the encoding builds
-its bias with its decoding hook
+A **decoding step** (:func:`decoding_step`: at most :data:`FEW_ROWS` query rows and no
+gradient) is a plan of its own (``Plan.decode``): the encoding builds its bias with its decoding hook
 (:meth:`~posenc.common.encoding.PositionEncoding.decode_score_bias`), and the ``dense`` and
 ``math`` kernels run its rows in one pass, with no autograd node and no copy of the cache's keys
 (``Plan.form == "one_pass"``). Every other ``dense`` or ``math`` call runs chunk by chunk
@@ -45,8 +45,10 @@ import torch
 from . import kernels
 from .kernels.chunking import Form
 from .encoding import NO_NEEDS, AttentionNeeds
-from .linear_attention import LINEAR_CHUNK_ROWS, check_linear_mask
+from .kernels.linear import LINEAR_CHUNK_ROWS
+from .linear_attention import check_linear_mask
 from .masks import AttentionMask
+from .tuning import BiasBackward, constant_bias_backward
 
 Path = Literal["sdpa", "flex", "dense", "math", "linear"]
 Backend = Literal["auto", "sdpa", "flex", "dense", "math"]
@@ -76,6 +78,10 @@ class Plan:
         offset_start: ``kv_pos[0] - q_pos[0]`` where the dense kernel cuts the bias's blocks from
             its values along the diagonals (``PairwiseBias.by_offset`` over runs of consecutive
             positions); None otherwise.
+        bias_backward: the chunked ``dense`` path's backward with a gradient: ``"explicit"``
+            (written out as batched matmuls, which also gives the bias's and the log-sum-exp's
+            gradients) or ``"flash"`` (SDPA's CPU flash backward with the bias chunk; a constant
+            bias on CPU only, :func:`constant_bias_backward`); None elsewhere.
     """
 
     path: Path
@@ -87,6 +93,7 @@ class Plan:
     form: Form = "chunked"
     grad: bool = False
     offset_start: int | None = None
+    bias_backward: BiasBackward | None = None
 
     @property
     def label(self) -> str:
@@ -227,8 +234,24 @@ def decide(inputs: PlanInputs) -> Plan:
             form = "whole"
             reason += "; traced with a learned bias: one block under plain autograd"
     offset_start = inputs.run_offset if plan.path == "dense" and _diagonal_layout(inputs) else None
-    return replace(plan, reason=reason, decode=decode, form=form, grad=inputs.needs_grad or inputs.bias_learned,
-                   offset_start=offset_start)
+    grad = inputs.needs_grad or inputs.bias_learned
+    bias_backward = None
+    if plan.path == "dense" and form == "chunked" and grad:
+        bias_backward, why = _bias_backward(inputs, plan.offset_values)
+        reason += f"; backward {bias_backward}: {why}"
+    return replace(plan, reason=reason, decode=decode, form=form, grad=grad, offset_start=offset_start,
+                   bias_backward=bias_backward)
+
+
+def _bias_backward(inputs: PlanInputs, offset_values: bool) -> tuple[BiasBackward, str]:
+    """The chunked dense path's backward and why."""
+    if inputs.bias_learned:
+        return "explicit", "the bias needs its gradient"
+    if offset_values:
+        return "explicit", "the value term needs the log-sum-exp's gradient"
+    if inputs.device.type != "cpu":
+        return "explicit", "no flash backward with a bias off CPU"
+    return constant_bias_backward()
 
 
 def _diagonal_layout(inputs: PlanInputs) -> bool:

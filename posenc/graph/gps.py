@@ -11,7 +11,7 @@ normalised, summed, and followed by an MLP::
     h_attn  = Norm(x + Dropout(Attn(x)))
     x'      = Norm(h + Dropout(MLP(h))),   h = h_local + h_attn
 
-The global attention is posenc's :class:`~posenc.common.attention.MultiheadAttention` over the whole
+The global attention is posenc's :class:`~posenc.common.multihead.MultiheadAttention` over the whole
 mini-batch as ONE packed sequence ``[1, N_total, C]`` with a block-diagonal mask
 (``AttentionMask.packed(graph_ids)``): nodes attend only within their own graph, and no graph is
 padded to the size of the largest one.

@@ -28,7 +28,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..common.attention import Backend, MultiheadAttention
+from ..common.attention import Backend
+from ..common.multihead import MultiheadAttention
 from ..common.encoding import PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build

@@ -14,24 +14,19 @@ Hooks: q/k transform (``q / sqrt(3)``, so the core's ``1/sqrt(d)`` gives the con
 ``1/sqrt(3d)``) and a content-dependent score bias. No ``[B, H, T, T]`` tensor is kept on any
 path. A dense block of query rows (the dense path feeds SDPA's fused kernel chunk by chunk)
 computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gathers them at
-``delta(i,j)``. Its p2c term depends on the positions:
+``delta(i,j)``.
 
-- integer runs of consecutive positions shared by the batch (the usual case, KV cache
-  included), on CPU: the bucket of a pair depends on ``j - i`` alone, so a block multiplies each
-  run of keys by the few ``Qr`` rows its offsets reach and reads each pair's entry through a
-  strided view (the skew of Transformer-XL's relative shift); keys whose every pair in the block
-  is beyond the span take one product per key. Nothing of size ``2k x Tk`` is built, and peak
-  memory grows linearly with ``T``, for about twice the p2c multiply-adds of a table. A decoding
-  step (the decoding hook, :meth:`DeBERTa.decode_score_bias`) without log buckets builds its whole
-  bias at once, where the buckets clip found by arithmetic: the keys before the span take one
-  product with ``Qr[0]``, those within it a slice of ``Qr`` and the c2p row read backwards. One
-  row hands ``k.Qr[0]`` for every key to SDPA's fused kernel as a move of the query, and the rest
-  (``k.(Qr[m] - Qr[0])`` within the span, c2p) as its float mask.
-- any other positions, code being traced by ``torch.compile`` (no host reads: one graph), and
-  FlexAttention (scalar indices, as a ``d``-long dot product per element): the per-call table
-  ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read bucket-major through a
-  :class:`~posenc.common.pairwise.SharedGradTable` whose gradient every block adds into one buffer.
-  It holds ``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at ``T = 4k``.
+A score-bias call builds the per-call table ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read
+bucket-major through a :class:`~posenc.common.shared_table.SharedGradTable` whose gradient every
+block adds into one buffer (FlexAttention reads it with scalar indices, a ``d``-long dot product
+per element). It holds ``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at
+``T = 4k``. (A skewed form over runs of consecutive positions, which built no such table, was no
+faster in ``posenc bench attention`` and was folded into this one.) A decoding step (the decoding
+hook, :meth:`DeBERTa.decode_score_bias`) over a run of positions without log buckets builds its
+whole bias at once, where the buckets clip found by arithmetic: the keys before the span take one
+product with ``Qr[0]``, those within it a slice of ``Qr`` and the c2p row read backwards. One row
+hands ``k.Qr[0]`` for every key to SDPA's fused kernel as a move of the query, and the rest
+(``k.(Qr[m] - Qr[0])`` within the span, c2p) as its float mask.
 
 ``q``, ``Kr``, ``Qr`` and the keys are what the dense path's chunked backward differentiates; the
 gradients flow on into q, k, ``P`` and the projections. Positions must be integers.
@@ -44,7 +39,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..common.amp import autocast_off
 from ..common.checks import (
     check_bool,
     check_int,
@@ -55,7 +49,6 @@ from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
-    SharedGradTable,
     dense_bias,
     is_dense_block,
     key_linear_bias,
@@ -65,6 +58,7 @@ from ..common.pairwise import (
     shared_run_offset,
     take,
 )
+from ..common.shared_table import SharedGradTable
 from ..common.registry import register
 
 
@@ -213,10 +207,7 @@ class DeBERTa(PositionEncoding):
         k, kr, qr = self._scaled_relative(q, k)  # kr, qr [H, 2k, d]
         kr_by_dim = kr.transpose(-1, -2)  # [H, d, 2k]; a dense block always spans every head
         traced = torch.compiler.is_compiling()
-        offset = None if traced else shared_run_offset(q_pos, kv_pos)
         q_rows = SharedGradTable(q)
-        if offset is not None and q.device.type == "cpu":
-            return self._skewed_bias(q, k, kr, kr_by_dim, qr, q_rows, offset)
         p2c_t = torch.matmul(qr, k.transpose(-1, -2))  # [B, H, 2k, Tk]
         p2c = p2c_t.transpose(-1, -2)  # [B, H, Tk, 2k], a view
         # p2c by bucket then key, [B, H, 2k, Tk]: a block of rows gathers it along the buckets, and
@@ -243,75 +234,6 @@ class DeBERTa(PositionEncoding):
         # chunk's gradient through the handles early).
         learned = (*q_rows.learned, kr, *p2c_by_bucket.learned)
         return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa", pointwise=False)
-
-    def _skewed_bias(
-        self, q: Tensor, k: Tensor, kr: Tensor, kr_by_dim: Tensor, qr: Tensor, q_rows: SharedGradTable, offset: int,
-    ) -> PairwiseBias:
-        """The bias over runs of consecutive positions shared by the batch (``kv_pos - q_pos`` is
-        ``offset + j - i``): the p2c bucket depends on ``j - i`` alone, so a block computes its
-        p2c entries from the few ``Qr`` rows its offsets reach (:class:`_SkewedPositionToContent`)
-        and no ``[B, H, 2k, Tk]`` table or gradient buffer is kept."""
-        span, log_buckets, max_position = self.span, self.log_buckets, self.max_position
-        tq, tk = q.shape[2], k.shape[2]
-        k_rows = SharedGradTable(k)
-        kept: list[Tensor] = []
-
-        def buckets() -> Tensor:
-            """``bucket_of[m]``: the p2c row where ``j - i = m - (Tq - 1)``; non-decreasing in ``m``
-            (built on first use: a decoding step without log buckets needs none)."""
-            if not kept:
-                kept.append(deberta_index(offset - (tq - 1) + torch.arange(tq + tk - 1), span, log_buckets, max_position))
-            return kept[0]
-
-        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            # a block of one run of rows over keys 0 .. n-1 (the readers below take both as slices)
-            if is_dense_block(b, h, q_idx, kv_idx) and run_start(kv_idx) == 0:
-                start, rows = run_start(q_idx), q_idx.shape[2]
-                if start is not None:
-                    keys = k_rows.rows(kv_idx)  # [B, H, n, d]; its gradient adds into one buffer
-                    if rows < _MIN_SKEW_ROWS and not log_buckets:  # a last chunk of a few rows
-                        return _few_rows_linear(q_rows.rows(q_idx), keys, kr_by_dim, qr, offset - start + span)
-                    rel = q_idx - kv_idx - offset  # i - j in positions
-                    c2p = _content_to_position(q_rows, q_idx, kr_by_dim, deberta_index(rel, span, log_buckets, max_position))
-                    if rows >= _MIN_SKEW_ROWS:
-                        return c2p + _SkewedPositionToContent.apply(qr, keys, buckets(), tq, start, rows)
-                    m = kv_idx.reshape(1, -1) - q_idx.reshape(-1, 1) + (tq - 1)  # [rows, n]
-                    return c2p + torch.stack([_row_position_to_content(keys, qr, buckets()[m[r]]) for r in range(rows)],
-                                             dim=2)
-            rel = q_idx - kv_idx - offset
-            c = deberta_index(rel, span, log_buckets, max_position)
-            p = deberta_index(-rel, span, log_buckets, max_position)
-            return (q[b, h, q_idx] * kr[h, c]).sum(-1) + (k[b, h, kv_idx] * qr[h, p]).sum(-1)
-
-        learned = (*q_rows.learned, kr, qr, *k_rows.learned)
-        return PairwiseBias(bias, per_batch=True, learned=learned, name="DeBERTa", pointwise=False)
-
-
-# Fewer query rows than this (cached decoding) take each row's p2c entries as one product of the
-# keys with their Qr rows: the skew's windows would cost more than they save.
-_MIN_SKEW_ROWS = 8
-
-
-def _row_position_to_content(keys: Tensor, qr: Tensor, buckets: Tensor) -> Tensor:
-    """One query row's p2c entries ``keys[..., j, :] . qr[:, buckets[j]]`` -> ``[B, H, n]``
-    (``keys [B, H, n, d]``, ``qr [H, 2k, d]``, ``buckets [n]`` non-decreasing along the keys).
-    The keys before the first change of bucket and after the last share one ``Qr`` row each
-    (beyond the span: most of a long cache), so they take a matrix-vector product; only the
-    keys between gather their rows."""
-    n = buckets.shape[0]
-    first, last = buckets[0], buckets[-1]
-    a = int((buckets == first).sum())  # keys 0 .. a-1 in the first bucket
-    b = n - int((buckets == last).sum()) if a < n else n  # keys b .. n-1 in the last
-    parts = [matvec(keys[:, :, :a], qr[:, first])]  # [B, H, a]
-    if b > a:
-        low, high = int(buckets[a]), int(buckets[b - 1])
-        # one Qr row per key; consecutive buckets (every distance within the span without log
-        # buckets) are a slice of Qr, not a gather
-        between = qr[:, low: high + 1] if high - low == b - a - 1 else qr[:, buckets[a:b]]  # [H, b - a, d]
-        parts.append((keys[:, :, a:b] * between).sum(-1))
-    if n > b:
-        parts.append(matvec(keys[:, :, b:], qr[:, last]))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def _few_rows_linear(
@@ -361,118 +283,3 @@ def _content_to_position(q_rows: SharedGradTable, q_idx: Tensor, kr_by_dim: Tens
     rows = q_rows.rows(q_idx)  # [B, H, rows, d]
     c2p_rows = rows_times_table(rows, kr_by_dim)  # [B, H, rows, 2k]
     return torch.gather(c2p_rows, -1, c.expand(*c2p_rows.shape[:2], *c.shape[2:]))
-
-
-def _layout(bucket_of: Tensor, q_len: int, start: int, rows: int, keys: int):
-    """Which keys need a window: ``(constant, windowed)``. ``constant`` lists ``(first, stop,
-    buckets [stop - first])`` for the runs of keys whose every pair in these rows falls in one
-    bucket (beyond the span on one side: most keys of a long sequence), ``windowed`` the
-    ``(first key, blocks, width)`` pieces of the keys between: blocks of as many keys as rows (a
-    block's window of ``Qr`` rows is ``rows + width - 1`` long, so its matmul costs about twice
-    the content scores'), then the remainder as one narrower block."""
-    m_top = torch.arange(keys) - start + q_len - 1  # m = j - i + Tq - 1 at each key's first row
-    low, high = bucket_of[m_top - (rows - 1)], bucket_of[m_top]
-    varying = (low != high).nonzero().flatten().tolist()
-    a, b = (varying[0], varying[-1] + 1) if varying else (keys, keys)
-    constant = [(first, stop, low[first:stop]) for first, stop in ((0, a), (b, keys)) if stop > first]
-    windowed = []
-    if b > a:
-        width = min(rows, b - a)
-        full = (b - a) // width
-        windowed.append((a, full, width))
-        if b - a > full * width:
-            windowed.append((a + full * width, 1, b - a - full * width))
-    return constant, windowed
-
-
-def _run_buckets(buckets: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The distinct buckets of a run ``[U]`` and its keys' one-hot ``[keys, U]``, None when
-    ``U == 1`` (a run of constant keys mostly has one bucket: the span's clamp)."""
-    distinct, inverse = torch.unique_consecutive(buckets, return_inverse=True)
-    if distinct.numel() == 1:
-        return distinct, None
-    return distinct, torch.nn.functional.one_hot(inverse, distinct.numel())
-
-
-def _window_buckets(bucket_of: Tensor, q_len: int, start: int, rows: int, first: int, blocks: int, width: int) -> Tensor:
-    """``[blocks, rows + width - 1]``: the ``Qr`` row of every offset a block of keys reaches,
-    from its largest ``j - i`` down (block ``t`` holds keys ``first + t * width ...``)."""
-    window = rows + width - 1
-    m_first = first - (start + rows - 1) + q_len - 1  # the smallest m = j - i + Tq - 1 of block 0
-    m = m_first + width * torch.arange(blocks).unsqueeze(1) + torch.arange(window - 1, -1, -1)
-    return bucket_of[m]
-
-
-def _skew(t: Tensor, rows: int, width: int) -> Tensor:
-    """``[B, H, blocks, width, rows + width - 1]`` products of keys and their window (window
-    counted down) -> the view ``[B, H, blocks, rows, width]`` of each pair's entry: row ``r`` and
-    key ``c`` sit at window ``width - 1 - c + r``, i.e. at ``c * (window - 1) + r + width - 1``."""
-    s = t.stride()
-    return t.as_strided((*t.shape[:3], rows, width), (s[0], s[1], s[2], 1, s[3] - 1), t.storage_offset() + width - 1)
-
-
-class _SkewedPositionToContent(torch.autograd.Function):
-    """``p2c[b, h, i, j] = k[b, h, j] . Qr[h, bucket_of[j - i + Tq - 1]]`` for the query rows
-    ``start .. start + rows - 1`` and the keys given (``0 .. n - 1``). Per block of keys, the
-    ``Qr`` rows of the offsets it reaches (a window of ``rows + width - 1``) times its keys, one
-    batched matmul for all blocks; each pair's entry is then a strided view of the products (the
-    skew of Transformer-XL's relative shift), so no gather and no ``[B, H, 2k, Tk]`` table.
-    The backward writes the gradient through the same view and multiplies back.
-
-    ``qr [H, 2k, d]``, ``k [B, H, n, d]``, ``bucket_of [Tq + Tk - 1]`` (long) -> ``[B, H, rows, n]``."""
-
-    @staticmethod
-    def forward(ctx, qr, k, bucket_of, q_len, start, rows):
-        ctx.save_for_backward(qr, k)
-        ctx.args = (bucket_of, q_len, start, rows)
-        b, h, n, _ = k.shape
-        out = k.new_empty((b, h, rows, n))
-        constant, windowed = _layout(bucket_of, q_len, start, rows, n)
-        for first, stop, buckets in constant:  # one product per key, the same for every row
-            distinct, hot = _run_buckets(buckets)
-            products = torch.matmul(qr[:, distinct], k[:, :, first:stop].transpose(-1, -2)).transpose(-1, -2)  # [B, H, keys, U]; see matvec
-            values = products[..., 0] if hot is None else (products * hot.to(products.dtype)).sum(-1)
-            out[..., first:stop] = values.unsqueeze(2).expand(b, h, rows, -1)
-        for first, blocks, width in windowed:
-            idx = _window_buckets(bucket_of, q_len, start, rows, first, blocks, width)
-            windows = qr[:, idx].transpose(-1, -2)  # [H, blocks, d, W]
-            keys = k[:, :, first:first + blocks * width].unflatten(2, (blocks, width))  # [B, H, blocks, K, d]
-            t = k.new_empty((b, h, blocks, width, rows + width - 1))
-            for i in range(b):  # per batch element: a broadcast matmul would copy the windows B times
-                torch.matmul(keys[i], windows, out=t[i])
-            out[..., first:first + blocks * width].unflatten(-1, (blocks, width)).copy_(
-                _skew(t, rows, width).permute(0, 1, 3, 2, 4))
-        return out
-
-    @staticmethod
-    @autocast_off
-    def backward(ctx, grad):
-        qr, k = ctx.saved_tensors
-        bucket_of, q_len, start, rows = ctx.args
-        b, h, n, _ = k.shape
-        d_qr = torch.zeros_like(qr) if ctx.needs_input_grad[0] else None
-        d_k = torch.empty_like(k) if ctx.needs_input_grad[1] else None
-        constant, windowed = _layout(bucket_of, q_len, start, rows, n)
-        for first, stop, buckets in constant:
-            distinct, hot = _run_buckets(buckets)
-            d_products = grad[..., first:stop].sum(2).unsqueeze(-1)  # [B, H, keys, 1]
-            if hot is not None:
-                d_products = d_products * hot.to(grad.dtype)  # [B, H, keys, U]
-            if d_k is not None:
-                d_k[:, :, first:stop] = torch.matmul(d_products, qr[:, distinct])
-            if d_qr is not None:
-                d_qr.index_add_(1, distinct, torch.matmul(d_products.transpose(-1, -2), k[:, :, first:stop]).sum(0))
-        for first, blocks, width in windowed:
-            idx = _window_buckets(bucket_of, q_len, start, rows, first, blocks, width)
-            windows = qr[:, idx]  # [H, blocks, W, d]
-            keys = k[:, :, first:first + blocks * width].unflatten(2, (blocks, width))
-            d_t = grad.new_zeros((b, h, blocks, width, rows + width - 1))
-            _skew(d_t, rows, width).copy_(grad[..., first:first + blocks * width].unflatten(-1, (blocks, width))
-                                          .permute(0, 1, 3, 2, 4))
-            if d_k is not None:
-                for i in range(b):
-                    torch.matmul(d_t[i], windows, out=d_k[i, :, first:first + blocks * width].unflatten(1, (blocks, width)))
-            if d_qr is not None:
-                d_windows = sum(torch.matmul(d_t[i].transpose(-1, -2), keys[i]) for i in range(b))  # [H, blocks, W, d]
-                d_qr.index_add_(1, idx.reshape(-1), d_windows.flatten(1, 2))
-        return d_qr, d_k, None, None, None, None

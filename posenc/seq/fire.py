@@ -15,9 +15,9 @@ query rows (no ``T x T`` tensor kept); FlexAttention ``score_mod`` on CUDA. At i
 (``torch.no_grad()`` or frozen parameters) the bias is a constant handed to SDPA's fused kernel,
 and the MLP is evaluated in its exact piecewise-linear form (:meth:`FIRE.piecewise_linear`: a
 breakpoint search and one multiply-add per pair instead of a 32-wide hidden layer); in training
-the chunked backward yields the gradients of ``c``, ``l_mult`` and the MLP. Over integer runs of
-positions shared by the batch (the usual training call) a block reads ``psi(|i - j|)`` along the
-diagonals of one row and differentiates through a written-out backward (:class:`_RunBlock`).
+the chunked backward yields the gradients of ``c``, ``l_mult`` and the MLP. Over integer positions
+a block reads ``psi(|i - j|)`` from a table by distance and ``1 / psi(max(L, i))`` by query, made
+once per call.
 Shapes: positions ``[B or 1, T]``, integer or float.
 """
 
@@ -35,10 +35,6 @@ from ..common.pairwise import (
     PairwiseBias,
     gather,
     is_dense_block,
-    offset_window,
-    offset_window_grad,
-    run_start,
-    shared_run_offset,
     take,
 )
 from ..common.registry import register
@@ -160,9 +156,6 @@ class FIRE(PositionEncoding):
 
         segments = self._segments()  # constants of this call: once, not per block of rows
         # (not while torch.compile traces: the tables' span is read from the positions, a graph break)
-        start = None if torch.compiler.is_compiling() else shared_run_offset(q_pos, kv_pos)
-        if start is not None:
-            return self._run_bias(start, q_pos, kv_pos.shape[-1], segments)
         tables = None if torch.compiler.is_compiling() else self._distance_tables(q_pos, kv_pos)
         if tables is not None:
             # Integer positions: psi(|i - j|) looked up by distance and 1 / psi(max(L, i)) by query,
@@ -191,39 +184,6 @@ class FIRE(PositionEncoding):
             return mlp(x, h)
 
         return PairwiseBias(bias, per_batch=per_batch, learned=learned, name="FIRE", pointwise=False)
-
-    def _run_bias(self, start: int, q_pos: Tensor, kv_len: int, segments: tuple[Tensor, Tensor]) -> PairwiseBias:
-        """The training bias over integer runs of positions shared by the batch (``start =
-        kv_pos[0] - q_pos[0]``): a function of ``psi(|i - j|)``, read along the diagonals of one
-        row ``psi_by_offset [Tq + Tk - 1]``, times ``1 / psi(max(L, i))`` per query ``[1, Tq]``,
-        through the MLP's piecewise-linear ``slope, offset [M + 1, H]``. Those four are made once
-        per call, attached to ``c``, ``l_mult`` and the MLP, and are what the chunks differentiate
-        (:class:`_RunBlock`: each block's gradients as per-segment, per-row and per-diagonal sums,
-        with no autograd graph of the block's own)."""
-        q_len = q_pos.shape[-1]
-        work = self._work_dtype()
-        distance = (q_len - 1 - start - torch.arange(q_len + kv_len - 1, device=q_pos.device)).abs()
-        psi_by_offset = self._psi(distance.to(work))  # [Tq + Tk - 1]: column m is j - i = m - (Tq - 1)
-        inverse_norm = 1 / self._normalizer(q_pos)  # [1, Tq]
-        breaks, slope, offset = self._piecewise_linear(segments)
-        counted = _counted_breaks(breaks, psi_by_offset, inverse_norm)
-
-        def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            if is_dense_block(b, h, q_idx, kv_idx) and h.shape[1] == self.num_heads and run_start(kv_idx) == 0:
-                s = run_start(q_idx)
-                if s is not None:  # a chunk of the dense path: rows s:e, keys :kv_end
-                    block = (psi_by_offset, inverse_norm, slope, offset, breaks, counted, s, s + q_idx.numel(),
-                             kv_idx.numel())
-                    if torch.is_grad_enabled():  # the backward pass's chunk, differentiated
-                        return _RunBlock.apply(*block)
-                    return _run_block_value(*block)  # the forward pass's chunk
-            x = gather(psi_by_offset, kv_idx - q_idx + (q_len - 1)) * take(inverse_norm, b, q_idx)
-            x = x.to(slope.dtype)
-            seg = torch.searchsorted(breaks, x.reshape(-1), right=True).reshape(x.shape)
-            return slope[seg, h] * x + offset[seg, h]
-
-        return PairwiseBias(bias, per_batch=False, learned=(psi_by_offset, inverse_norm, slope, offset), name="FIRE",
-                            pointwise=False)
 
     def _distance_tables(self, q_pos: Tensor, kv_pos: Tensor) -> tuple[Tensor, Tensor] | None:
         """For integer positions: ``psi(n)`` for every distance ``n = 0 .. max |i - j|`` and
@@ -329,115 +289,3 @@ class _SegmentAffine(torch.autograd.Function):
             sums = per_pair.new_zeros(segments, 2 * heads).index_add_(0, seg.reshape(-1), per_pair)  # [M + 1, 2H]
             g_slope, g_offset = sums[:, :heads], sums[:, heads:]
         return g_x, None, g_slope, g_offset
-
-
-# Up to this many breakpoints inside the range of x, a chunk finds each pair's segment by counting
-# the breakpoints at or below it (one compare-add per breakpoint over a uint8 count: 0.6 ms for a
-# 128 x 1024 block with 8 of them, against 2.0 ms for searchsorted's binary search per pair).
-_COUNTED_BREAKS = 16
-
-
-def _counted_breaks(breaks: Tensor, psi_by_offset: Tensor, inverse_norm: Tensor) -> tuple[int, list[float]] | None:
-    """``(below, inside)`` such that a pair's segment ``searchsorted(breaks, x, right=True)`` is
-    ``below + #{b in inside: b <= x}`` for every ``x`` of the call, or None (then searchsorted):
-    ``x = psi * inverse_norm`` lies in ``[0, max psi * max inverse_norm]`` (both factors are
-    non-negative, and rounding is monotone), so breakpoints ``<= 0`` always count and those above
-    the bound never do. CPU only (reading the bound is a device sync elsewhere)."""
-    if breaks.device.type != "cpu" or psi_by_offset.numel() == 0:
-        return None
-    with torch.no_grad():
-        bound = float(psi_by_offset.max().to(breaks.dtype) * inverse_norm.max().to(breaks.dtype))
-        values = breaks.tolist()
-    inside = [b for b in values if 0 < b <= bound]
-    if len(inside) > _COUNTED_BREAKS:
-        return None
-    return sum(b <= 0 for b in values), inside
-
-
-def _segment_index(x: Tensor, breaks: Tensor, counted: tuple[int, list[float]] | None) -> Tensor:
-    """``searchsorted(breaks, x, right=True)`` for ``x [...]``, flattened ``[pairs]`` (int64)."""
-    if counted is None:
-        return torch.searchsorted(breaks, x.reshape(-1), right=True)
-    below, inside = counted
-    seg = torch.full((x.numel(),), below, dtype=torch.uint8, device=x.device)
-    flat = x.reshape(-1)
-    for b in inside:
-        seg.add_(flat.ge(b))
-    return seg.long()
-
-
-def _run_block_input(psi_by_offset: Tensor, inverse_norm: Tensor, s: int, e: int, kv_end: int, dtype) -> Tensor:
-    """``x = psi(|i - j|) / psi(max(L, i))`` of query rows ``s:e`` and keys ``:kv_end`` ``[rows, kv_end]``
-    (row-major), read along the diagonals of ``psi_by_offset`` (see :meth:`FIRE._run_bias`)."""
-    x = offset_window(psi_by_offset.to(dtype), inverse_norm.shape[-1], s, e, kv_end)  # psi(|i - j|), a new tensor
-    return x.mul_(inverse_norm[0, s:e, None].to(dtype))
-
-
-def _run_block_value(psi_by_offset: Tensor, inverse_norm: Tensor, slope: Tensor, offset: Tensor, breaks: Tensor,
-                     counted: tuple[int, list[float]] | None, s: int, e: int, kv_end: int) -> Tensor:
-    """The bias block of :class:`_RunBlock` without its gradients (the forward pass of a
-    chunk): each pair's row of slopes and offsets ``[pairs, 2H]`` (rows of a small table), then
-    one multiply-add into the head-major block (1.3 against 1.6 ms for a 128 x 1024 block that
-    picks ``[2H, pairs]`` along the table's columns)."""
-    x = _run_block_input(psi_by_offset, inverse_norm, s, e, kv_end, slope.dtype)
-    heads = slope.shape[1]
-    rows = F.embedding(_segment_index(x, breaks, counted), torch.cat((slope, offset), dim=1))  # [pairs, 2H]
-    out = x.new_empty((heads, x.numel()))
-    torch.addcmul(rows[:, heads:].T, rows[:, :heads].T, x.view(1, -1), out=out)
-    return out.view(1, heads, e - s, kv_end)
-
-
-class _RunBlock(torch.autograd.Function):
-    """FIRE's bias for query rows ``s:e`` and keys ``:kv_end`` over runs of positions (see
-    :meth:`FIRE._run_bias`): ``x = psi_by_offset`` along the block's diagonals times
-    ``inverse_norm[s:e]``, then ``slope[seg, h] * x + offset[seg, h]`` -> ``[1, H, rows, kv_end]``.
-
-    The backward takes the block's gradient ``g`` straight to the four inputs: per segment
-    ``sum g x`` and ``sum g`` (one ``index_add_`` of ``[pairs, 2H]`` rows), ``dx = sum_h
-    g slope[seg, h]``, then per row ``sum dx x / inverse_norm`` and per diagonal ``sum dx
-    inverse_norm``. A chunk's bias and its gradients took 7.3 against 10.8 ms (one thread, a
-    128 x 1024 block) built from gathers of psi and the norms, differentiated by autograd (a
-    scatter for each gather's backward, and the block's graph per chunk)."""
-
-    @staticmethod
-    def forward(ctx, psi_by_offset, inverse_norm, slope, offset, breaks, counted, s, e, kv_end):
-        x = _run_block_input(psi_by_offset, inverse_norm, s, e, kv_end, slope.dtype)
-        seg = _segment_index(x, breaks, counted)  # [pairs]
-        heads = slope.shape[1]
-        # Head-major picks: the backward reads each head's slopes as a contiguous row.
-        picked = torch.cat((slope, offset), dim=1).T.contiguous().index_select(1, seg)  # [2H, pairs]
-        out = torch.addcmul(picked[heads:], picked[:heads], x.view(1, -1))  # [H, pairs]
-        ctx.save_for_backward(x, seg, picked[:heads], inverse_norm)
-        ctx.block = (s, e, psi_by_offset.shape[0], psi_by_offset.dtype, slope.shape[0])
-        return out.view(1, heads, e - s, kv_end)
-
-    @staticmethod
-    @autocast_off
-    def backward(ctx, grad: Tensor):
-        x, seg, slopes, inverse_norm = ctx.saved_tensors
-        s, e, width, psi_dtype, segments = ctx.block
-        heads = slopes.shape[0]
-        g = grad[0].reshape(heads, -1).to(x.dtype)  # [H, pairs]
-        g_psi = g_norm = g_slope = g_offset = None
-        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            # Per-segment sums as rows of 2H along the pairs, an add of 2H contiguous values per
-            # pair (an index_add_ along the pairs of [H, pairs] took 2.6 times as long: a block's
-            # pairs fall in a few segments, one after another), the rows filled by two
-            # transposing copies (a transposing multiply, or a transpose of [2H, pairs], was slower).
-            per_pair = g.new_empty((g.shape[1], 2 * heads))  # [pairs, 2H]: gradients of slope, offset
-            per_pair[:, :heads] = (g * x.view(1, -1)).T
-            per_pair[:, heads:] = g.T
-            sums = per_pair.new_zeros(segments, 2 * heads).index_add_(0, seg, per_pair)  # [M + 1, 2H]
-            g_slope, g_offset = sums[:, :heads], sums[:, heads:]
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dx = g[0] * slopes[0]  # [pairs]: the sum over the heads a row at a time
-            for h in range(1, heads):
-                dx.addcmul_(g[h], slopes[h])
-            dx = dx.view(x.shape)  # [rows, kv_end]
-            rows_norm = inverse_norm[0, s:e].to(x.dtype)
-            if ctx.needs_input_grad[1]:
-                g_norm = inverse_norm.new_zeros(inverse_norm.shape)
-                g_norm[0, s:e] = ((dx * x).sum(-1) / rows_norm).to(inverse_norm.dtype)  # x / norm = psi
-            if ctx.needs_input_grad[0]:
-                g_psi = offset_window_grad(dx * rows_norm[:, None], width, inverse_norm.shape[-1], s, e).to(psi_dtype)
-        return g_psi, g_norm, g_slope, g_offset, None, None, None, None, None

@@ -17,7 +17,7 @@ in through the zero padding at the start (and, symmetric, the end) of the sequen
 Where it goes: after chosen blocks, like CPVT (after the first by default):
 ``CausalLM(encoding="peg1d", peg_blocks=(0,))`` or ``SequenceEncoder(...)``, or
 ``TransformerEncoder(conditional={i: PEG1d(...)})``, whose slot adds
-``module(x, positions, mask=mask, cache=cache[i])``; :meth:`PEG1d.forward` returns the
+``module(x, positions, mask=mask, cache=cache.rows(i))``; :meth:`PEG1d.forward` returns the
 convolution term. As a plain input encoding (:meth:`PEG1d.encode_input`) it acts once, before the
 first block.
 
@@ -30,10 +30,10 @@ Explicit structure, never module state:
   segment boundary -- each sequence is convolved as if alone, zero-padded at its own ends;
 * padding tokens (``mask.key_valid`` False) enter the convolution as zeros, so real tokens next
   to them see what they would see at the end of an unpadded sequence;
-* KV cache (causal only): supported. The convolution after block ``i`` keeps its last ``k - 1``
-  inputs in that layer's :class:`~posenc.common.kv_cache.LayerKVCache` (``conditional``,
-  ``[B, k - 1, C]``, zeros before the first token) and continues from them, so cached decoding
-  equals the full forward pass. Packing or padding masks are refused with a cache.
+* KV cache (causal only): supported. The convolution after block ``i`` reads the last ``k - 1``
+  rows of the tokens before from the cache's :class:`~posenc.common.kv_cache.TokenRows` of its
+  place (zeros before the first token) and appends its own, so cached decoding equals the full
+  forward pass, after a ``crop`` too. Packing or padding masks are refused with a cache.
 
 Kernel: no attention hook (plain SDPA).
 """
@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.kv_cache import LayerKVCache
+from ..common.kv_cache import TokenRows
 from ..common.masks import AttentionMask
 from ..common.registry import register
 
@@ -204,7 +204,7 @@ class PEG1d(PositionEncoding):
         positions: Tensor | None = None,
         *,
         mask: AttentionMask | None = None,
-        cache: LayerKVCache | None = None,
+        cache: TokenRows | None = None,
     ) -> Tensor:
         """The term ``DWConv1d(X)`` at every token (zeros at prefix tokens): ``[B, T, C]``.
 
@@ -213,8 +213,9 @@ class PEG1d(PositionEncoding):
                 checked (a tensor of real, finite numbers, never bool) when given.
             mask: the model's attention mask: its segments separate packed sequences, its
                 ``key_valid`` marks padding (read as zeros); a causal mask needs ``causal=True``.
-            cache: the layer's KV cache during incremental decoding (causal only): the last
-                ``k - 1`` inputs are read from and written to ``cache.conditional``.
+            cache: during incremental decoding (causal only), the rows of the tokens before
+                (:class:`~posenc.common.kv_cache.TokenRows`, ``KVCache.rows(i)``): the last
+                ``k - 1`` are read, and ``x`` is appended.
         """
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -247,7 +248,7 @@ class PEG1d(PositionEncoding):
         )
         return torch.cat((body.new_zeros(b, p, self.dim), body), dim=1) if p else body
 
-    def _cached(self, x: Tensor, weight: Tensor, bias: Tensor, segments, valid, cache: LayerKVCache) -> Tensor:
+    def _cached(self, x: Tensor, weight: Tensor, bias: Tensor, segments, valid, cache: TokenRows) -> Tensor:
         if not self.causal:
             raise ValueError("PEG1d with causal=False cannot decode with a KV cache: it reads the next tokens")
         if segments is not None or valid is not None:
@@ -255,16 +256,12 @@ class PEG1d(PositionEncoding):
                              "(mask.key_valid, mask segments); run the full sequence instead")
         if self.num_prefix_tokens:
             raise ValueError("PEG1d with num_prefix_tokens > 0 cannot decode with a KV cache")
-        b, t, c = x.shape
-        k = self.kernel_size
-        history = cache.conditional
-        if history is None:  # the first chunk: zeros before the first token, as in the full pass
-            history = x.new_zeros(b, k - 1, c)
-        elif tuple(history.shape) != (b, k - 1, c):
-            raise ValueError(f"the cache holds a convolution history of shape {tuple(history.shape)}; this PEG1d "
-                             f"needs [batch={b}, kernel_size - 1={k - 1}, dim={c}] (a cache of another model?)")
+        if not isinstance(cache, TokenRows):
+            raise TypeError(f"cache must be the TokenRows of this PEG1d's place (KVCache.rows(i)); got "
+                            f"{type(cache).__name__}")
+        history = cache.last(self.kernel_size - 1, x)  # zeros before the first token, as in the full pass
         out = peg1d_term(x, weight, bias, causal=True, history=history)
-        cache.conditional = torch.cat((history.to(x.dtype), x), dim=1)[:, t:]  # the last k - 1 inputs
+        cache.append(x)
         return out
 
     def encode_input(self, x: Tensor, positions: Tensor) -> Tensor:

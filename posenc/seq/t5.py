@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_sequence_positions, check_static_positions
 from ..common.encoding import Hook, PositionEncoding
-from ..common.memo import ValueMemo
+from .memo import ValueMemo
 from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
 

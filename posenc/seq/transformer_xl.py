@@ -44,13 +44,13 @@ from ..common.derived import DerivedTensors
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
-    SharedGradTable,
     dense_bias,
     is_dense_block,
     rows_times_table,
     shared_run_offset,
     take,
 )
+from ..common.shared_table import SharedGradTable
 from ..common.registry import register
 from ..common.sinusoid import sinusoid_table
 

@@ -40,12 +40,12 @@ from ..common.checks import (
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
-    SharedGradTable,
     dense_bias,
     is_dense_block,
     run_first,
     take,
 )
+from ..common.shared_table import SharedGradTable
 from ..common.registry import register
 from .learned import lerp_rows
 

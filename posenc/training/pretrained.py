@@ -31,7 +31,7 @@ from typing import Any, Mapping, TypeVar
 import torch
 from torch import nn
 
-from ..common.json_input import read_json
+from .json_input import read_json
 from .report import write_atomic
 from .checkpoint import check_plain, save_atomic, state_dict_problems
 

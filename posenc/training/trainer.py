@@ -51,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..common.checks import check_bool, check_int, check_number, is_int
-from ..common.json_input import parse_json
+from .json_input import parse_json
 from .report import Progress, write_atomic
 from . import distributed as distu
 from .checkpoint import (

@@ -32,7 +32,7 @@ the rules that turn a name or an instance into encodings are
   (``keep_weights=True``): the swapped model then computes exactly what the original did.
 * attention encodings (2D RoPE, 2D relative bias, 1D attention encodings): every ``Block``
   becomes a :class:`PosencBlock` that keeps its norms, MLP, layer scales and drop paths, with its
-  ``Attention`` replaced by a posenc :class:`~posenc.common.attention.MultiheadAttention` holding
+  ``Attention`` replaced by a posenc :class:`~posenc.common.multihead.MultiheadAttention` holding
   the same q/k/v/output weights (split from timm's fused ``qkv``).
 * PEG: one PEG after each block of ``peg_blocks`` (default ``(0,)``, as CPVT).
 
@@ -70,7 +70,7 @@ from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import Attention, Block, VisionTransformer
 from torch import Tensor, nn
 
-from ..common.attention import MultiheadAttention
+from ..common.multihead import MultiheadAttention
 from ..common.encoding import PositionEncoding
 from ..common.registry import get
 from .grid import grid_positions, raster_positions

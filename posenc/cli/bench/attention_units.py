@@ -1,5 +1,5 @@
 """The units ``posenc bench attention`` times: a causal self-attention layer each, ``x [B, T, C]``
--> ``[B, T, C]``: the bare SDPA baseline, posenc's :class:`~posenc.common.attention.MultiheadAttention`
+-> ``[B, T, C]``: the bare SDPA baseline, posenc's :class:`~posenc.common.multihead.MultiheadAttention`
 with an encoding, and the peers' layers (x-transformers, AttentionSmithy), imported only when a
 row needs them."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...common.attention import MultiheadAttention
+from ...common.multihead import MultiheadAttention
 from ...common.encoding import Hook, PositionEncoding, attention_part
 from ...common.linear_attention import make_feature_map
 from ...common.masks import AttentionMask

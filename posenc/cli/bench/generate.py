@@ -174,22 +174,18 @@ class Decoder:
 
 
 class PosencDecoder(Decoder):
-    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache`. Rewinding crops the cache to
-    the prefill's length and restores what the conditional modules (peg1d) kept."""
+    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache`, rewound by ``crop`` (the
+    conditional modules' token rows included)."""
 
     def prefill(self, tokens: Tensor):
         cache = self.model.new_cache()
-        logits = self.model(tokens, cache=cache)[:, -1]
-        self._saved = [layer.conditional for layer in cache.layers]
-        return cache, logits
+        return cache, self.model(tokens, cache=cache)[:, -1]
 
     def step(self, token: Tensor, cache):
         return cache, self.model(token, cache=cache)[:, -1]
 
     def rewind(self, cache, length: int):
         cache.crop(length)
-        for layer, cond in zip(cache.layers, self._saved):
-            layer.conditional = cond
         return cache
 
 

@@ -102,10 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
     from ...seq.models import CausalLM
-    from ...common.vocabulary import read_results
+    from ...training.vocabulary import read_results
     from ...training.checkpoint import load_checkpoint
     from ...training.pretrained import build_from_config, first_line, load_state_checked
-    from ..options import size_error
 
     run_dir = Path(args.run_dir)
     results_path, ckpt_path = run_dir / "results.json", run_dir / "checkpoint.pt"

@@ -8,7 +8,8 @@ kernels execute, they do not choose.
 ``flex``     (:mod:`.flex`) FlexAttention with the bias as ``score_mod``, the mask as a ``BlockMask``.
 ``math``     (:mod:`.math`) explicit ``softmax(QK^T * scale + bias) V`` in row chunks, for a score
              transform or a value term; :func:`weights_path` returns the weights too.
-``linear``   :mod:`posenc.common.linear_attention`.
+``linear``   (:mod:`.linear`) ``phi(Q) (phi(K)^T V)`` with a running state for causal and packed masks
+             (the feature maps: :mod:`posenc.common.linear_attention`).
 
 Beside them: the chunking and its autograd function (:mod:`.chunking`), SDPA's private CPU
 kernels (:mod:`.aten`), the masked softmax and the after-softmax term (:mod:`.probs`), Shaw's
@@ -26,6 +27,7 @@ from .aten import CPU_FLASH_BACKWARD_SCHEMA, CPU_FLASH_FORWARD_SCHEMA, cpu_flash
 from .chunking import Form, chunk_rows, dense_chunk_rows, math_chunk_rows
 from .dense import dense_path
 from .flex import FLEX_RECOMPILE_LIMIT, flex_path, run_compiled_flex
+from .linear import LINEAR_CHUNK_ROWS, linear_path
 from .math import math_path, weights_path
 from .offset_values import offset_value_term
 from .probs import masked_softmax, prob_bias_term
@@ -33,8 +35,8 @@ from .sdpa import sdpa_path
 from .terms import NO_TERMS, EncodingTerms, ScoreTransform, TransformSoftmaxBackward, ValueTerm
 
 __all__ = [
-    "CPU_FLASH_BACKWARD_SCHEMA", "CPU_FLASH_FORWARD_SCHEMA", "FLEX_RECOMPILE_LIMIT", "NO_TERMS", "EncodingTerms", "Form",
+    "CPU_FLASH_BACKWARD_SCHEMA", "CPU_FLASH_FORWARD_SCHEMA", "FLEX_RECOMPILE_LIMIT", "LINEAR_CHUNK_ROWS", "NO_TERMS", "EncodingTerms", "Form",
     "ScoreTransform", "TransformSoftmaxBackward", "ValueTerm", "chunk_rows", "cpu_flash_backward", "cpu_flash_forward",
-    "dense_chunk_rows", "dense_path", "flex_path", "masked_softmax", "math_chunk_rows", "math_path",
+    "dense_chunk_rows", "dense_path", "flex_path", "linear_path", "masked_softmax", "math_chunk_rows", "math_path",
     "offset_value_term", "prob_bias_term", "run_compiled_flex", "sdpa_path", "weights_path",
 ]

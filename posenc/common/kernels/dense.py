@@ -2,9 +2,9 @@
 
 Inside one autograd function each bias chunk is recomputed in the backward pass, so no ``T x T``
 tensor is kept; with causal masks each chunk stops at its last visible key. On CPU each chunk
-runs SDPA's flash kernel (forward and, for a constant bias, backward); a bias that needs a
-gradient gets the written-out chunk backward, which also yields its gradient. Off CPU each chunk
-is computed explicitly. The plan's ``form`` says whether the rows go in chunks, in one pass (no
+runs SDPA's flash kernel forward; the backward is the plan's ``bias_backward``: SDPA's flash
+backward (a constant bias on CPU, where the plan picks it) or the written-out chunk backward,
+which also yields the bias's gradient. Off CPU each chunk is computed explicitly. The plan's ``form`` says whether the rows go in chunks, in one pass (no
 gradient) or as one traced block.
 """
 
@@ -33,10 +33,10 @@ class _ChunkedBiasAttention(torch.autograd.Function):
     """Fused attention over chunks of query rows, with the bias recomputed per chunk.
 
     Only ``q, k, v``, the output and the log-sum-exp are saved; each bias chunk lives only while
-    its kernel runs, in the forward and again in the backward pass. A constant bias goes through
-    the flash kernel's backward on CPU; a bias that needs a gradient (T5 tables, learned slopes,
-    content-dependent tables), or any bias off CPU, gets the chunked explicit backward, which also
-    yields the bias gradient, so it too keeps no ``T x T`` tensor. ``learned`` are the tensors the
+    its kernel runs, in the forward and again in the backward pass. The backward is the flash
+    kernel's where the plan chose it (a constant bias on CPU), else the chunked explicit one,
+    which also yields the bias gradient (T5 tables, learned slopes, content-dependent tables), so
+    it too keeps no ``T x T`` tensor. ``learned`` are the tensors the
     bias reads that may need a gradient.
 
     Returns ``(out [B, H, Tq, D], lse [B, H, Tq])``; the log-sum-exp of each query row is
@@ -45,7 +45,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, scale, chunk, offsets, *learned):
+    def forward(ctx, q, k, v, bias, mask, scale, chunk, offsets, explicit_backward, *learned):
         ctx.set_materialize_grads(False)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
@@ -65,7 +65,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             pass
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.bias, ctx.mask, ctx.scale, ctx.chunk, ctx.learned = bias, mask, scale, chunk, learned
-        ctx.offsets = offsets
+        ctx.offsets, ctx.explicit_backward = offsets, explicit_backward
         return out, lse
 
     @staticmethod
@@ -75,13 +75,13 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         bias, mask, scale, chunk = ctx.bias, ctx.mask, ctx.scale, ctx.chunk
-        wanted = [i for i, need in enumerate(ctx.needs_input_grad[8:]) if need]
+        wanted = [i for i, need in enumerate(ctx.needs_input_grad[9:]) if need]
         learned = [ctx.learned[i] for i in wanted]
         learned_grads: list[Tensor | None] = [None] * len(ctx.learned)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = causal_of(mask)
-        fused_backward = q.device.type == "cpu"
+        explicit_backward = ctx.explicit_backward
         dq = torch.empty_like(q)
         idx = indices(max(tq, tk), q.device)
         offsets, values, values_live = ctx.offsets, None, None
@@ -112,7 +112,8 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             if row_any is not None:
                 g = g.masked_fill(~row_any, 0.0)
             grads: list[Tensor | None] = []
-            if learned or chunk_grad_lse is not None or not fused_backward:
+            # the plan's choice; a gradient of the bias or the log-sum-exp has only the written-out form
+            if learned or chunk_grad_lse is not None or explicit_backward:
                 gq, gk, gv, grads = chunk_backward_with_bias_grad(
                     learned if values_live is None else [], block, q[:, :, s:e], k[:, :, :kv_end], v[:, :, :kv_end],
                     out[:, :, s:e], lse[:, :, s:e], g, scale, live, chunk_grad_lse,
@@ -150,12 +151,13 @@ class _ChunkedBiasAttention(torch.autograd.Function):
         if values_live is not None and grad_values is not None:
             for i, grad in zip(wanted, torch.autograd.grad(values_live, learned, grad_values, allow_unused=True)):
                 learned_grads[i] = grad
-        return (dq, dk, dv, None, None, None, None, None, *learned_grads)
+        return (dq, dk, dv, None, None, None, None, None, None, *learned_grads)
 
 
 def dense_path(
     q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, bias: PairwiseBias, scale: float,
     chunk: int | None = None, return_lse: bool = False, offset_start: int | None = None, form: Form = "chunked",
+    bias_backward: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """A score bias handed to a fused kernel, as the plan says (:class:`~posenc.common.planning.Plan`).
 
@@ -167,7 +169,8 @@ def dense_path(
     ``"whole"`` (traced with a learned bias), one block under plain autograd, which the compiler
     differentiates. ``return_lse``: also the log-sum-exp ``[B, H, Tq]`` of each query row's
     scores (differentiable). ``offset_start``: the plan's, when not None the bias blocks are cut
-    from its ``by_offset`` values along the diagonals. ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk,
+    from its ``by_offset`` values along the diagonals. ``bias_backward``: the plan's
+    (``"flash"`` or ``"explicit"``; None: explicit off CPU, flash on it). ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk,
     D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
     b, h, tq, _ = q.shape
@@ -192,7 +195,8 @@ def dense_path(
     q = q.contiguous()  # [B, Hq, Tq, D]
     k, v = repeat_kv(k, groups).contiguous(), repeat_kv(v, groups).contiguous()  # [B, Hq, Tk, D]
     learned = bias.learned if bias.requires_grad else ()
-    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, *learned)
+    explicit = bias_backward == "explicit" or (bias_backward is None and q.device.type != "cpu")
+    out, lse = _ChunkedBiasAttention.apply(q, k, v, bias, mask, scale, chunk, offsets, explicit, *learned)
     return (out, lse) if return_lse else out
 
 

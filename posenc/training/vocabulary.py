@@ -58,7 +58,7 @@ def current_keys(record: Any) -> Any:
 
 def read_results(path) -> dict[str, Any]:
     """The ``results.json`` at ``path`` in today's vocabulary (:func:`current_keys`), read by the
-    strict JSON reader (:func:`posenc.common.json_input.read_json`: size, depth, encoding). Raises
+    strict JSON reader (:func:`posenc.training.json_input.read_json`: size, depth, encoding). Raises
     one ``ValueError`` naming the file when it cannot be read or is not a JSON object."""
     from .json_input import read_json
 

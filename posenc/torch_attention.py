@@ -52,12 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend, attend_with_weights
-from .checks import check_choice
-from .call import normalize_positions
-from .encoding import Hook, PositionEncoding
-from .masks import AttentionMask
-from .planning import Backend, check_backend
+from .common.attention import attend, attend_with_weights
+from .common.checks import check_choice
+from .common.call import normalize_positions
+from .common.encoding import Hook, PositionEncoding
+from .common.masks import AttentionMask
+from .common.planning import Backend, check_backend
 
 
 # What a query whose keys are all removed gets (see the module docstring).
