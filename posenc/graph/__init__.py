@@ -1,6 +1,8 @@
 """Graph encodings: Laplacian eigenvector PE (``lap``), random-walk SE (``rwse``), landmark
-distances (``landmark``) and the shortest-path bias (``spd``), with fast batched/sparse
-precomputation and PyG transforms.
+distances (``landmark``), the shortest-path bias (``spd``), relative random-walk probabilities
+(``rrwp``: a node encoding and a bias per head), the magnetic Laplacian PE of directed graphs
+(``maglap``) and the stable expressive PE (``stable_pe``, Huang et al. 2024), with fast
+batched/sparse precomputation and PyG transforms.
 
 Precompute per graph (or per PyG ``Batch``), then hand the features to the encoding as explicit
 positions::
@@ -22,13 +24,22 @@ from .encodings import RWSE, LandmarkPE, LapPE
 from .gps_layer import GPSLayer
 from .landmark import landmark_features, landmark_pe, landmark_pe_batch, select_anchors
 from .laplacian import laplacian, laplacian_pe, laplacian_pe_batch, random_sign_flip
+from .maglap_encoding import MagLapPE
+from .magnetic import magnetic_laplacian, magnetic_laplacian_pe, magnetic_laplacian_pe_batch
 from .random_walk import random_walk_se, random_walk_se_batch
+from .rrwp import rrwp, rrwp_batch, rrwp_diagonal, rrwp_positions
+from .rrwp_bias import RRWPBias
 from .shortest_path import ShortestPathBias, shortest_path_distances, shortest_path_distances_batch, spd_positions
 from .signnet import SignNet
+from .stable_pe import StablePE, stable_pe_features, stable_pe_features_batch, stable_pe_positions
 
 _TRANSFORMS = (
     "AddLandmarkPE", "AddLaplacianPE", "AddRandomWalkSE", "add_landmark_pe_batch", "add_laplacian_pe_batch",
     "add_random_walk_se_batch",
+)
+_STRUCTURE_TRANSFORMS = (
+    "AddMagneticLaplacianPE", "AddRRWP", "AddStablePE", "add_magnetic_laplacian_pe_batch", "add_rrwp_batch",
+    "add_stable_pe_batch",
 )
 _GPS = ("GPS", "node_positions")
 
@@ -39,6 +50,10 @@ def __getattr__(name: str):
         from . import transforms
 
         return getattr(transforms, name)
+    if name in _STRUCTURE_TRANSFORMS:
+        from . import structure_transforms
+
+        return getattr(structure_transforms, name)
     if name in _GPS:
         from . import gps
 
@@ -51,5 +66,7 @@ __all__ = [
     "landmark_pe", "landmark_pe_batch", "select_anchors", "laplacian", "laplacian_pe",
     "laplacian_pe_batch", "random_sign_flip", "random_walk_se", "random_walk_se_batch", "ShortestPathBias",
     "shortest_path_distances", "shortest_path_distances_batch", "spd_positions", "SignNet", "GPSLayer",
-    *_TRANSFORMS, *_GPS,
+    "MagLapPE", "magnetic_laplacian", "magnetic_laplacian_pe", "magnetic_laplacian_pe_batch", "rrwp", "rrwp_batch",
+    "rrwp_diagonal", "rrwp_positions", "RRWPBias", "StablePE", "stable_pe_features", "stable_pe_features_batch",
+    "stable_pe_positions", *_TRANSFORMS, *_STRUCTURE_TRANSFORMS, *_GPS,
 ]

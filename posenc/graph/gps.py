@@ -16,9 +16,11 @@ mini-batch as ONE packed sequence ``[1, N_total, C]`` with a block-diagonal mask
 (``AttentionMask.packed(graph_ids)``): nodes attend only within their own graph, and no graph is
 padded to the size of the largest one.
 
-Encodings. Any registered graph encoding: one with an input hook (``lap``, ``rwse``, ``landmark``)
-turns the node features plus precomputed per-node encodings into the first layer's input; one with
-attention hooks (``spd``) acts in every layer's attention. In both cases the per-node structure is the
+Encodings. Any registered graph encoding: one with an input hook (``lap``, ``rwse``, ``landmark``,
+``maglap``, ``stable_pe``) turns the node features plus precomputed per-node encodings into the
+first layer's input; one with attention hooks (``spd``) acts in every layer's attention; ``rrwp``
+does both (its diagonal on the input, its pairs as a bias per head in every layer).
+In both cases the per-node structure is the
 explicit ``positions`` argument of :meth:`GPS.forward` (``[N, F]``); :meth:`GPS.forward_data` reads
 it from a PyG batch (see :func:`node_positions`).
 """
@@ -252,9 +254,28 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
     * ``spd`` (:class:`~posenc.graph.ShortestPathBias`): computed here from the batch's edges,
       ``spd_positions(batch, shortest_path_distances_batch(edge_index, batch))[0]``, rows
       ``[graph id, local index, distances to the graph's nodes...]``.
+    * ``rrwp`` (:class:`~posenc.graph.RRWPBias`): ``rrwp_positions(batch, data.rrwp_index,
+      data.rrwp_val)[0]`` (``AddRRWP(K)``), rows ``[graph id, local index, pair features...]``.
+    * ``maglap`` (:class:`~posenc.graph.MagLapPE`): ``data.maglap_pe [N, 2k]``, followed by
+      ``data.maglap_eigenvalues [N, k]`` when the encoding uses eigenvalues
+      (``AddMagneticLaplacianPE(k, q)``).
+    * ``stable_pe`` (:class:`~posenc.graph.StablePE`): ``stable_pe_positions(batch,
+      data.stable_pe_vecs, data.stable_pe_vals)[0]`` (``AddStablePE(k)``).
     """
     from .encodings import RWSE, LandmarkPE, LapPE
+    from .maglap_encoding import MagLapPE
+    from .rrwp import rrwp_positions
+    from .rrwp_bias import RRWPBias
     from .shortest_path import ShortestPathBias, shortest_path_distances_batch, spd_positions
+    from .stable_pe import StablePE, stable_pe_positions
+    from .structure_transforms import (
+        MAGLAP_ATTR,
+        MAGLAP_EIGENVALUES_ATTR,
+        RRWP_INDEX_ATTR,
+        RRWP_VALUE_ATTR,
+        STABLE_PE_VALS_ATTR,
+        STABLE_PE_VECS_ATTR,
+    )
 
     def need(attr: str, how: str) -> Tensor:
         value = getattr(data, attr, None)
@@ -272,10 +293,20 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
         return need(RWSE_ATTR, f"posenc.graph.AddRandomWalkSE({encoding.walk_length})")
     if isinstance(encoding, LandmarkPE):
         return need(LANDMARK_ATTR, f"posenc.graph.AddLandmarkPE({encoding.k})")
+    batch = getattr(data, "batch", None)
+    if batch is None:
+        batch = torch.zeros(data.num_nodes, dtype=torch.long, device=data.edge_index.device)
     if isinstance(encoding, ShortestPathBias):
-        batch = getattr(data, "batch", None)
-        if batch is None:
-            batch = torch.zeros(data.num_nodes, dtype=torch.long, device=data.edge_index.device)
         distances = shortest_path_distances_batch(data.edge_index, batch)
         return spd_positions(batch, distances)[0]
+    if isinstance(encoding, RRWPBias):
+        how = f"posenc.graph.AddRRWP({encoding.walk_length})"
+        return rrwp_positions(batch, need(RRWP_INDEX_ATTR, how), need(RRWP_VALUE_ATTR, how))[0]
+    if isinstance(encoding, MagLapPE):
+        how = f"posenc.graph.AddMagneticLaplacianPE({encoding.k}, q)"
+        vecs = need(MAGLAP_ATTR, how)
+        return torch.cat([vecs, need(MAGLAP_EIGENVALUES_ATTR, how)], dim=-1) if encoding.use_eigenvalues else vecs
+    if isinstance(encoding, StablePE):
+        how = f"posenc.graph.AddStablePE({encoding.k})"
+        return stable_pe_positions(batch, need(STABLE_PE_VECS_ATTR, how), need(STABLE_PE_VALS_ATTR, how))[0]
     raise ValueError(f"no known per-node input for {type(encoding).__name__}; call GPS.forward with positions yourself")
