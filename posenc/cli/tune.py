@@ -5,8 +5,9 @@ One choice today: the backward of the chunked dense path for a constant bias (AL
 slopes, a caller's float mask), SDPA's CPU flash backward or the written-out one. Each is timed
 on a training step of causal self-attention with ALiBi (forward + backward, median of
 ``--repeats`` after a warm-up, the two alternating); the faster is written to the tune file under
-this machine's key (CPU model, torch version, threads), beside other machines' entries. Delete the
-file (or the entry) to return to the default; ``POSENC_BIAS_BACKWARD`` overrides both.
+this machine's key (CPU model, torch version, threads: measure with the ``--threads`` your runs
+use), beside other machines' entries. Delete the file (or the entry) to return to the default;
+``POSENC_BIAS_BACKWARD`` overrides both.
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _step_ms(choice: str, q, k, v, encoding, mask) -> float:
+    import torch
+
     import posenc
 
     os.environ["POSENC_BIAS_BACKWARD"] = choice
     q.grad = k.grad = v.grad = None
+    pos = torch.arange(q.shape[2])[None]
     start = time.perf_counter()
-    posenc.attend(q, k, v, encoding=encoding, mask=mask, backend="dense").sum().backward()
+    posenc.attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=encoding, mask=mask, backend="dense").sum().backward()
     return (time.perf_counter() - start) * 1e3
 
 
