@@ -276,6 +276,9 @@ PARAM_KINDS = {
     "beyond": "choice", "sign": "choice", "select": "choice", "gate_init": "choice",
     "short_factor": "seq", "long_factor": "seq", "axis_dims": "seq", "axis_pairs": "seq",
     "scaling": "obj", "base_options": "obj",
+    # issue 47: proportional RoPE, DINOv3's RoPE, M-RoPE, Llama 4's NoPE temperature
+    "partial_rotary_factor": "num+", "normalize": "choice", "coordinates": "choice", "shift": "num+",
+    "jitter": "num+", "rescale": "num+", "sections": "seq", "floor_scale": "num+", "attn_scale": "num+",
 }
 KIND_OVERRIDES = {("cape", "base"): "choice"}  # CAPE's base is the name of its static bias
 
