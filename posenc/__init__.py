@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 from .common.registry import add_loader
+from .common.threads import set_threads  # torch-free: the one thread policy (posenc.common.threads)
 
 __version__ = "0.1.0"
 
@@ -67,5 +68,5 @@ __all__ = [
     "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention",
     "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock", "TransformerEncoder",
     "attend", "available", "build",
-    "linear_attention", "load", "plan", "register",
+    "linear_attention", "load", "plan", "register", "set_threads",
 ]

@@ -69,3 +69,46 @@ def test_every_docs_page_python_block_runs():
                 exec(compile(block, f"{page.name} python block {i}", "exec"), {})
             except Exception as exc:  # pragma: no cover - the message names the block
                 raise AssertionError(f"{page.name} python block {i} fails: {type(exc).__name__}: {exc}") from exc
+
+
+def test_the_cpu_only_commands_are_the_two_commands_after_the_cpu_torch():
+    """A machine without a GPU has its own pair: the CPU-only torch from PyTorch's wheel index under
+    the pins of constraints.txt, then exactly commands 1 and 2 (CI keeps command 2 as it is)."""
+    blocks = _blocks("bash")
+    first, cpu = blocks[0].strip().splitlines(), blocks[1].strip().splitlines()
+    step = ("python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt torch torchvision "
+            "--index-url https://download.pytorch.org/whl/cpu && ")
+    assert cpu == [line.replace("python3 -m venv .venv && ", step) for line in first]
+    pins = (ROOT / "constraints.txt").read_text().splitlines()
+    assert "torch==2.14.1" in pins and "torchvision==0.29.1" in pins
+
+
+def test_the_readme_stands_alone():
+    """Every link of the README points inside the repository, and the references page it names
+    cites every registered encoding's paper."""
+    from posenc.common.catalog import names
+
+    text = (ROOT / "README.md").read_text()
+    assert "../" not in text and "shared/" not in text
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+    references = (ROOT / "docs" / "references.md").read_text()
+    missing = [name for name in names() if f"`{name}`" not in references]
+    assert not missing, f"docs/references.md does not describe {missing}"
+    assert "mkdocs build --strict" in text
+
+
+def test_importing_the_library_prints_no_warning():
+    """Every modality and the PyG-based graph modules import with warnings as errors (PyG's import
+    calls torch.jit.script, which warns on torch 2.14: posenc.graph.pyg imports it quietly)."""
+    import subprocess
+    import sys
+
+    code = ("import posenc\n"
+            "posenc.available()\n"
+            "import posenc.graph.gps, posenc.graph.transforms, posenc.graph.datasets\n"
+            "from posenc.graph import AddLaplacianPE, GPSLayer\n")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0 and not done.stderr, done.stderr
