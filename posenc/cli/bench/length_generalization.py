@@ -4,7 +4,7 @@ which of the papers' claims hold at this scale.
 
 ::
 
-    posenc bench length-generalization --out runs/lengen            # the default subset (about 9 min on 2 quiet cores)
+    posenc bench length-generalization --out runs/lengen            # the default subset
     posenc bench length-generalization --full --out runs/lengen-full # everything; rerun to continue after a kill
     posenc bench length-generalization --tasks flipflop,counting --encodings nope,rope,cope --seeds 5
 
@@ -112,10 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Train one small causal LM per (encoding, task, seed) on the NoPE and CoPE papers' length-generalisation "
         "tasks and score exact match at 1x, 2x and 4x the training size (and flip-flop's and selective copy's "
         "sparse/dense variants); train byte LMs at 128 bytes and score them up to 1024 (2048 with --full); decide the "
-        "papers' claims on the seeds. Defaults (about 9 minutes on 2 quiet CPU cores): encodings "
+        "papers' claims on the seeds, each part only on the tasks its encodings learned in distribution. Each task "
+        "trains with its own model, steps, learning rate, curriculum and format (--scale; the settings are printed "
+        "first). Defaults: encodings "
         f"{','.join(DEFAULT_ENCODINGS)}; tasks {','.join(DEFAULT_TASKS)}; LM rows {','.join(DEFAULT_LM_ENCODINGS)}. "
         f"--full: every encoding ({','.join(ENCODINGS)}), every task ({','.join(LENGTH_TASKS)}), LM rows "
-        f"{','.join(FULL_LM_ENCODINGS)} to 2048 bytes, and 1000 training steps per model."
+        f"{','.join(FULL_LM_ENCODINGS)} to 2048 bytes with 1000 steps each."
     )
     parser.add_argument("--encodings", type=_labels, default=None,
                         help=f"task-model encodings, or 'all' (default {','.join(DEFAULT_ENCODINGS)}; choices "
