@@ -152,6 +152,20 @@ def test_a_swapped_model_decodes_step_by_step_into_a_static_cache():
             torch.testing.assert_close(got, want, **TIGHT)
 
 
+def test_a_mask_that_records_no_layout_gives_the_same_steps():
+    """Inside torch.compile the mask function records nothing (and a caller's 4D mask carries
+    nothing): the mask itself says where each row's last query sits."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionMaskInterface.register("posenc", sdpa_mask)  # transformers' own: no layout on the mask
+    try:
+        test_a_swapped_model_decodes_step_by_step_into_a_static_cache()
+        difference, same_tokens = parity("qwen2", "static", "alibi")
+        assert difference <= 1e-10 and same_tokens, difference
+    finally:
+        AttentionMaskInterface.register("posenc", posenc_hf.posenc_mask)
+
+
 def test_the_mask_function_records_where_the_keys_sit():
     model = _model("llama", "posenc")
     seen = []

@@ -6,7 +6,10 @@ identity after a swap -- and written the new keys into its cache, whatever its c
 * where the keys sit: :func:`~.masks.cache_layout` gives the index of the first query and of the
   first key slot, as the cache told transformers when the mask was made. Key slots past the last
   query's own hold nothing yet (a static cache's empty slots) and are cut off before anything
-  runs, so causality is aligned with the last query, as transformers aligns it.
+  runs, so causality is aligned with the last query, as transformers aligns it. A mask that
+  records no layout (built inside ``torch.compile``, or by a caller) says itself where each row's
+  last query sits (:func:`~.masks.last_query_slots`); nothing is cut then, the mask hides the
+  empty slots.
 * positions: the queries' from the ``position_ids`` the model passes (Llama, Qwen2, Mistral,
   GPT-2, ...), else their indices in the sequence; a cached key's position is its index in the
   sequence shifted as the last query's (each row keeps its left padding's shift; padded keys are
@@ -27,7 +30,7 @@ from torch import Tensor, nn
 from ...common.attention import attend, attend_with_weights
 from ...common.encoding import Hook
 from .families import ATTACHED
-from .masks import cache_layout, hf_mask_to_posenc
+from .masks import cache_layout, hf_mask_to_posenc, last_query_slots
 
 _REFUSED_KWARGS = ("softcap", "s_aux")
 
@@ -63,6 +66,16 @@ def _key_positions(q_pos: Tensor, q_len: int, kv_len: int) -> Tensor:
     if not q_pos.is_floating_point() and bool((q_pos >= 0).all()):
         before = before.clamp(min=0)
     return torch.cat([before.to(q_pos.dtype), q_pos], dim=1)
+
+
+def _key_positions_by_slot(q_pos: Tensor, last_slot: Tensor, kv_len: int) -> Tensor:
+    """``[B, Tk]`` when the mask alone says where each row's last query sits (``last_slot [B or 1]``):
+    key slot ``j`` is ``last_slot - j`` tokens before it (slots after it are masked)."""
+    slots = torch.arange(kv_len, device=q_pos.device)
+    kv_pos = q_pos[:, -1:] - (last_slot.to(q_pos.device)[:, None] - slots)
+    if not q_pos.is_floating_point() and bool((q_pos >= 0).all()):
+        kv_pos = kv_pos.clamp(min=0)
+    return kv_pos.to(q_pos.dtype)
 
 
 def _check_tensors(query: Any, key: Any, value: Any) -> None:
@@ -107,7 +120,8 @@ def posenc_attention(
     batch, _, q_len, _ = query.shape
     slots = key.shape[2]
     layout = cache_layout(attention_mask, q_len, slots)
-    kv_len = min(layout.filled(q_len), slots)  # the slots after the last query's own hold nothing yet
+    # the slots after the last query's own hold nothing yet
+    kv_len = slots if layout is None else min(layout.filled(q_len), slots)
     position_bias = kwargs.get("position_bias")
     if kv_len < slots:
         key, value = key[:, :, :kv_len], value[:, :, :kv_len]
@@ -117,8 +131,13 @@ def posenc_attention(
             position_bias = position_bias[..., :kv_len]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     position_ids = kwargs.get("position_ids")
-    q_pos = _query_positions(position_ids, batch, q_len, layout.q_offset, query.device)
-    kv_pos = _key_positions(q_pos, q_len, kv_len)
+    first = max(slots - q_len, 0) if layout is None else layout.q_offset
+    q_pos = _query_positions(position_ids, batch, q_len, first, query.device)
+    last_slot = last_query_slots(attention_mask) if layout is None and slots > q_len else None
+    if last_slot is None:
+        kv_pos = _key_positions(q_pos, q_len, kv_len)
+    else:  # no recorded layout: the mask says where each row's last query sits
+        kv_pos = _key_positions_by_slot(q_pos, last_slot, kv_len)
     if encoding is not None and kv_len > q_len and not encoding.supports_kv_cache:
         raise ValueError(f"{type(encoding).__name__} does not support a KV cache; call generate(..., use_cache=False)")
     window = kwargs.get("sliding_window")

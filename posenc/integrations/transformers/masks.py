@@ -55,21 +55,40 @@ def posenc_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int | 
     return mask
 
 
-def cache_layout(attention_mask: Tensor | None, q_len: int, kv_len: int) -> CacheLayout:
+def cache_layout(attention_mask: Tensor | None, q_len: int, kv_len: int) -> CacheLayout | None:
     """The layout of a call: the one its mask carries (made by :func:`posenc_mask`), else what
-    transformers' attention contract says:
+    transformers' attention contract says when there is no mask:
 
-    * no mask and several queries: SDPA's causal mode, which aligns the first query with key slot 0
-      (a prefill into an empty static cache passes its empty slots and no mask);
-    * no mask and one query: every key slot is visible, the query last;
-    * a mask made elsewhere (a caller's 4D mask): keys end with the queries, as in a dynamic cache.
+    * several queries: SDPA's causal mode, which aligns the first query with key slot 0 (a prefill
+      into an empty static cache passes its empty slots and no mask);
+    * one query: every key slot is visible, the query last.
+
+    None for a mask that carries none (made inside ``torch.compile``, where the mask function
+    records nothing, or by a caller): the mask itself then says where each row's last query sits
+    (:func:`last_query_slots`).
     """
-    layout = getattr(attention_mask, _LAYOUT, None) if attention_mask is not None else None
+    if attention_mask is None:
+        return CacheLayout(0, 0) if q_len > 1 else CacheLayout(max(kv_len - 1, 0), 0)
+    layout = getattr(attention_mask, _LAYOUT, None)
     if layout is not None and q_len <= layout.filled(q_len) <= kv_len:
         return layout
-    if attention_mask is None and q_len > 1:
-        return CacheLayout(0, 0)
-    return CacheLayout(max(kv_len - q_len, 0), 0)
+    return None
+
+
+def last_query_slots(attention_mask: Tensor) -> Tensor | None:
+    """``[B or 1]``: the last key slot the last query may see, per batch row -- its own slot, in a
+    causal or sliding-window mask whose last query is a real token (as in generation). Tensor
+    operations only (no host read), so it serves inside ``torch.compile``. None for a mask that is
+    not ``[B or 1, 1, Tq or 1, Tk]``."""
+    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
+        return None
+    row = attention_mask[:, 0, -1, :]  # [B or 1, Tk]
+    if row.dtype != torch.bool:
+        if not row.is_floating_point():
+            return None
+        row = row > torch.finfo(row.dtype).min / 2
+    slots = torch.arange(row.shape[-1], device=row.device)
+    return torch.where(row, slots, -1).amax(-1)
 
 
 def _segments(position_ids: Tensor) -> Tensor:
