@@ -335,11 +335,11 @@ def test_functional_applies_the_module_rules(call, kind, fragment):
     assert fragment in str(info.value), str(info.value)
 
 
-def test_functional_leaves_nan_values_to_the_caller_and_compiles_whole():
-    # value rules are the modules' (check_positions); the functions read no value
+def test_functional_refuses_nan_positions_as_the_modules_do_and_compiles_whole():
+    # the modules' value rules (check_positions): read, unless torch.compile traces (issue 51)
     pos = torch.tensor([0.0, float("nan"), 2.0, 3.0])
-    q, _ = PF.apply_rope(Q, Q, pos)
-    assert q[:, :, 1].isnan().all() and q[:, :, 0].isfinite().all()
+    with pytest.raises(ValueError, match="positions must be finite"):
+        PF.apply_rope(Q, Q, pos)
     compiled = torch.compile(lambda q, p: PF.apply_rope(q, q, p)[0] + PF.sinusoid_table(p, 8).sum(), fullgraph=True,
                              backend="eager")
     torch.testing.assert_close(compiled(Q, POS), PF.apply_rope(Q, Q, POS)[0] + PF.sinusoid_table(POS, 8).sum())

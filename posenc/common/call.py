@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .checks import check_positions, check_tensor
+from .checks import check_number, check_positions, check_tensor
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
@@ -138,8 +138,9 @@ class AttentionCall:
         feature_map: FeatureMap | None = None,
         attn_bias: Tensor | None = None,
     ) -> AttentionCall:
-        """Check every argument once (shapes, positions, mask, encoding, bias, backend) and fill the
-        defaults: positions ``0 .. T-1`` on ``q``'s device, ``scale = D ** -0.5``."""
+        """Check every argument once (shapes, positions, mask, encoding, bias, backend, scale: a finite
+        positive number, on every path) and fill the defaults: positions ``0 .. T-1`` on ``q``'s
+        device, ``scale = D ** -0.5``."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_tensor(name, t, floating=True)
         if not q.dtype == k.dtype == v.dtype:
@@ -155,6 +156,8 @@ class AttentionCall:
         check_attention_args(encoding, mask, b, hq, tq, tk)
         check_attn_bias(attn_bias, b, hq, tq, tk)
         check_backend(backend)
+        if scale is not None:  # 0, a negative, inf or NaN scale gives NaN or a wrong output on some paths
+            check_number("scale", scale, minimum=0.0, strict=True)
         if attn_bias is not None and feature_map is not None:
             raise ValueError("attn_bias is added to softmax scores; linear attention (feature_map) has none")
         return cls(q, k, v, q_pos, kv_pos, encoding, mask, d ** -0.5 if scale is None else scale, backend,
