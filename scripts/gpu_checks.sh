@@ -75,7 +75,7 @@ if [[ $dev == cuda ]]; then
     tests/test_kernel_paths.py tests/test_vision_encodings.py tests/test_seq_fox.py -k "cuda" &
   tests_pid=$!
 fi
-checks=(plans linear_spe round_2026_12 generation bridges autocast_backward)
+checks=(plans linear_spe round_2026_12 generation bridges autocast_backward issue47)
 for check in "${checks[@]}"; do
   section "$check" 120 "$py" "scripts/gpu_checks/$check.py"
 done
