@@ -59,7 +59,7 @@ def test_learned_positions_are_na_past_their_table(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--encodings", "rope,rotary"], "--encodings: not registered: rotary"),
+        (["--encodings", "rope,rotary"], "--encodings: unknown encoding 'rotary'"),
         (["--encodings", "rope,rope"], "--encodings: a name is repeated"),
         (["--encodings", "rope", "--task", "parity"], "--task: unknown task 'parity'"),
         (["--encodings", "rope", "--train-len", "0"], "--train-len"),

@@ -59,8 +59,8 @@ def test_spline_encoder_variant_and_scales(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--models", "spline,alibis"], "--models: not 'spline', 'spline+ENCODING' nor a registered encoding: alibis"),
-        (["--models", "spline+nothing"], "nor a registered encoding: spline+nothing"),
+        (["--models", "spline,alibis"], "--models: 'alibis' is not 'spline', 'spline+ENCODING' nor a registered encoding (did you mean 'alibi'?)"),
+        (["--models", "spline+nothing"], "'spline+nothing' is not 'spline', 'spline+ENCODING' nor a registered encoding"),
         (["--models", "alibi,alibi"], "--models: a name is repeated"),
         (["--models", "fire"], "--models fire: encoding 'fire' is defined for causal attention only"),
         (["--dim", "30", "--heads", "4"], "--dim (30) must be divisible by --heads (4)"),

@@ -20,11 +20,14 @@ Adding commands:
 * a new group of subcommands: an entry in :func:`command_groups`; a single command: :data:`COMMANDS`.
 
 Bad input exits with 2 (argparse's convention) and a message naming the argument.
+Every command except ``list`` takes ``--threads`` (added here, applied by :func:`main` before the
+command imports torch; see :mod:`posenc.common.threads`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
 import sys
@@ -136,6 +139,9 @@ def _attach(subparsers, name: str, module: str, help: str, *, prog: str, load: b
         parser.set_defaults(handler=_unavailable(prog, module, exc), accepts_extra=True)
         return
     add_arguments(parser)
+    from .options import add_threads_argument
+
+    add_threads_argument(parser)  # every command runs models: one thread policy (posenc.common.threads)
     parser.set_defaults(handler=run)
 
 
@@ -227,8 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse: 2 for bad input, 0 for --help / --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    from ..common.threads import using_threads
+
     try:
-        return int(args.handler(args))
+        # before the command imports torch; put back after it, for a caller in the same process
+        with using_threads(args.threads) if hasattr(args, "threads") else contextlib.nullcontext():
+            return int(args.handler(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -27,6 +27,7 @@ from .argtypes import (
     seed_value,
 )
 from .errors import unknown_name
+from .sizes import add_allow_large
 
 # the linear-attention feature maps (posenc.common.linear_attention.FEATURE_MAPS, named here without torch)
 FEATURE_MAPS = ("elu", "favor")
@@ -34,6 +35,8 @@ FEATURE_MAPS = ("elu", "favor")
 # METHOD_ALIASES, named here without torch: ``posenc extend --help`` answers at once)
 CONTEXT_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
 CONTEXT_METHOD_ALIASES = {"default": "none", "pi": "linear", "dynamic": "dynamic_ntk"}
+# the synthetic tasks of posenc.seq.tasks.TASKS, named here without torch (the tests check they agree)
+SEQ_TASKS = ("copy", "reverse", "sort", "addition", "recall")
 RESUME_WITHOUT_OUT = "--resume needs --out (the checkpoint lives there)"
 FEATURE_MAP_HELP = ("train on linear attention with this feature map (default: softmax attention); only encodings "
                     "on the input or on q and k run on it, and SPE runs only on it")
@@ -83,9 +86,19 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, checkpoint_help: str =
     parser.add_argument("--checkpoint-every", type=nonnegative_int, default=0, help=checkpoint_help)
     parser.add_argument("--eval-every", type=nonnegative_int, default=0, help="steps between evaluations (0: at the end)")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
-    parser.add_argument("--allow-large", action="store_true",
-                        help="run even when the size estimate says a step needs more memory than this machine has "
-                             "or hours of work on a CPU")
+    add_allow_large(parser)  # the size policy's override (posenc.cli.sizes)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads``: every command that runs a model takes it (:mod:`posenc.cli` adds it), and
+    :func:`posenc.cli.main` applies it before the command imports torch
+    (:func:`posenc.common.threads.set_threads`)."""
+    from ..common.threads import default_threads
+
+    parser.add_argument("--threads", type=nonnegative_int, default=None,
+                        help=f"CPU threads for torch and posenc's workers (default: {default_threads()} here: one fewer "
+                             "than the usable cores, or OMP_NUM_THREADS, so the speed holds when another process "
+                             "shares the machine; 1 holds under any load; 0: torch's own default, a thread per core)")
 
 
 def train_config(args: argparse.Namespace, *, steps: int | None = None, batch_size: int | None = None):
@@ -106,79 +119,48 @@ def train_config(args: argparse.Namespace, *, steps: int | None = None, batch_si
     )
 
 
-# A step estimated above this many floating-point operations is refused on a CPU (about an hour
-# per step on two cores at tens of GFLOP/s) unless --allow-large.
-CPU_STEP_FLOPS_LIMIT = 2e14
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def size_error(*, batch: int, tokens: int, dim: int, depth: int, device: str, allow: bool,
-               what: str = "a training step") -> str | None:
-    """Why a transformer of this size cannot be trained here, estimated before anything is
-    allocated (one line with the estimate), or None. Memory: parameters and AdamW state plus the
-    activations kept for the backward pass (about 16 floats per token, width and block, attention
-    chunked so no ``T x T`` tensor stays); work: about ``12 * batch * depth * T^2 * dim`` for the
-    attention and ``72 * batch * T * depth * dim^2`` for the rest, forward and backward."""
-    if allow:
-        return None
-    params = depth * 12 * dim * dim
-    memory = 4 * (4 * params + 16 * batch * tokens * dim * depth)
-    flops = 12 * batch * depth * tokens * tokens * dim + 72 * batch * tokens * depth * dim * dim
-    available = _physical_memory()
-    on_cpu = device == "cpu" or (device == "auto" and not _cuda_available())
-    if available is not None and on_cpu and memory > 0.8 * available:
-        return (f"{what} at batch {batch} x {tokens} tokens, width {dim}, depth {depth} needs about "
-                f"{memory / 2**30:.1f} GiB; this machine has {available / 2**30:.1f} GiB (lower the sizes, or --allow-large)")
-    if on_cpu and flops > CPU_STEP_FLOPS_LIMIT:
-        return (f"{what} at batch {batch} x {tokens} tokens, width {dim}, depth {depth} is about {flops:.1e} "
-                f"floating-point operations, hours per step on a CPU (lower the sizes, or --allow-large)")
-    return None
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirectional: bool,
                    flag: str = "--encoding", feature_map: str | None = None) -> str | None:
     """Why ``model`` cannot take the encoding ``name`` (one line naming ``flag``), or None.
 
     The one rule for every command: the name is registered, its modality is one of ``modalities``,
     a bidirectional model refuses causal-only encodings, and the attention kind (softmax or the
-    linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`). Checked
-    from the registry alone, before anything is built.
+    linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`, whose
+    answers the catalog holds). Read from the registry's snapshot (:mod:`posenc.common.catalog`),
+    so the answer comes before anything imports torch.
     """
-    from ..common.catalog import names
+    from ..common.catalog import entry, names
 
     if name == "none":
         return None
-    if name not in names():  # from the registry's snapshot: a misspelt name is refused before torch loads
+    info = entry(name)
+    if info is None:
         listing = f"posenc list --modality {modalities[0]}" if len(modalities) == 1 else "posenc list"
         return f"{flag}: {unknown_name('encoding', name, names(modalities), listing=listing)}"
-    from ..common.encoding import class_needs
-    from ..common.planning import check_attention_kind
-    from ..common.registry import get
-
-    info = get(name)
     if info.modality not in modalities:
         return (f"{flag}: {name!r} is a {info.modality} encoding; {model} takes {' or '.join(modalities)} encodings "
                 f"(posenc list --modality {modalities[0]})")
     if bidirectional and info.causal_only:
         return f"{flag}: {name!r} is defined for causal attention only; {model} attends both ways"
-    try:
-        check_attention_kind(class_needs(info.cls), feature_map, name)
-    except ValueError as exc:
+    refusal = info.softmax_error if feature_map is None else info.linear_error
+    if refusal is not None:
         hint = " (--feature-map elu or favor)" if feature_map is None else ""
-        return f"{flag}: {exc.args[0]}{hint}"
+        return f"{flag}: {refusal}{hint}"
     return None
+
+
+def encoding_option_error(name: str, options: Sequence[tuple[str, object]],
+                          flag: str = "--encoding-option") -> str | None:
+    """Why the ``KEY=VALUE`` pairs of ``flag`` do not fit the encoding ``name`` (a key its
+    constructor does not take, with the closest names), or None; from the catalog, before torch."""
+    from ..common.catalog import option_error
+
+    if not options:
+        return None
+    if name == "none":
+        return f"{flag} needs an encoding (got --encoding none)"
+    error = option_error(name, [key for key, _ in options])
+    return None if error is None else f"{flag}: {error}"
 
 
 def out_dir_error(out: str | None, resume: bool) -> str | None:

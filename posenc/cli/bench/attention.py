@@ -60,7 +60,6 @@ import functools
 import gc
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -71,6 +70,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
 from ..errors import usage_error
 from ..options import FEATURE_MAPS
+from ..outputs import out_error, save_figure, write_file, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
 from ...common.catalog import entries, suggest
 from ...common.registry import ModelDims, build
 from ...training.report import Progress, format_table
@@ -657,10 +658,13 @@ def render_growth(result: GrowthResult) -> str:
 
 
 def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
-    """Time and peak memory against T (log-log), one line per row, the baseline in black.
+    """Time (log-log) and peak memory (linear MB) against T, one line per row, the baseline in
+    black underneath the others; every row its own marker and dash, the legend outside and a note
+    naming the rows whose memory lies on the baseline's or on each other's (:mod:`posenc.cli.plots`).
 
     False (and a message on stderr) without matplotlib.
     """
+    from ..plots import legend_outside, mb_axis, note, overlapping, plain_log_axis, series_style
     from ...training.report import pyplot
 
     plt = pyplot()
@@ -668,39 +672,39 @@ def plot_growth(result: GrowthResult, path: str | os.PathLike) -> bool:
         return False
 
     lens, growth = result.seq_lens, result.growth()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    colors = plt.get_cmap("tab20").colors
-    styles = ("-", "--", "-.", ":")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
+    colors = plt.get_cmap("tab10").colors + plt.get_cmap("tab20").colors[1::2]  # neighbours in distinct hues
     i = 0
+    memory = {}
     for g in growth:
-        base = g.name == BASELINE
-        if base:
-            style = dict(color="black", linestyle="--", linewidth=2.0, zorder=3)
+        if g.name == BASELINE:  # drawn first and thick: the rows lying on it stay visible on top
+            style = dict(color="black", linestyle="-", linewidth=3.0, alpha=0.45, zorder=1, marker="o", markersize=4)
         else:
-            style = dict(color=colors[i % len(colors)], linestyle=styles[(i // len(colors)) % len(styles)], linewidth=1.2)
+            style = dict(color=colors[i % len(colors)], zorder=2, **series_style(i))
             i += 1
         for ax, values in zip(axes, (g.ms, g.peak_mb)):
             pts = [(t, v) for t, v in zip(lens, values) if v is not None and v > 0]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                        label=g.name if ax is axes[0] else None, **style)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=g.name if ax is axes[0] else None, **style)
+        memory[g.name] = list(g.peak_mb)
     cfg = result.config
-    for ax, ylabel, title in zip(axes, ("ms per step (median)", "peak MB of one step"),
-                                 ("time, forward + backward", "peak memory")):
+    for ax, title in zip(axes, ("time, forward + backward", "peak memory")):
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xticks(lens, [str(t) for t in lens])
         ax.set_xlabel("sequence length T")
-        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    plain_log_axis(axes[0], "ms per step (median, log scale)")
+    mb_axis(axes[1], "peak MB of one step")
+    legend_outside(fig, [axes[0]])
+    top = max((v for values in memory.values() for v in values if v), default=0)
+    # within 1% of the largest peak: indistinguishable on the axis
+    note(fig, overlapping(memory, lens, 0.01 * top), "peak memory on top of each other (within 1% of the largest)")
     fig.suptitle(
         f"causal self-attention B={cfg['batch']} H={cfg['heads']} D={cfg['head_dim']}, {cfg['device']} {cfg['dtype']}, "
         f"background load: {cfg['background_load']}"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, Path(path).parent, Path(path).name, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -802,6 +806,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plans", action="store_true", help="after the table, each row's kernel path and why it was taken")
     parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("seq_len", "seq_lens", "batch", "heads", "head_dim", "repeats", "long_repeats", "warmup")
+OUTPUTS = ("attention.txt", "attention.json", "attention.png")
+PEER_ROWS = 3  # x-transformers' and AttentionSmithy's rows beside posenc's, at most
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): every row (a layer forward and backward, counted as one
+    block of the cost model) for its warm-up, timed and memory rounds, at every length."""
+    d = AttentionBenchConfig()
+    rows = 1 + len(args.encodings or DEFAULT_ENCODINGS) + len(args.linear_encodings or ()) + PEER_ROWS
+    rows *= 2 if args.frozen else 1
+    lengths = args.seq_lens or [args.seq_len or d.seq_len]
+    work = Work()
+    for t in lengths:
+        repeats = args.repeats if not args.seq_lens or t <= LONG_SEQ_LEN else min(args.repeats, args.long_repeats)
+        step = transformer(args.batch, t, args.heads * args.head_dim, 1)
+        work = work + step * ((args.warmup + repeats + 1) * rows)
+    return work
 
 
 def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
@@ -818,12 +843,6 @@ def config_from_args(args: argparse.Namespace) -> AttentionBenchConfig:
     )
 
 
-def _write(path: Path, data: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table(s), write the outputs. 0 on success, 1 if the baseline
     failed (at any length), 2 on bad input."""
@@ -832,6 +851,13 @@ def run(args: argparse.Namespace) -> int:
         require_available(config.device)
     except ValueError as exc:
         return usage_error(PROG, str(exc))
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    error = error or out_error(getattr(args, "out", None), OUTPUTS)
+    if error is None and getattr(args, "json", None):
+        json_file = Path(args.json)
+        error = out_error(json_file.parent, [json_file.name, _png_next_to(json_file).name], flag="--json", create=False)
+    if error is not None:
+        return usage_error(PROG, error)
     seq_lens = getattr(args, "seq_lens", None)
     plans = getattr(args, "plans", False)
     out_dir = Path(args.out) if getattr(args, "out", None) else None
@@ -850,12 +876,9 @@ def run(args: argparse.Namespace) -> int:
     written: list[str] = []
     json_paths = ([Path(args.json)] if args.json else []) + ([out_dir / "attention.json"] if out_dir else [])
     if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "attention.txt").write_text(text + "\n")
-        written.append(str(out_dir / "attention.txt"))
+        written.append(str(write_file(out_dir, "attention.txt", text + "\n")))
     for path in json_paths:
-        _write(path, result.to_json())
-        written.append(str(path))
+        written.append(str(write_json_file(path.parent, path.name, result.to_json())))
     if isinstance(result, GrowthResult):
         png_paths = ([_png_next_to(Path(args.json))] if args.json else []) + ([out_dir / "attention.png"] if out_dir else [])
         if not png_paths:

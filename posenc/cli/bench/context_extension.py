@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
 from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ..errors import usage_error
+from ..outputs import out_error, save_figure, write_file, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, scoring, sequence, size_error, transformer
 from ...training.report import format_table
 
 PROG = "posenc bench context-extension"
@@ -59,6 +60,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for context_extension.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("steps", "batch_size", "train_len", "eval_lens", "eval_tokens", "finetune_steps", "finetune_batch", "dim",
+              "depth")
+OUTPUTS = ("context_extension.txt", "context_extension.json", "context_extension.png")
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): the base model's training, then per method the scoring at
+    every length and, with a fine-tune, its steps at the longest length and the scoring again."""
+    methods = len([m for m in args.methods.split(",") if m.strip()])
+    base = transformer(args.batch_size, args.train_len, args.dim, args.depth, vocab=256, steps=args.steps)
+    scored = sequence([scoring(args.eval_tokens, n, args.dim, args.depth) for n in args.eval_lens])
+    tune = Work()
+    if args.finetune_steps:
+        tune = transformer(args.finetune_batch, max(args.eval_lens), args.dim, args.depth, vocab=256,
+                           steps=args.finetune_steps) + scored
+    return base + (scored + tune) * methods
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -79,9 +99,10 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--dim ({args.dim}) / --heads ({args.heads}) must be an even head size"
     if max(args.eval_lens) < args.train_len:
         return f"--eval-lens: the longest ({max(args.eval_lens)}) must reach past --train-len ({args.train_len})"
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        return f"--out: {args.out!r} exists and is not a directory"
-    return None
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is not None:
+        return error
+    return out_error(args.out, OUTPUTS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,14 +152,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{what}\n{table}\ntotal {total:.0f} s")
     if args.out is not None:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "context_extension.txt").write_text(f"{what}\n{table}\n")
+        write_file(out, "context_extension.txt", f"{what}\n{table}\n")
         config = {k: getattr(args, k) for k in ("train_len", "eval_lens", "steps", "finetune_steps", "finetune_batch",
                                                 "finetune_lr", "batch_size", "lr", "dim", "depth", "heads",
                                                 "eval_tokens", "seed")}
         config["factor"] = factor
-        (out / "context_extension.json").write_text(json.dumps(
-            {"config": config, "base_loss": base_loss, "results": rows, "total_s": round(total, 1)}, indent=2))
+        write_json_file(out, "context_extension.json",
+                        {"config": config, "base_loss": base_loss, "results": rows, "total_s": round(total, 1)})
         _plot(rows, lens, args.train_len, out / "context_extension.png")
         print(f"written to {out}/context_extension.{{txt,json,png}}")
     return 0
@@ -162,11 +182,17 @@ def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None
     if plt is None:
         return None
 
+    from ..plots import legend_outside, note, overlapping, series_style
+
     panels = [("zero_shot", "zero-shot")] + ([("finetuned", "after the fine-tune")] if rows[0]["finetuned"] else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 2.0, 4.2), sharey=True, squeeze=False,
+                             layout="constrained")
+    notes = []
     for ax, (key, title) in zip(axes[0], panels):
-        for r in rows:
-            ax.plot(lens, [r[key][str(n)] for n in lens], marker="o", label=r["label"])
+        for i, r in enumerate(rows):
+            ax.plot(lens, [r[key][str(n)] for n in lens], label=r["label"], **series_style(i))
+        lines = {r["label"]: [r[key][str(n)] for n in lens] for r in rows}
+        notes += [f"{title}: {text}" for text in overlapping(lines, lens, 0.0005)]
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [str(n) for n in lens])
         ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
@@ -174,9 +200,9 @@ def _plot(rows: list[dict], lens: list[int], train_len: int, path: Path) -> None
         ax.set_xlabel(f"evaluation length (trained at {train_len})")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("bits per byte")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    legend_outside(fig, [axes[0][0]])
+    note(fig, notes)  # e.g. every method at factor 1 is plain RoPE
+    save_figure(fig, path.parent, path.name, dpi=120)
     plt.close(fig)
 
 

@@ -33,15 +33,15 @@ Outputs (with ``--out``): ``extrapolation.txt`` (the table), ``extrapolation.jso
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
 from ..errors import usage_error
-from ..options import FEATURE_MAPS
-from ...common.registry import available, get
+from ..options import FEATURE_MAPS, SEQ_TASKS
+from ..outputs import out_error, save_figure, write_file, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, scoring, sequence, size_error, transformer
 from ...training.report import format_table, hook_text
 
 PROG = "posenc bench extrapolation"
@@ -77,51 +77,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for extrapolation.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("steps", "batch_size", "train_len", "eval_lens", "eval_tokens", "eval_examples", "dim", "depth")
+OUTPUTS = ("extrapolation.txt", "extrapolation.json", "extrapolation.png")
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): per encoding, the training steps and the scoring at every
+    length (a task example of size n is taken as 3n + 4 tokens)."""
+    task = args.task is not None
+    train_len = args.train_len or (8 if task else 128)
+    eval_lens = args.eval_lens or ([8, 16, 32] if task else [128, 256, 512, 1024])
+    steps = args.steps or (1500 if task else 500)
+    vocab = 64 if task else 256
+    tokens = (lambda n: 3 * n + 4) if task else (lambda n: n)
+    train = transformer(args.batch_size, tokens(train_len), args.dim, args.depth, vocab=vocab, steps=steps)
+    if task:
+        scored = sequence([transformer(args.eval_examples, tokens(n), args.dim, args.depth, vocab=vocab, train=False)
+                        for n in eval_lens])
+    else:
+        scored = sequence([scoring(args.eval_tokens, n, args.dim, args.depth) for n in eval_lens])
+    return (train + scored) * len(args.encodings)
 
 
 def _resolve(args: argparse.Namespace) -> str | None:
     """Fill the defaults that depend on ``--task``; return what is wrong, or None."""
-    from ...seq.tasks import TASKS
+    from ...common.catalog import entry, names
+    from ..errors import unknown_name
 
-    if args.task is not None and args.task not in TASKS:
-        return f"--task: unknown task {args.task!r}; choose from {', '.join(TASKS)}"
-    unknown = []
-    for name in args.encodings:
-        if name == "none":
-            continue
-        try:
-            get(name)
-        except KeyError:
-            unknown.append(name)
-    if unknown:
-        registered = ", ".join(i.name for i in available("seq"))
-        return (f"--encodings: not registered: {', '.join(unknown)} (registered sequence encodings: {registered}); "
-                "pass --encodings with registered names")
+    if args.task is not None and args.task not in SEQ_TASKS:
+        return f"--task: {unknown_name('task', args.task, SEQ_TASKS)}"
+    for name in args.encodings:  # from the catalog: answered before torch loads
+        if name != "none" and entry(name) is None:
+            return f"--encodings: {unknown_name('encoding', name, names(), listing='posenc list --modality seq')}"
     if len(set(args.encodings)) != len(args.encodings):
         return f"--encodings: a name is repeated in {','.join(args.encodings)}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    from ...common.encoding import class_needs
-    from ...common.planning import check_attention_kind
-
     feature_map = getattr(args, "feature_map", None)
     for name in args.encodings:  # the attention kind each encoding needs, before anything trains
         if name == "none":
             continue
-        try:
-            check_attention_kind(class_needs(get(name).cls), feature_map, name)
-        except ValueError as exc:
+        info = entry(name)
+        refusal = info.softmax_error if feature_map is None else info.linear_error
+        if refusal is not None:
             hint = "" if feature_map is None else f" (--feature-map {feature_map} runs linear attention)"
-            return f"--encodings: {exc}{hint}"
+            return f"--encodings: {refusal}{hint}"
     task = args.task is not None
     args.train_len = args.train_len or (8 if task else 128)
     args.eval_lens = args.eval_lens or ([8, 16, 32] if task else [128, 256, 512, 1024])
     args.steps = args.steps or (1500 if task else 500)
     if not args.lr > 0:
         return f"--lr must be positive, got {args.lr}"
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        return f"--out: {args.out!r} exists and is not a directory"
-    return None
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is not None:
+        return error
+    return out_error(args.out, OUTPUTS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,13 +157,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"total {total:.0f} s")
     if args.out is not None:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "extrapolation.txt").write_text(f"{what}\n{table}\n" + "".join(f"note: {n}\n" for n in notes))
+        write_file(out, "extrapolation.txt", f"{what}\n{table}\n" + "".join(f"note: {n}\n" for n in notes))
         config = {k: getattr(args, k, None) for k in ("task", "train_len", "eval_lens", "steps", "batch_size", "lr",
                                                       "dim", "depth", "heads", "eval_tokens", "eval_examples", "seed",
                                                       "feature_map")}
         result = {"metric": metric, "config": config, "results": rows, "total_s": round(total, 1)}
-        (out / "extrapolation.json").write_text(json.dumps(result, indent=2))
+        write_json_file(out, "extrapolation.json", result)
         _plot(rows, args, metric, out / "extrapolation.png")
         print(f"written to {out}/extrapolation.{{txt,json,png}}")
     return 0
@@ -251,11 +263,13 @@ def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -
     if plt is None:
         return None
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for r in rows:
+    from ..plots import accuracy_axis, legend_outside, note, overlapping, series_style
+
+    fig, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
+    for i, r in enumerate(rows):
         pts = [(n, r["eval"][str(n)]) for n in args.eval_lens if r["eval"][str(n)] is not None]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=r["encoding"])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=r["encoding"], **series_style(i))
     ax.set_xscale("log", base=2)
     ax.set_xticks(args.eval_lens, [str(n) for n in args.eval_lens])
     if metric == "bits_per_byte":
@@ -268,16 +282,16 @@ def _plot(rows: list[dict], args: argparse.Namespace, metric: str, path: Path) -
             ax.set_yticks(ticks, labels)
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("bits per byte (log scale)")
-    else:
-        ax.set_ylabel("exact match")
-        ax.set_ylim(-0.02, 1.02)
+    else:  # exact match of the whole answer: chance is about 0
+        accuracy_axis(ax, None, "exact match")
     ax.axvline(args.train_len, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel(f"evaluation length (trained at {args.train_len})")
+    ax.set_xlabel(f"evaluation length (trained at {args.train_len}, dotted)")
     ax.set_title("Length extrapolation" + (f": {args.task}" if args.task else ": pydoc bytes"))
-    ax.legend(fontsize=8)
+    legend_outside(fig)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    series = {r["encoding"]: [r["eval"][str(n)] for n in args.eval_lens] for r in rows}
+    note(fig, overlapping(series, args.eval_lens, 0.005 if metric != "bits_per_byte" else 0.0005))
+    save_figure(fig, path.parent, path.name, dpi=120)
     plt.close(fig)
 
 

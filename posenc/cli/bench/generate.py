@@ -65,8 +65,10 @@ import torch
 from torch import Tensor, nn
 
 from ..argtypes import int_list, nonnegative_int, out_directory, positive_int, seed_value
+from ..outputs import out_error, save_figure, write_file, write_json_file
+from ..sizes import Work, add_allow_large, decoding, defaults_of, size_error, transformer
 from ...common.registry import available, get
-from ...training.report import Progress, format_table, write_atomic, write_json
+from ...training.report import Progress, format_table
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, paired_ratio
@@ -603,30 +605,30 @@ def plot(result: GenerateResult, path: str | os.PathLike) -> bool:
         return False
     cfg = result.config
     batches = cfg["batches"]
-    fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.8), squeeze=False)
-    colors = plt.get_cmap("tab20").colors
+    from ..plots import legend_outside, plain_log_axis, series_style
+
+    fig, axes = plt.subplots(1, len(batches), figsize=(6.0 * len(batches) + 2.2, 4.8), squeeze=False,
+                             layout="constrained")
+    colors = plt.get_cmap("tab10").colors + plt.get_cmap("tab20").colors[1::2]  # neighbours in distinct hues
     for ax, b in zip(axes[0], batches):
         for i, row in enumerate(result.rows):
             pts = [(c.context, c.tokens_per_s) for c in row.cells if c.batch == b and c.tokens_per_s]
             if not pts:
                 continue
             peer = row.impl != "posenc"
-            style = dict(color="black", linestyle="--" if row.impl == "transformers" else ":", linewidth=2.0) if peer \
-                else dict(color=colors[i % len(colors)], linewidth=1.2)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                    label=row.name if ax is axes[0][0] else None, **style)
+            style = dict(color="black", linestyle="--" if row.impl == "transformers" else ":", linewidth=2.0,
+                         marker="o", markersize=3) if peer else dict(color=colors[i % len(colors)], **series_style(i))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=row.name if ax is axes[0][0] else None, **style)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xticks(cfg["contexts"], [str(t) for t in cfg["contexts"]])
         ax.set_xlabel("context length (tokens in the cache)")
-        ax.set_ylabel("decoded tokens / s")
+        plain_log_axis(ax, "decoded tokens / s (log scale)")
         ax.set_title(f"batch {b}")
         ax.grid(True, which="both", alpha=0.3)
-    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    legend_outside(fig, [axes[0][0]])
     fig.suptitle(f"cached greedy decoding, dim={cfg['dim']} depth={cfg['depth']} heads={cfg['heads']}, "
                  f"{cfg['dtype']}, background load: {cfg['background_load']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, Path(path).parent, Path(path).name, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -681,6 +683,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write generate.txt, generate.json and generate.png into DIR")
     parser.add_argument("--seed", type=seed_value, default=d.seed, help="default: %(default)s")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("contexts", "batches", "decode_tokens", "repeats", "long_repeats", "warmup", "dim", "depth", "vocab")
+OUTPUTS = ("generate.txt", "generate.json", "generate.png")
+PEER_ROWS = 3  # Hugging Face's Llama and x-transformers' two rows
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): for every row at every context and batch, the timed
+    prefills and ``--warmup`` + ``--repeats`` rounds of ``--decode-tokens`` cached steps."""
+    rows = len(args.encodings or causal_encodings()[0]) + (PEER_ROWS if args.peers else 0)
+    work = Work()
+    for t in args.contexts:
+        prefills = args.repeats if t <= LONG_CONTEXT else min(args.repeats, args.long_repeats)
+        for b in args.batches:
+            prefill = transformer(b, t, args.dim, args.depth, vocab=args.vocab, train=False, steps=prefills)
+            rounds = decoding(b, t, args.decode_tokens, args.dim, args.depth, vocab=args.vocab)
+            work = work + (prefill + rounds * (args.warmup + args.repeats)) * rows
+    return work
 
 
 def config_from_args(args: argparse.Namespace) -> GenerateBenchConfig:
@@ -700,14 +722,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"posenc bench generate: error: {exc}", file=sys.stderr)
         return 2
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
+    if error is not None:
+        print(f"posenc bench generate: error: {error}", file=sys.stderr)
+        return 2
     result = run_benchmark(config, progress=args.progress)
     text = render(result)
     print(text)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        written = [str(write_json(out / "generate.json", result.to_json()))]
-        written.append(str(write_atomic(out / "generate.txt", lambda f: f.write((text + "\n").encode()))))
+        written = [str(write_json_file(out, "generate.json", result.to_json()))]
+        written.append(str(write_file(out, "generate.txt", text + "\n")))
         if plot(result, out / "generate.png"):
             written.append(str(out / "generate.png"))
         print(f"\nwrote {', '.join(written)}")

@@ -25,10 +25,11 @@ graphs whose PyG eigenvectors satisfy ``L w_j = lambda_j w_j`` (within 1e-3) wit
 eigenvalues ``lambda_j``, column by column: the two then agree up to sign, and up to a rotation
 inside a repeated eigenvalue (molecules have many).
 
-``--threads N`` sets torch's thread count for the whole run (PyG's child process too). On a
-shared, oversubscribed machine many small multi-threaded operations wait for descheduled
-threads; one thread can then be much faster (posenc's batched and blocked paths run their
-operations on one intra-op thread each and spread independent parts over the threads instead).
+``--threads N`` sets torch's thread count for the whole run (PyG's child process too), by the one
+policy of :mod:`posenc.common.threads` (default: one fewer than the cores). On a shared,
+oversubscribed machine many small multi-threaded operations wait for descheduled threads;
+posenc's batched and blocked paths run their operations on one intra-op thread each and spread
+independent parts over the threads instead.
 ``--background-load`` runs one busy process (a Python loop on one core, see :mod:`.load`) for the
 whole run, to measure exactly that; the header and the JSON say whether it was on and give the
 load average at the end of the run.
@@ -37,7 +38,6 @@ load average at the end of the run.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..argtypes import positive_float, positive_int, seed_value
 from ..errors import usage_error
+from ..outputs import out_error, write_file, write_json_file
+from ..sizes import CALL_SECONDS, Work, add_allow_large, defaults_of, size_error
 from ...training.report import Progress, format_table
 from .load import background_load, describe, format_load_average, load_average
 from .timing import error_text, time_interleaved
@@ -503,8 +505,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="... or when its resident memory passes GB (default: %(default)s)")
     parser.add_argument("--workloads", type=_workloads, default=d.workloads, metavar="molecules,large",
                         help="default: both")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="torch threads for the whole run (default: torch's default)")
     parser.add_argument(
         "--background-load", dest="background_processes", action="store_const", const=1, default=0,
         help="run one busy process (a Python loop on one core, in its own session) for the whole run; noted in the header and JSON",
@@ -513,41 +513,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write graph_pe.json and graph_pe.txt (the table) into DIR")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("graphs", "nodes", "edges", "lap_k", "walk_length", "repeats", "pyg_timeout")
+OUTPUTS = ("graph_pe.json", "graph_pe.txt")
+MOLECULE_NODES = 25  # about, for the estimate
+LANCZOS_STEPS = 1000  # sparse products an eigensolver takes for a few eigenvectors, about
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): both encodings by posenc and PyG on the molecules (dense
+    per graph, each round), and on the large graph (sparse products per block of nodes for RWSE,
+    an eigensolver's for LapPE; PyG's random walk at most ``--pyg-timeout`` seconds)."""
+    work = Work()
+    if "molecules" in args.workloads:
+        n = MOLECULE_NODES
+        per_graph = 10 * n ** 3 + args.walk_length * n ** 3 + args.lap_k * n ** 2
+        work = work + Work(2 * (1 + args.repeats) * args.graphs * per_graph, 2 * (1 + args.repeats) * args.graphs,
+                           4 * args.graphs * n * (args.lap_k + args.walk_length + 8))
+    if "large" in args.workloads:
+        n, e = args.nodes, 2 * args.edges
+        walks = args.walk_length * e * n  # K/2 sparse x dense products per block, both chains
+        lap = 2 * LANCZOS_STEPS * e * args.lap_k
+        memory = 4 * (n * (args.lap_k + args.walk_length) + 6 * e)
+        work = work + Work(walks + lap, args.pyg_timeout / CALL_SECONDS, memory)
+    return work
 
 
 def run(args: argparse.Namespace) -> int:
     """Run, print the table, write the files. 0 on success, 1 if a posenc row failed, 2 on bad input."""
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        return usage_error(PROG, f"--out {args.out} exists and is not a directory")
     if args.edges > args.nodes * (args.nodes - 1) // 2:
         return usage_error(PROG, f"--edges {args.edges} is more than a simple graph on --nodes {args.nodes} holds")
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments), device="cpu")
+    error = error or out_error(args.out, OUTPUTS)
+    if error is not None:
+        return usage_error(PROG, error)
     config = GraphPEBenchConfig(
         graphs=args.graphs, nodes=args.nodes, edges=args.edges, lap_k=args.lap_k, walk_length=args.walk_length,
         repeats=args.repeats, pyg_timeout=args.pyg_timeout, pyg_memory_gb=args.pyg_memory_gb,
-        workloads=args.workloads, threads=args.threads, seed=args.seed,
+        workloads=args.workloads, seed=args.seed,  # --threads: applied by posenc.cli.main
         background_processes=args.background_processes,
     )
     result = run_benchmark(config, progress=args.progress)
     text = render(result)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "graph_pe.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        (args.out / "graph_pe.txt").write_text(text + "\n")
-        print(f"\nwrote {args.out / 'graph_pe.json'} and {args.out / 'graph_pe.txt'}")
+        written = [write_json_file(args.out, "graph_pe.json", result.to_json()), write_file(args.out, "graph_pe.txt",
+                                                                                            text + "\n")]
+        print(f"\nwrote {written[0]} and {written[1]}")
     failed = [r for r in result.rows if r.impl.startswith("posenc") and r.error]
     return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m posenc.cli.bench.graph_pe``: the same as ``posenc bench graph-pe``."""
+    from ...common.threads import using_threads
+    from ..options import add_threads_argument
+
     parser = argparse.ArgumentParser(prog="posenc bench graph-pe", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
+    add_threads_argument(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    return run(args)
+    with using_threads(args.threads):
+        return run(args)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
-from ...training.report import Progress, format_table, optional, write_atomic, write_json
+from ..outputs import out_error, write_file, write_json_file
+from ..sizes import Work, add_allow_large, decoding, defaults_of, scoring, sequence, size_error, transformer
+from ...training.report import Progress, format_table, optional
 
 PROG = "posenc bench hf"
 REFERENCE = "hf"
@@ -73,6 +75,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for hf.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("steps", "batch_size", "train_len", "eval_factors", "eval_tokens", "gen_batch", "gen_tokens", "dim",
+              "depth")
+OUTPUTS = ("hf.txt", "hf.json", "hf.png")
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): per variant, the training steps, the scoring at every
+    length, and the cached generation (two warm-up tokens, then ``--gen-tokens``)."""
+    train = transformer(args.batch_size, args.train_len, args.dim, args.depth, vocab=256, steps=args.steps)
+    scored = sequence([scoring(args.eval_tokens, f * args.train_len, args.dim, args.depth, batch=args.batch_size)
+                    for f in args.eval_factors])
+    generated = decoding(args.gen_batch, 32, args.gen_tokens + 2, args.dim, args.depth)
+    return (train + scored + generated) * len(args.variants)
 
 
 def _resolve(args: argparse.Namespace) -> str | None:
@@ -98,9 +116,10 @@ def _resolve(args: argparse.Namespace) -> str | None:
         return f"--eval-factors: a factor is repeated in {args.eval_factors}"
     if args.dtype == "bfloat16" and _device(args.device).type != "cuda":
         return "--dtype bfloat16 runs on CUDA only (autocast); use float32 on the CPU"
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        return f"--out: {args.out!r} exists and is not a directory"
-    return None
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is not None:
+        return error
+    return out_error(args.out, OUTPUTS)
 
 
 def _device(name: str) -> torch.device:
@@ -235,22 +254,26 @@ def _plot(rows: list[dict], lengths: list[int], args: argparse.Namespace) -> byt
     plt = pyplot()
     if plt is None:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for r in rows:
-        left.plot(lengths, [r["bits_per_byte"][str(n)] for n in lengths], marker="o", label=r["variant"])
+    from ..plots import bar_labels, legend_outside, note, overlapping, series_style
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 4.2), layout="constrained")
+    for i, r in enumerate(rows):
+        left.plot(lengths, [r["bits_per_byte"][str(n)] for n in lengths], label=r["variant"], **series_style(i))
     left.set_xscale("log", base=2)
     left.set_xticks(lengths, [str(n) for n in lengths])
     left.axvline(args.train_len, color="grey", linestyle=":", linewidth=1)
     left.set_xlabel(f"evaluation length (trained at {args.train_len})")
     left.set_ylabel("bits per byte")
     left.set_title("held-out pydoc text")
-    left.legend(fontsize=8)
+    legend_outside(fig, [left])
+    lines = {r["variant"]: [r["bits_per_byte"][str(n)] for n in lengths] for r in rows}
+    note(fig, overlapping(lines, lengths, 0.0005), "bits per byte on top of each other")
     left.grid(True, alpha=0.3)
-    right.bar([r["variant"] for r in rows], [r["train_tokens_per_s"] for r in rows], color="tab:blue")
+    bars = right.bar([r["variant"] for r in rows], [r["train_tokens_per_s"] for r in rows], color="tab:blue")
+    bar_labels(right, bars, [r["train_tokens_per_s"] for r in rows], "{:,.0f}")
     right.set_ylabel("training tokens / s")
     right.set_title(f"Llama {args.depth}x{args.dim}, {args.heads} heads")
     right.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
@@ -279,16 +302,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"total {total:.0f} s")
     if args.out is not None:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "hf.txt", lambda f: f.write(f"{what}\n{table}\n".encode()))
+        write_file(out, "hf.txt", f"{what}\n{table}\n")
         config = {k: getattr(args, k) for k in ("variants", "steps", "batch_size", "train_len", "eval_factors",
                                                 "eval_tokens", "gen_batch", "gen_tokens", "lr", "dim", "depth",
                                                 "heads", "dtype", "seed")}
-        write_json(out / "hf.json", {"config": {**config, "device": device.type}, "results": rows,
+        write_json_file(out, "hf.json", {"config": {**config, "device": device.type}, "results": rows,
                                      "total_s": round(total, 1)})
         png = _plot(rows, lengths, args)
         if png is not None:
-            write_atomic(out / "hf.png", lambda f: f.write(png))
+            write_file(out, "hf.png", png)
         print(f"written to {out}/hf.{{txt,json,png}}")
     return 0
 

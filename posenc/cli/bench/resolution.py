@@ -32,7 +32,6 @@ mode).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -40,8 +39,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_float_list, positive_int
+from ..argtypes import device_name, int_list, positive_float, positive_float_list, positive_int
 from ..errors import usage_error
+from ..outputs import out_error, save_figure, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
 from ...training.report import format_table
 from .caveats import CHANCE_MARGIN, at_chance, print_warnings
 
@@ -73,15 +74,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=10, help="placements per training digit (default 10)")
     parser.add_argument("--seeds", type=int_list(minimum=0), default=[0, 1],
                         help="comma-separated seeds; results are averaged (default 0,1)")
-    parser.add_argument("--threads", type=nonnegative_int, default=0, help="torch CPU threads (0: leave torch's default)")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for resolution.json and resolution.png")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("steps", "batch_size", "img_size", "scales", "seeds", "repeats", "dim", "depth", "patch")
+OUTPUTS = ("resolution.json", "resolution.png")
+DIGITS = 1797  # scikit-learn's digits: about 80% for training, 20% for testing
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): per seed and encoding, the training steps of a ViT and
+    its accuracy on the held-out digits at every size and mode; the canvases made in memory."""
+    encodings = len([n for n in args.encodings.split(",") if n])
+    modes = len([m for m in args.modes.split(",") if m])
+    dim = args.dim * math.sqrt(16 / 24)  # mlp_ratio 2 where the cost model's MLP is 4x wide
+
+    def tokens(size: float) -> int:
+        return int(size // args.patch) ** 2 + 1
+
+    train = transformer(args.batch_size, tokens(args.img_size), dim, args.depth, steps=args.steps)
+    tests = Work()
+    for scale in args.scales:
+        tests = tests + transformer(DIGITS // 5, tokens(args.img_size * scale), dim, args.depth, train=False) * modes
+    data = Work(bytes=4 * DIGITS * args.repeats * args.img_size ** 2)
+    return (train + tests) * (encodings * len(args.seeds)) + data
 
 
 def check(args: argparse.Namespace) -> str | None:
-    from ..models.vit import vit_encoding_error as check_encoding
-    from ...vision.data import TASKS
+    from ..models.vit import DIGIT_TASKS as TASKS, vit_encoding_error as check_encoding
 
     names = [n for n in args.encodings.split(",") if n]
     if not names:
@@ -101,8 +124,6 @@ def check(args: argparse.Namespace) -> str | None:
     for name in ("img_size", "digit_size", "patch", "steps", "batch_size", "dim", "depth", "heads", "repeats"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    if args.threads < 0:
-        return f"--threads must be >= 0, got {args.threads}"
     if args.lr <= 0:
         return f"--lr must be positive, got {args.lr}"
     if args.dim % args.heads:
@@ -117,25 +138,20 @@ def check(args: argparse.Namespace) -> str | None:
         size = int(round(args.img_size * scale))
         if size % args.patch:
             return f"--scales: {scale:g} x --img-size {args.img_size} = {size} is not divisible by --patch {args.patch}"
-    return None
+    return size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     error = check(args)
     if error is not None:
         return usage_error(PROG, error)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     result = measure(args)
     result["warnings"] = warnings_of(result)
     print(render(result))
     print_warnings(result["warnings"])
     if args.out is not None:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "resolution.json").write_text(json.dumps(result, indent=2))
+        write_json_file(out, "resolution.json", result)
         plotted = plot(result, out / "resolution.png")
         print(f"\nwritten: {out / 'resolution.json'}" + (f", {out / 'resolution.png'}" if plotted else ""))
     return 0
@@ -335,7 +351,10 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> bool:
-    """Accuracy against image size, one line per encoding, one panel per mode. False without matplotlib."""
+    """Accuracy against image size, one line per encoding, one panel per mode: the axis from 0 to 1
+    with the chance level marked, the legend outside (:mod:`posenc.cli.plots`). False without
+    matplotlib."""
+    from ..plots import accuracy_axis, legend_outside, note, overlapping, series_style
     from ...training.report import pyplot
 
     plt = pyplot()
@@ -343,21 +362,26 @@ def plot(result: dict, path: Path) -> bool:
         return False
 
     modes, sizes = result["modes"], result["sizes"]
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.8 * len(modes) + 1.6, 4), squeeze=False, sharey=True,
+                             layout="constrained")
+    notes = []
     for ax, mode in zip(axes[0], modes):
-        for name in result["encodings"]:
+        lines = {}
+        for i, name in enumerate(result["encodings"]):
             stats = result["summary"][mode][name]
-            ys = [math.nan if stats[str(s)]["mean"] is None else 100 * stats[str(s)]["mean"] for s in sizes]
-            ax.plot(sizes, ys, marker="o", label=name)
+            ys = [math.nan if stats[str(s)]["mean"] is None else stats[str(s)]["mean"] for s in sizes]
+            ax.plot(sizes, ys, label=name, **series_style(i))
+            lines[name] = ys
+        notes += [f"{mode}: {text}" for text in overlapping(lines, sizes, 0.005)]
         ax.axvline(result["train_size"], color="gray", linestyle=":", linewidth=1)
         ax.set_xticks(sizes)
         ax.set_xlabel("test image side (pixels)")
-        ax.set_ylabel("top-1 accuracy (%)")
+        accuracy_axis(ax, result["chance"], "top-1 accuracy")
         ax.set_title({"scale": "image resized (digit scales)", "grow": "canvas grows (digit fixed)"}[mode])
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"ViT trained at {result['train_size']}px on digits")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    legend_outside(fig, [axes[0][0]])
+    note(fig, notes, "on top of each other (within half a point)")
+    fig.suptitle(f"ViT trained at {result['train_size']}px on digits (dotted: the training size)")
+    save_figure(fig, path.parent, path.name, dpi=110)
     plt.close(fig)
     return True

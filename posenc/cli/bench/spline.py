@@ -51,15 +51,15 @@ largest scale when 4 is not among ``--scales``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
+from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
 from ..errors import usage_error
+from ..outputs import out_error, save_figure, write_file, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
 from ...training.report import format_table
 from .load import format_load_average, load_average
 
@@ -108,43 +108,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "encoding; 'spline+ENCODING' encoders are always bidirectional)")
     parser.add_argument("--eval-curves", type=positive_int, default=256, help="held-out curves (default 256)")
     parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
-    parser.add_argument("--threads", type=nonnegative_int, default=1,
-                        help="torch CPU threads (default 1: these small models gain nothing from a second one)")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for spline.{txt,json,png}")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("steps", "batch_size", "length", "scales", "eval_curves", "dim", "depth", "control_points")
+OUTPUTS = ("spline.txt", "spline.json", "spline.png")
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): per model, the training steps of an encoder and a decoder
+    at ``--length`` points, and the held-out curves at every scale, longer and finer; memory: the
+    curves (training ones made at once, the held-out ones at every scale) and the longest pass."""
+    k = args.control_points
+    train = transformer(args.batch_size, args.length + k, args.dim, 2 * args.depth, steps=args.steps)
+    tests = transformer(args.eval_curves, args.length + k, args.dim, 2 * args.depth, train=False)
+    for scale in args.scales:
+        tests = tests + transformer(args.eval_curves, scale * args.length + k, args.dim, 2 * args.depth, train=False) * 2
+    points = args.steps * args.batch_size * args.length + args.eval_curves * args.length * (1 + sum(args.scales))
+    data = Work(bytes=4 * 2 * 3 * points)  # x and y of the truth, the reconstructions
+    return (train + tests) * len(args.models) + data
 
 
 def _check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, or None."""
-    from ...common.registry import available, get
+    from ...common.catalog import names, suggest
 
     if len(set(args.models)) != len(args.models):
         return f"--models: a name is repeated in {','.join(args.models)}"
-    unknown = []
-    for name in args.models:
+    for name in args.models:  # from the catalog: answered before torch loads
         is_spline, encoding = _spline_encoder(name)
         if is_spline and encoding is None:
             continue
-        try:
-            get(encoding if is_spline else name)
-        except KeyError:
-            unknown.append(name)
-    if unknown:
-        registered = ", ".join(i.name for i in available("seq"))
-        return (f"--models: not 'spline', 'spline+ENCODING' nor a registered encoding: {', '.join(unknown)} "
-                f"(registered sequence encodings: {registered})")
+        if (encoding if is_spline else name) not in names():
+            hint = suggest(encoding if is_spline else name, names(("seq",))) or " (posenc list --modality seq)"
+            return f"--models: {name!r} is not 'spline', 'spline+ENCODING' nor a registered encoding{hint}"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
     if args.control_points < args.degree + 1:
         return (f"--control-points ({args.control_points}) must be at least --degree + 1 ({args.degree + 1}) for a "
                 f"degree-{args.degree} B-spline")
-    if args.threads < 0:
-        return f"--threads must be >= 0 (0: torch's default), got {args.threads}"
     if args.seed < 0:
         return f"--seed must be >= 0, got {args.seed}"
-    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
-        return f"--out: {args.out!r} exists and is not a directory"
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
+    if error is not None:
+        return error
     for name in args.models:  # build each once, so that a bad combination fails before any training
         try:
             _build(args, name)
@@ -174,18 +184,10 @@ def _progress(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     error = _check(args)
     if error is not None:
         return usage_error(PROG, error)
-    threads_before = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        return _run(args)
-    finally:
-        torch.set_num_threads(threads_before)
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -220,16 +222,16 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\n{what}\n{table}\n{footer}")
     if args.out is not None:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "spline.txt").write_text(f"{what}\n{table}\n{footer}\n")
+        write_file(out, "spline.txt", f"{what}\n{table}\n{footer}\n")
         config = {k: getattr(args, k) for k in ("models", "length", "scales", "steps", "batch_size", "lr", "dim", "depth",
                                                 "heads", "control_points", "degree", "encoder_mask", "eval_curves",
-                                                "seed", "threads")}
+                                                "seed")}
+        config["threads"] = torch.get_num_threads()
         result = {
             "metric": "mse", "config": config, "mean_point_mse": {str(k): v for k, v in mean_point.items()},
             "results": rows, "device": _device(args), "load_average": load, "total_s": round(total, 1),
         }
-        (out / "spline.json").write_text(json.dumps(result, indent=2))
+        write_json_file(out, "spline.json", result)
         _plot(drawings, args, plot_scale, out / "spline.png")
         print(f"written to {out}/spline.{{txt,json,png}}")
     return 0
@@ -333,7 +335,10 @@ def _plot(drawings: dict, args: argparse.Namespace, plot_scale: int, path: Path)
         return
     columns = ["1x"] + ([f"{plot_scale}x longer", f"{plot_scale}x finer"] if plot_scale != 1 else [])
     names = list(drawings)
-    fig, axes = plt.subplots(len(names), len(columns), figsize=(3.4 * len(columns), 3.0 * len(names)), squeeze=False)
+    from ..plots import legend_outside
+
+    fig, axes = plt.subplots(len(names), len(columns), figsize=(3.4 * len(columns) + 1.8, 3.0 * len(names)),
+                             squeeze=False, layout="constrained")
     colors = ["C0", "C1", "C2"]
     for r, name in enumerate(names):
         d = drawings[name]
@@ -354,12 +359,10 @@ def _plot(drawings: dict, args: argparse.Namespace, plot_scale: int, path: Path)
                 ax.set_title(col, fontsize=10)
             if c == 0:
                 ax.set_ylabel(name, fontsize=10)
-            if r == 0 and c == 0:
-                ax.legend(fontsize=7, loc="best")
+    legend_outside(fig, [axes[0][0]])  # outside: inside, it covered a curve
     fig.suptitle(f"Curve reconstruction (trained at {args.length} points; thick: truth, dashed: model, dot: start)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path.parent, path.name, dpi=110)
     plt.close(fig)
 
 

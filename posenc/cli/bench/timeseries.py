@@ -9,21 +9,21 @@ published ConvTran (tAPE+eRPE) accuracy; written to ``--out``: ``timeseries.json
 
 Only the final model of each run is tested, once: nothing is selected on the test split.
 Encodings in the default list that are not registered in this installation are skipped with a
-note; asking for one explicitly is an error. ``--threads 1`` (the default) is the fastest setting
-for these tiny models on CPU: two OpenMP threads mostly wait on each other.
+note; asking for one explicitly is an error. ``--threads`` follows the one policy of
+:mod:`posenc.common.threads`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
-from ..argtypes import nonnegative_int
 from ..errors import usage_error
+from ..outputs import out_error, save_figure, write_json_file
+from ..sizes import add_allow_large, defaults_of, size_error
 from ...training.report import format_table
 
 PROG = "posenc bench timeseries"
@@ -60,30 +60,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"encoding specs (default: {','.join(DEFAULT_ENCODINGS)})")
     parser.add_argument("--seeds", type=_seeds, default=(0, 1, 2), help="default: 0,1,2")
     add_convtran_arguments(parser)
-    parser.add_argument("--threads", type=nonnegative_int, default=1, help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="default: %(default)s")
     parser.add_argument("--out", default=None, help="directory for timeseries.json and timeseries.png")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("seeds", "datasets", "encodings", "epochs", "steps", "batch_size", "dim", "ff_dim")
+OUTPUTS = ("timeseries.json", "timeseries.png")
+
+
+def estimate(args: argparse.Namespace):
+    """The run's work (posenc.cli.sizes): one ConvTran run per dataset, encoding and seed."""
+    from ..models.convtran import convtran_work
+
+    runs = len(args.datasets) * len(args.encodings or DEFAULT_ENCODINGS) * len(args.seeds)
+    return convtran_work(args, runs)
 
 
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
-    from ...common.registry import get
-    from ..models.convtran import check_convtran_args, encoding_spec
+    from ...common.catalog import names
+    from ..models.convtran import check_convtran_args, dataset_error, encoding_spec
 
     error = check_convtran_args(args)
+    for dataset in args.datasets:
+        error = error or dataset_error(dataset, "--datasets")
     if error is not None:
         return error, [], []
-    if args.threads < 0:
-        return f"--threads must be >= 0, got {args.threads}", [], []
-    if args.out is not None and os.path.isfile(args.out):
-        return f"--out {args.out!r} is a file; give a directory", [], []
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
+    if error is not None:
+        return error, [], []
     notes: list[str] = []
     explicit = args.encodings is not None
     encodings = []
     for spec in (args.encodings if explicit else DEFAULT_ENCODINGS):
         if not explicit:
-            missing = [n for n in spec.split("+") if n != "none" and not _registered(get, n)]
+            missing = [n for n in spec.split("+") if n != "none" and n not in names()]
             if missing:
                 notes.append(f"skipped {spec}: {', '.join(missing)} is not registered in this installation")
                 continue
@@ -93,14 +106,6 @@ def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
             return f"--encodings: {exc}", [], []
         encodings.append(spec)
     return None, encodings, notes
-
-
-def _registered(get, name: str) -> bool:
-    try:
-        get(name)
-    except KeyError:
-        return False
-    return True
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -132,8 +137,11 @@ def render(rows: list[dict]) -> str:
     )
 
 
-def plot(rows: list[dict], runs: list[dict], path: str) -> None:
-    """Mean test accuracy per encoding (bars, std as error bars, each seed as a dot), one panel per dataset."""
+def plot(rows: list[dict], runs: list[dict], path: str, chance: dict[str, float] | None = None) -> None:
+    """Mean test accuracy per encoding (bars, std as error bars, each seed as a dot), one panel per
+    dataset, on an axis from 0 to 1 with the chance level (``chance``: dataset -> 1 / classes) and
+    the published ConvTran accuracy marked; the legend outside (:mod:`posenc.cli.plots`)."""
+    from ..plots import accuracy_axis, bar_labels, chance_line, legend_outside
     from ...training.report import pyplot
 
     plt = pyplot()
@@ -141,24 +149,26 @@ def plot(rows: list[dict], runs: list[dict], path: str) -> None:
         return None
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets) + 2.2, 3.8), squeeze=False,
+                             layout="constrained")
     for ax, dataset in zip(axes[0], datasets):
         these = [r for r in rows if r["dataset"] == dataset]
         xs = range(len(these))
-        ax.bar(xs, [r["mean"] for r in these], yerr=[r["std"] for r in these], color="#8fb3d9", capsize=4)
+        bars = ax.bar(xs, [r["mean"] for r in these], yerr=[r["std"] for r in these], color="#8fb3d9", capsize=4,
+                      label="mean over seeds (bar: std)")
+        bar_labels(ax, bars, [r["mean"] for r in these], tops=[max(r["max"], r["mean"] + r["std"]) for r in these])
         for x, r in zip(xs, these):
             accs = [run["test_accuracy"] for run in runs if run["dataset"] == dataset and run["encoding"] == r["encoding"]]
-            ax.plot([x] * len(accs), accs, "k.", ms=5)
+            ax.plot([x] * len(accs), accs, "k.", ms=5, label="one seed")
         if PUBLISHED.get(dataset) is not None:
             ax.axhline(PUBLISHED[dataset], color="#c44", ls="--", lw=1, label="ConvTran paper (tAPE+eRPE)")
-            ax.legend(loc="lower right", fontsize=8)
         ax.set_xticks(list(xs), [r["encoding"] for r in these], rotation=20)
-        low = min(r["min"] for r in these)
-        ax.set_ylim(max(0.0, low - 0.05), 1.01)
+        accuracy_axis(ax, None, "test accuracy")
+        if chance and chance.get(dataset) is not None:
+            chance_line(ax, chance[dataset])
         ax.set_title(dataset)
-        ax.set_ylabel("test accuracy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    legend_outside(fig)
+    save_figure(fig, os.path.dirname(path) or ".", os.path.basename(path), dpi=120)
     plt.close(fig)
 
 
@@ -181,8 +191,6 @@ def run(args: argparse.Namespace) -> int:
             data[name] = load_dataset(name, normalize=args.normalize)
         except (ValueError, OSError) as exc:
             return usage_error(PROG, f"--datasets: {exc}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -209,17 +217,14 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}")
     if args.out is not None:
-        os.makedirs(args.out, exist_ok=True)
         settings = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "dim", "heads", "ff_dim", "dropout",
-                                                   "attn_scale", "normalize", "threads", "device")}
+                                                   "attn_scale", "normalize", "device")}
+        settings["threads"] = torch.get_num_threads()
         result = {"settings": settings, "datasets": list(args.datasets), "encodings": encodings,
                   "seeds": list(args.seeds), "summary": rows, "runs": runs, "notes": notes,
                   "wall_seconds": wall, "cpu_seconds": cpu}
-        json_path = os.path.join(args.out, "timeseries.json")
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        json_path = write_json_file(args.out, "timeseries.json", result)
         png_path = os.path.join(args.out, "timeseries.png")
-        plot(rows, runs, png_path)
+        plot(rows, runs, png_path, {name: 1 / len(data[name][0].classes) for name in data})
         print(f"wrote {json_path} and {png_path}")
     return 0

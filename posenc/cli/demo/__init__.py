@@ -6,7 +6,9 @@ Each modality contributes a part: a module in :mod:`posenc.cli.demo` that define
 * ``TITLE``: the heading printed above the part's table;
 * ``add_arguments(parser)``: the part's own options (named ``--<part>-...``);
 * ``check(args) -> str | None``: what is wrong with those options, checked before anything trains;
-* ``run(args) -> list[dict]``: train and evaluate, one result row per encoding.
+* ``run(args) -> list[dict]``: train and evaluate, one result row per encoding;
+* ``figure(rows, args)``: the part's figure (matplotlib; None without it), written by ``--plots DIR``
+  as ``DIR/<part>.png`` after the part runs (the conventions of :mod:`posenc.cli.plots`).
 
 ``PARTS`` lists them in the order the demo runs them. The shared options (``--steps``,
 ``--seed``, ``--device``, ``--out``, ``--no-progress``) are defined here; a part may scale
@@ -24,8 +26,10 @@ from types import ModuleType
 from ..argtypes import device_name, positive_int, seed_value
 from ..errors import usage_error
 from ..options import out_dir_error
+from ..outputs import out_error, write_json_file
+from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
 from ...common.catalog import suggest
-from ...training.report import format_table, write_json
+from ...training.report import format_table
 
 PROG = "posenc demo"
 
@@ -55,8 +59,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None, help="directory for metrics, checkpoints and results.json")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--plots", default=None, metavar="DIR",
+                        help="write one figure per part into DIR (seq.png, vision.png, ...; needs matplotlib)")
+    add_allow_large(parser)
     for part in PARTS:
         part_module(part).add_arguments(parser)
+
+
+SIZE_FLAGS = ("steps", "eval_windows", "graph_per_class")
+MAX_TS_STEPS = 200  # the time-series part trains min(--steps, 200) steps
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The demo's work (posenc.cli.sizes): each part's models at its sizes (:mod:`.seq`: width 64,
+    depth 2, 64 bytes; :mod:`.vision`: width 48, depth 3, 65 tokens; :mod:`.graph`: CSL graphs of
+    41 nodes, 3/5 of the steps; :mod:`.timeseries`: a ConvTran on 150 steps)."""
+    parts = [p for p in args.parts.split(",") if p]
+    work = Work()
+    if "seq" in parts:
+        count = len(args.seq_encodings.split(","))
+        model = transformer(32, 64, 64, 2, vocab=256, steps=args.steps)
+        scored = transformer(args.eval_windows, 128, 64, 2, vocab=256, train=False, steps=2)
+        work = work + (model + scored) * count
+    if "vision" in parts:
+        count = len([n for n in args.vision_encodings.split(",") if n])
+        work = work + transformer(64, 65, 48, 3, steps=args.steps) * count
+    if "graph" in parts:
+        graphs = 10 * args.graph_per_class
+        count = len(args.graph_encodings.split(","))
+        work = work + (transformer(10, 41, 64, 3, steps=max(1, args.steps * 3 // 5))
+                       + transformer(graphs, 41, 64, 3, train=False)) * count
+    if "timeseries" in parts:
+        count = len(args.ts_encodings.split(","))
+        work = work + transformer(16, 150, 16, 1, steps=min(args.steps, MAX_TS_STEPS)) * count
+    return work
 
 
 TIMING_NOTE = ("train_s is wall-clock seconds on this machine: it depends on the machine's load as much as on "
@@ -97,7 +133,20 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         error = part_module(part).check(args)
         if error is not None:
             return error
-    return out_dir_error(args.out, False)
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is not None:
+        return error
+    parts = [p for p in args.parts.split(",") if p]
+    return (out_dir_error(args.out, False) or out_error(args.out, ["results.json"])
+            or out_error(args.plots, [f"{p}.png" for p in parts], flag="--plots"))
+
+
+def _save_plot(module: ModuleType, part: str, rows: list[Row], args: argparse.Namespace) -> None:
+    from ..outputs import save_figure
+
+    fig = module.figure(rows, args)
+    if fig is not None:  # None: matplotlib is missing, and the part said so on stderr
+        print(f"figure written to {save_figure(fig, args.plots, f'{part}.png', dpi=120)}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,9 +161,10 @@ def run(args: argparse.Namespace) -> int:
         rows = module.run(args)
         results[part] = rows
         print(_table(rows), flush=True)
+        if args.plots is not None:
+            _save_plot(module, part, rows, args)
     print("\n" + TIMING_NOTE.format(load=_load_average()))
     if args.out is not None:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        path = write_json(Path(args.out) / "results.json", results)
+        path = write_json_file(Path(args.out), "results.json", results)
         print(f"\nresults written to {path}")
     return 0

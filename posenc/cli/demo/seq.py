@@ -8,8 +8,6 @@ import math
 import time
 from pathlib import Path
 
-from ...common.registry import get
-
 TITLE = "Sequence: byte-level causal LM on pydoc text (bits per byte, lower is better)"
 
 Row = dict[str, object]
@@ -22,12 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
+    from ...common.catalog import names
+    from ..errors import unknown_name
+
     for name in args.seq_encodings.split(","):
-        if name != "none":
-            try:
-                get(name)
-            except KeyError as exc:
-                return f"--seq-encodings: {exc.args[0]}"
+        if name != "none" and name not in names():  # the catalog: answered before torch loads
+            return f"--seq-encodings: {unknown_name('encoding', name, names(), listing='posenc list')}"
     return None
 
 
@@ -93,3 +91,18 @@ def _hook_of(model) -> str:
     return "-" if enc is None else ",".join(sorted(h.value for h in enc.hooks))
 
 
+def figure(rows: list[Row], args: argparse.Namespace):
+    """Bits per byte per encoding at the training length and at twice it (grouped bars from 0, the
+    uniform guess of 8 bits marked); None without matplotlib."""
+    from ..plots import bar_chart
+    from ...training.report import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    keys = [k for k in rows[0] if k.startswith("bits_per_byte@")] if rows else []
+    fig = bar_chart(plt, rows, keys, [f"{k.split('@')[1]} bytes" for k in keys], accuracy=False,
+                    ylabel="bits per byte (lower is better)", chance=8.0, chance_text="uniform guess: 8 bits",
+                    title="byte-level LM on pydoc text, trained at 64 bytes, scored at 64 and 128")
+    plt.close(fig)  # out of pyplot's list; the caller saves it
+    return fig

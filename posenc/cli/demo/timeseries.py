@@ -34,33 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
     from ..errors import unknown_name
-    from ..models.convtran import encoding_spec
-    from ...timeseries.datasets import bundled_datasets
+    from ..models.convtran import bundled_dataset_names, encoding_spec
 
     for spec in args.ts_encodings.split(","):
         try:
             encoding_spec(spec)
         except argparse.ArgumentTypeError as exc:
             return f"--ts-encodings: {exc}"
-    if args.ts_dataset not in bundled_datasets():
-        return f"--ts-dataset: {unknown_name('bundled dataset', args.ts_dataset, bundled_datasets())}"
+    if args.ts_dataset not in bundled_dataset_names():  # found without torch
+        return f"--ts-dataset: {unknown_name('bundled dataset', args.ts_dataset, bundled_dataset_names())}"
     return None
 
 
 def run(args: argparse.Namespace) -> list[Row]:
     """Train one classifier per encoding for ``min(--steps, 200)`` steps and test it."""
-    import torch
-
     from ...timeseries.datasets import load_dataset
 
     train, test = load_dataset(args.ts_dataset)
     steps = min(args.steps, MAX_STEPS)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: a second OpenMP thread only adds waiting
-    try:
-        return [_train_one(spec, train, test, steps, args) for spec in args.ts_encodings.split(",")]
-    finally:
-        torch.set_num_threads(threads)
+    return [_train_one(spec, train, test, steps, args) for spec in args.ts_encodings.split(",")]
 
 
 def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> Row:
@@ -78,3 +70,41 @@ def _train_one(spec: str, train, test, steps: int, args: argparse.Namespace) -> 
            "test_accuracy": round(metrics["test_accuracy"], 3)}
     model_done("timeseries", row)
     return row
+
+
+def figure(rows: list[Row], args: argparse.Namespace, chance: float | None = None):
+    """Test accuracy per encoding (bars, the axis from 0 to 1, chance = 1 / classes marked; read
+    from the dataset's header when not given); None without matplotlib."""
+    from ..plots import bar_chart
+    from ...training.report import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    if chance is None:
+        classes = class_count(args.ts_dataset)
+        chance = None if not classes else 1 / classes
+    fig = bar_chart(plt, rows, ["test_accuracy"], ["test accuracy"], accuracy=True, ylabel="test accuracy",
+                    chance=chance, title=f"ConvTran-style classifier on {args.ts_dataset}")
+    plt.close(fig)  # out of pyplot's list; the caller saves it
+    return fig
+
+
+def class_count(dataset: str) -> int | None:
+    """The number of classes a bundled dataset declares (``@classLabel true A B ...`` in its
+    ``_TRAIN.ts`` header), read without loading it; None when it cannot be read."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sktime")
+    for root in ([] if spec is None else list(spec.submodule_search_locations or [])):
+        path = Path(root) / "datasets" / "data" / dataset / f"{dataset}_TRAIN.ts"
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split()
+                if words and words[0].lower() == "@classlabel":
+                    return len(words) - 2 if len(words) > 2 and words[1].lower() == "true" else None
+                if words and words[0].lower() == "@data":
+                    return None
+    return None

@@ -79,3 +79,20 @@ def _hooks(model) -> str:
         return hook_text({"input"}, between_blocks=True)
     enc = model.encoder.encoding
     return "-" if enc is None else hook_text(enc.hooks)
+
+
+def figure(rows: list[Row], args: argparse.Namespace):
+    """Test accuracy per encoding at 32px, resized to 48px and on a 64px canvas (grouped bars, the
+    axis from 0 to 1, chance 0.1 marked); None without matplotlib."""
+    from ..plots import bar_chart
+    from ...training.report import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    labels = {"accuracy@32": "32px (trained)", "accuracy@48": "48px, resized (1.5x)", "accuracy@64": "64px canvas (grow)"}
+    keys = [k for k in rows[0] if k.startswith("accuracy@")] if rows else []
+    fig = bar_chart(plt, rows, keys, [labels.get(k, k) for k in keys], accuracy=True, ylabel="test accuracy",
+                    chance=0.1, title="ViT on digits placed on a 32px canvas")
+    plt.close(fig)  # out of pyplot's list; the caller saves it
+    return fig

@@ -40,8 +40,9 @@ from ..options import (
     out_dir_error,
     train_config,
 )
+from ..sizes import Work, defaults_of, sequence, size_error, transformer
 from ...training.report import format_table
-from . import run_checked, write_results
+from . import run_checked, run_dir_error, write_results
 
 PROG = "posenc train graph"
 BUILTIN = ("csl", "molecules")
@@ -87,6 +88,9 @@ def check(args: argparse.Namespace) -> str | None:
     error = encoding_error(args.encoding, ("graph",), model="the GPS graph transformer", bidirectional=True)
     if error is not None:
         return error
+    error = _dataset_error(args.dataset)
+    if error is not None:
+        return error
     if args.dataset in BUILTIN and args.task != "graph":
         return f"--task node: dataset {args.dataset!r} has one target per graph"
     if args.csl_test_per_class >= args.csl_per_class:
@@ -94,7 +98,54 @@ def check(args: argparse.Namespace) -> str | None:
                 f"({args.csl_per_class}) to leave training graphs")
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    return out_dir_error(args.out, args.resume)
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    if error is not None:
+        return error
+    return out_dir_error(args.out, args.resume) or run_dir_error(args.out)
+
+
+# the size flags of the policy (posenc.cli.sizes)
+SIZE_FLAGS = ("steps", "epochs", "batch_size", "dim", "depth", "csl_per_class", "molecules_limit", "lap_k",
+              "walk_length", "landmark_k")
+# graphs and their nodes, for the estimate: CSL's 41-node circulant graphs (10 classes), the
+# molecules (about 5,000, about 30 atoms), a user's dataset (unknown before it is read)
+CSL_NODES, MOLECULES, MOLECULE_NODES, USER_GRAPHS = 41, 5000, 30, 1000
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): the encodings precomputed per graph (an eigensolver,
+    ``--walk-length`` dense products, a search per anchor), the training steps of a GPS over
+    dense per-graph attention, the final evaluation; memory: the graphs' encodings."""
+    if args.dataset == "csl":
+        graphs, nodes = 10 * args.csl_per_class, CSL_NODES
+    elif args.dataset == "molecules":
+        graphs, nodes = min(args.molecules_limit or MOLECULES, MOLECULES), MOLECULE_NODES
+    else:
+        graphs, nodes = USER_GRAPHS, MOLECULE_NODES
+    batch = args.batch_size or (10 if args.dataset == "csl" else 64)
+    steps = args.steps or (args.epochs or (60 if args.dataset == "csl" else 10)) * max(1, graphs // batch)
+    per_graph = {"lap": 10 * nodes ** 3, "rwse": args.walk_length * 2 * nodes ** 3,
+                 "landmark": args.landmark_k * nodes ** 2}.get(args.encoding, 0)
+    features = {"lap": 2 * args.lap_k, "rwse": args.walk_length, "landmark": args.landmark_k}.get(args.encoding, 0)
+    encodings = Work(graphs * per_graph, 0, 4 * graphs * nodes * (features + 16))
+    train = transformer(batch, nodes, args.dim, args.depth, steps=steps)
+    evaluate = transformer(graphs, nodes, args.dim, args.depth, train=False)
+    return sequence([encodings, train, evaluate])
+
+
+def _dataset_error(dataset: str | None) -> str | None:
+    """A ``--dataset`` that is neither built in nor an existing file (the closest built-in names), or
+    None; ``--dataset-module`` (None here) is imported when the run starts."""
+    import os
+
+    from ...common.catalog import suggest
+
+    if dataset is None or dataset in BUILTIN or os.path.exists(dataset):
+        return None
+    hint = suggest(dataset, BUILTIN)
+    if hint:
+        return f"--dataset: {dataset!r} is not a built-in dataset{hint}, and no file of that name exists"
+    return f"--dataset: file {dataset!r} does not exist (the built-in datasets: {', '.join(BUILTIN)})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,6 +192,9 @@ def load_task(args: argparse.Namespace) -> GraphTask:
         splits = gd.random_splits(len(graphs), seed=args.seed)
         return GraphTask("molecules", graphs, splits, gd.NODE_FEATURES, gd.EDGE_FEATURES, 1, "regression", "graph")
     if args.dataset_module is not None:
+        from ..errors import code_notice
+
+        code_notice(PROG, "--dataset-module", f"module {args.dataset_module.partition(':')[0]!r}")
         graphs = gd.load_user_dataset(args.dataset_module, entry_point=True)
         return _user_task(args.dataset_module, graphs, args.task, args.seed)
     graphs = gd.load_user_dataset(args.dataset)
@@ -201,11 +255,11 @@ def add_encoding_features(
     :func:`posenc.graph.gps.node_positions`): ``lap`` with canonical signs and the eigenvalues,
     ``rwse``, ``landmark`` (random anchors drawn graph by graph from a generator seeded with
     ``seed``); other encodings need nothing precomputed. Modifies and returns ``graphs``."""
-    from ...graph.gps import LANDMARK_ATTR, LAP_ATTR, LAP_EIGENVALUES_ATTR, RWSE_ATTR
+    from ...graph.gps import LANDMARK_ATTR, LAP_ATTR, RWSE_ATTR
     from ...graph.transforms import AddLandmarkPE, AddLaplacianPE, AddRandomWalkSE
 
     if encoding == "lap":
-        transform = AddLaplacianPE(lap_k, LAP_ATTR, random_sign=False, eigenvalues_attr=LAP_EIGENVALUES_ATTR)
+        transform = AddLaplacianPE(lap_k, LAP_ATTR, random_sign=False, eigenvalues=True)
     elif encoding == "rwse":
         transform = AddRandomWalkSE(walk_length, RWSE_ATTR)
     elif encoding == "landmark":

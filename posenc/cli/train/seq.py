@@ -30,12 +30,13 @@ from ..options import (
     add_optim_arguments,
     add_run_arguments,
     encoding_error,
+    encoding_option_error,
     out_dir_error,
-    size_error,
     train_config,
 )
+from ..sizes import Work, decoding, defaults_of, scoring, sequence, size_error, transformer
 from ...training.report import format_table
-from . import run_checked, write_results
+from . import run_checked, run_dir_error, write_results
 
 # the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)
 TASK_NAMES = ("copy", "reverse", "sort", "addition", "recall")
@@ -72,14 +73,14 @@ def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments (before anything is built), or None."""
     error = encoding_error(args.encoding, ("seq",), model="the causal LM", bidirectional=False,
                            feature_map=getattr(args, "feature_map", None))
+    if error is None:
+        error = encoding_option_error(args.encoding, args.encoding_option)
     if error is not None:
         return error
     if args.data is not None and not Path(args.data).is_file():
         return f"--data: text file {args.data!r} does not exist"
     if args.dim % args.heads:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads})"
-    if args.encoding == "none" and args.encoding_option:
-        return "--encoding-option needs an encoding (got --encoding none)"
     if args.peg_blocks is not None:
         if args.encoding != "peg1d":
             return f"--peg-blocks is for --encoding peg1d (got --encoding {args.encoding})"
@@ -88,22 +89,90 @@ def check(args: argparse.Namespace) -> str | None:
                     f"--depth {args.depth}")
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
-    # the longest sequence a step sees: a task's example (question and answer) or the longest window
     if args.task is not None:
         from ...seq.tasks import make_task
 
         try:
             task = make_task(args.task, num_symbols=args.num_symbols)
-            tokens = max(task.max_total_length(n) for n in [args.length, *(args.eval_lens or [4 * args.length])])
+            for n in [args.length, *(args.eval_lens or [4 * args.length])]:
+                task.max_total_length(n)
         except ValueError as exc:
             return f"--task {args.task}: {exc}"
-    else:
-        tokens = max([args.seq_len, *(args.eval_lens or [4 * args.seq_len])])
-    error = size_error(batch=args.batch_size, tokens=tokens, dim=args.dim, depth=args.depth, device=args.device,
-                       allow=args.allow_large)
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments), describe=describe)
+    if error is None and args.task is None:
+        error = _text_error(args)
     if error is not None:
         return error
-    return out_dir_error(args.out, args.resume)
+    return out_dir_error(args.out, args.resume) or run_dir_error(args.out)
+
+
+def _text_error(args: argparse.Namespace) -> str | None:
+    """Why the text cannot give the windows asked for (read before anything is built), or None."""
+    from ...seq.data import load_corpus, split_text
+
+    try:
+        train_text, valid_text = split_text(load_corpus(args.data))
+    except (OSError, ValueError, RuntimeError) as exc:  # unreadable, empty, or no pydoc_data
+        return f"--data: {exc}"
+    train_size, size = len(train_text.encode("utf-8")), len(valid_text.encode("utf-8"))
+    if train_size < args.seq_len + 1:
+        return (f"--seq-len {args.seq_len}: the training text (the first 90%) has {train_size} bytes, fewer than one "
+                "window needs")
+    for n in args.eval_lens or [args.seq_len, 2 * args.seq_len, 4 * args.seq_len]:
+        windows = (size - n - 1) // n + 1 if size >= n + 1 else 0
+        needed = -(-args.eval_tokens // n)
+        if windows < needed:
+            return (f"--eval-lens {n}: the held-out text (the last 10%) has {size} bytes, {windows} windows of {n}; "
+                    f"--eval-tokens {args.eval_tokens} needs {needed} (lower --eval-lens or --eval-tokens, or give a "
+                    "longer --data)")
+    return None
+
+
+# the size flags of the policy (posenc.cli.sizes), by how much of the run each one drives
+SIZE_FLAGS = ("steps", "batch_size", "seq_len", "length", "eval_lens", "eval_tokens", "eval_examples", "dim", "depth",
+              "num_symbols", "max_len", "sample_tokens")
+
+
+def _task_tokens(n: int) -> int:
+    """A generous length of a task example of size ``n`` (question, separator and answer; addition
+    has two operands and a carry)."""
+    return 3 * n + 4
+
+
+def _lengths(args: argparse.Namespace) -> tuple[int, list[int]]:
+    """The training length and the evaluation lengths, in tokens."""
+    base = args.length if args.task is not None else args.seq_len
+    lens = args.eval_lens or [base, 2 * base, 4 * base]
+    if args.task is not None:
+        return _task_tokens(base), [_task_tokens(n) for n in lens]
+    return base, list(lens)
+
+
+def _vocab(args: argparse.Namespace) -> int:
+    return args.num_symbols + 8 if args.task is not None else 256  # a task's symbols and its markers
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): ``--steps`` training steps, each evaluation (at the end,
+    and every ``--eval-every`` steps) at every length, and the greedy sample."""
+    vocab = _vocab(args)
+    train_len, lens = _lengths(args)
+    if args.task is not None:
+        one_eval = sequence([transformer(args.eval_examples, n, args.dim, args.depth, vocab=vocab, train=False)
+                          for n in lens])
+    else:
+        one_eval = sequence([scoring(args.eval_tokens, n, args.dim, args.depth, vocab=vocab) for n in lens])
+    evaluations = 1 + (args.steps // args.eval_every if args.eval_every else 0)
+    table = Work(bytes=4 * 4 * (args.max_len or 0) * args.dim)  # a learned table and its optimizer state
+    train = transformer(args.batch_size, train_len, args.dim, args.depth, vocab=vocab, steps=args.steps)
+    sample = decoding(1, 64, args.sample_tokens, args.dim, args.depth, vocab=vocab) if args.sample_tokens else Work()
+    return train + one_eval * evaluations + sample + table
+
+
+def describe(args: argparse.Namespace) -> str:
+    train_len, lens = _lengths(args)
+    return (f"{args.steps} steps at batch {args.batch_size} x {train_len} tokens, width {args.dim}, depth {args.depth}, "
+            f"{_vocab(args)} embedding rows, evaluated at {max(lens)} tokens")
 
 
 def run(args: argparse.Namespace) -> int:

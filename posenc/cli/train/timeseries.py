@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import argparse
 
-from ..argtypes import nonnegative_int
 from ..models.convtran import (
     CONVTRAN_DEFAULT_ENCODING,
+    CONVTRAN_SIZE_FLAGS,
     add_convtran_arguments,
     check_convtran_args,
     convtran_settings,
+    convtran_work,
+    dataset_error,
+    encoding_options_error,
     encoding_spec,
 )
 from ..options import add_encoding_arguments, add_run_arguments, out_dir_error
-from . import run_checked, write_results
+from ..sizes import defaults_of, size_error
+from . import run_checked, run_dir_error, write_results
 
 PROG = "posenc train timeseries"
 
@@ -43,28 +47,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "tape+erpe (posenc list --modality timeseries)", default=CONVTRAN_DEFAULT_ENCODING,
                            example="erpe.variant=vector", spec_type=encoding_spec)
     add_convtran_arguments(parser)
-    parser.add_argument("--threads", type=nonnegative_int, default=1,
-                        help="torch CPU threads; 0 keeps torch's default (1 is the fastest for these tiny models on CPU)")
     add_run_arguments(parser, checkpoint_help="steps between checkpoints (0: every 10 epochs)")
 
 
 def check(args: argparse.Namespace) -> str | None:
-    error = check_convtran_args(args)
-    if error is None and args.encoding == "none" and args.encoding_option:
-        error = "--encoding-option needs an encoding (got --encoding none)"
-    return error or out_dir_error(args.out, args.resume)
+    """What is wrong with the arguments (from the catalog and the files, before torch), or None."""
+    error = (check_convtran_args(args) or encoding_options_error(args.encoding, args.encoding_option)
+             or dataset_error(args.dataset))
+    error = error or size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
+    return error or out_dir_error(args.out, args.resume) or run_dir_error(args.out)
+
+
+SIZE_FLAGS = CONVTRAN_SIZE_FLAGS
+
+
+def estimate(args: argparse.Namespace):
+    """The run's work (posenc.cli.sizes): one ConvTran training and test."""
+    return convtran_work(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...timeseries.ts_format import TsFormatError
-
-    return run_checked(PROG, args, check, _train, (ValueError, TypeError, TsFormatError, OSError),
+    # a malformed .ts file is a TsFormatError, a ValueError
+    return run_checked(PROG, args, check, _train, (ValueError, TypeError, OSError),
                        flags={"steps": "--epochs/--steps (steps)"})
 
 
 def _train(args: argparse.Namespace) -> int:
-    import torch
-
     from ...timeseries.classify import classifier_config, train_classifier
     from ...timeseries.datasets import load_dataset
 
@@ -72,8 +80,6 @@ def _train(args: argparse.Namespace) -> int:
         train, test = load_dataset(args.dataset, normalize=args.normalize)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--dataset: {exc}") from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = convtran_settings(args, args.encoding, args.seed)
     print(
         f"{args.dataset}: {len(train)} train / {len(test)} test series, {train.num_channels} channels, "

@@ -53,16 +53,17 @@ from ..options import (
     add_model_arguments,
     add_optim_arguments,
     add_run_arguments,
+    encoding_option_error,
     out_dir_error,
-    size_error,
     train_config,
 )
 from ..models.vit import vit_encoding_error as check_encoding
+from ..sizes import Work, defaults_of, size_error, transformer
 from ...training.report import format_table
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
-from . import run_checked, write_results
+from . import run_checked, run_dir_error, write_results
 
 PROG = "posenc train vision"
 
@@ -149,6 +150,8 @@ def check(args: argparse.Namespace) -> str | None:
         return error
     _fill_defaults(args)
     error = check_encoding(args.encoding, feature_map=getattr(args, "feature_map", None), video=video)
+    if error is None:
+        error = encoding_option_error(args.encoding, args.encoding_option)
     if error is not None:
         return error
     if args.dim % args.heads:
@@ -172,7 +175,7 @@ def check(args: argparse.Namespace) -> str | None:
             return (f"--frames {args.frames} at --max-speed {args.max_speed} make a path of {path} pixels, more than "
                     f"--img-size {args.img_size} minus --digit-size {args.digit_size} leaves")
     elif args.data is None:
-        from ...vision.data import TASKS
+        from ..models.vit import DIGIT_TASKS as TASKS  # named without torch
 
         if args.in_chans is not None and args.in_chans != 1:
             return f"--in-chans {args.in_chans}: the digits are grayscale (1 channel); leave --in-chans out or pass 1"
@@ -193,17 +196,53 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--peg-blocks is for --encoding peg (got --encoding {args.encoding})"
     if any(b >= args.depth for b in args.peg_blocks):
         return f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below --depth {args.depth}"
-    if args.encoding == "none" and args.encoding_option:
-        return "--encoding-option needs an encoding (got --encoding none)"
-    from ...vision.classify import eval_sizes
-
-    largest = max(eval_sizes(args.img_size, args.eval_scales) + [args.img_size])
-    frames = args.frames // args.tubelet if getattr(args, "video", False) else 1
-    error = size_error(batch=args.batch_size, tokens=frames * (largest // args.patch) ** 2 + 1, dim=args.dim, depth=args.depth,
-                       device=args.device, allow=args.allow_large)
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments), describe=describe)
     if error is not None:
         return error
-    return out_dir_error(args.out, args.resume)
+    return out_dir_error(args.out, args.resume) or run_dir_error(args.out)
+
+
+# the size flags of the policy (posenc.cli.sizes)
+SIZE_FLAGS = ("steps", "batch_size", "img_size", "eval_scales", "repeats", "patch", "frames", "dim", "depth",
+              "mlp_ratio", "digit_size")
+DIGITS = 1797  # scikit-learn's digits: about 80% train, 20% test
+FOLDER_IMAGES = 1000  # an image folder's test images, unknown before it is read
+
+
+def _value(args: argparse.Namespace, name: str):
+    """``args.name``, or the default of an image or ``--video`` run where it is left at None."""
+    value = getattr(args, name, None)
+    if value is None:
+        value = {**IMAGE_DEFAULTS, **(VIDEO_DEFAULTS if getattr(args, "video", False) else {})}.get(name)
+    return value
+
+
+def _tokens(args: argparse.Namespace, size: float) -> int:
+    frames = _value(args, "frames") // _value(args, "tubelet") if getattr(args, "video", False) else 1
+    return frames * int(size // _value(args, "patch")) ** 2 + 1
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): the training steps, the data made in memory (digits:
+    ``--repeats`` placements of each, as float32 images), each evaluation at every size."""
+    sizes = [args.img_size * s for s in _value(args, "eval_scales")] + [args.img_size]
+    dim = args.dim * math.sqrt((8 + 4 * args.mlp_ratio) / 24)  # the cost model's MLP is 4x wide, this one --mlp-ratio
+    train = transformer(args.batch_size, _tokens(args, args.img_size), dim, args.depth, steps=args.steps)
+    test = FOLDER_IMAGES if args.data is not None else DIGITS // 5
+    frames = _value(args, "frames") if getattr(args, "video", False) else 1
+    images = DIGITS * args.repeats if args.data is None else 0
+    data = Work(bytes=4 * images * frames * args.img_size ** 2)
+    one_eval = Work()
+    for size in sizes:
+        one_eval = one_eval + transformer(test, _tokens(args, size), dim, args.depth, train=False)
+    evaluations = 1 + (args.steps // args.eval_every if args.eval_every else 0)
+    return train + one_eval * evaluations + data
+
+
+def describe(args: argparse.Namespace) -> str:
+    largest = max([args.img_size * s for s in _value(args, "eval_scales")] + [args.img_size])
+    return (f"{args.steps} steps at batch {args.batch_size} x {_tokens(args, args.img_size)} tokens, width {args.dim}, "
+            f"depth {args.depth}, evaluated at {_tokens(args, largest)} tokens")
 
 
 def run(args: argparse.Namespace) -> int:
