@@ -264,8 +264,8 @@ def test_encoder_applies_input_hook_conditional_modules_and_shares_encoding():
     stack(x)
     assert rec.seen == [(torch.Size([2, 5, 32]), torch.Size([1, 5]), None, None)]
     mask, cache = posenc.AttentionMask(causal=True), posenc.KVCache(3)
-    stack(x, mask=mask, cache=cache)  # the conditional slot gets the mask and its block's cache
-    assert rec.seen[-1][2] is mask and rec.seen[-1][3] is cache[0]
+    stack(x, mask=mask, cache=cache)  # the conditional slot gets the mask and the token rows of its place
+    assert rec.seen[-1][2] is mask and rec.seen[-1][3] is cache.rows(0)
 
     alibi = ALiBi(4)
     stack = posenc.TransformerEncoder(32, 3, 4, encoding=alibi)
