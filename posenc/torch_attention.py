@@ -120,7 +120,8 @@ class TorchMultiheadAttention(nn.Module):
         super().__init__()
         check_choice("masked_rows", masked_rows, MASKED_ROWS)
         self.masked_rows = masked_rows
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+        widths = [("kdim", kdim)] * (kdim is not None) + [("vdim", vdim)] * (vdim is not None)
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), *widths):  # kdim=0: a [E, 0] weight
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if embed_dim % num_heads:

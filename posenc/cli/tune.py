@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from .argtypes import positive_int
+from .sizes import Work, add_allow_large, defaults_of, size_error
 
 _SHAPE_LIMIT = 1 << 27  # B * H * T * T: a step at most this large (one T x T score block at once is never built)
 
@@ -34,6 +35,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=None, metavar="PATH",
                         help="the tune file to update (default: $POSENC_TUNE_FILE or ~/.cache/posenc/tune.json)")
     parser.add_argument("--dry-run", action="store_true", help="measure and print; write nothing")
+    add_allow_large(parser)
+
+
+SIZE_FLAGS = ("batch", "heads", "seq_len", "head_dim", "repeats")
+
+
+def estimate(args: argparse.Namespace) -> Work:
+    """The run's work (posenc.cli.sizes): a causal ALiBi step, forward and backward (about
+    ``12 B H T^2 D`` operations), for both choices, the warm-up and ``--repeats`` rounds."""
+    b, h, t, d = args.batch, args.heads, args.seq_len, args.head_dim
+    steps = 2 * (1 + args.repeats)
+    return Work(12 * b * h * t * t * d * steps, steps, 4 * 12 * b * h * t * d)  # q, k, v, outputs and grads
 
 
 def _step_ms(choice: str, q, k, v, encoding, mask) -> float:
@@ -71,6 +84,10 @@ def _write(path: Path, key: str, entry: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     b, h, t, d = args.batch, args.heads, args.seq_len, args.head_dim
+    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments), device="cpu")
+    if error is not None:
+        print(f"posenc tune: error: {error}", file=sys.stderr)
+        return 2
     if b * h * t * t > _SHAPE_LIMIT:
         print(f"posenc tune: --batch {b} --heads {h} --seq-len {t} is {b * h * t * t:,} score elements a step; "
               f"the limit is {_SHAPE_LIMIT:,}", file=sys.stderr)
