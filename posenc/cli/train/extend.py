@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..argtypes import device_name, int_list, key_value, nonnegative_int, positive_float, positive_int, seed_value
 from ..errors import usage_error
+from ..sizes import add_allow_large
 
 PROG = "posenc extend"
 
@@ -49,9 +50,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_value, default=0, help="seed of the data, the initialisation and dropout")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--allow-large", action="store_true",
-                        help="run even when the size estimate says the evaluation or fine-tune needs more memory "
-                             "than this machine has or hours of work on a CPU")
+    add_allow_large(parser)  # the size policy's override (posenc.cli.sizes)
+
+
+SIZE_FLAGS = ("finetune_steps", "finetune_len", "batch_size", "eval_lens", "eval_tokens", "factor")
+
+
+def estimate(args: argparse.Namespace):
+    """The run's work (posenc.cli.sizes): the scoring at every length before and after the switch,
+    and the fine-tune with its scoring. The run's width, depth and training length come from its
+    checkpoint (``model_dim``, ``model_depth``, ``train_len``; :func:`run` adds them)."""
+    from ..sizes import Work, scoring, sequence, transformer
+
+    dim, depth, l0 = getattr(args, "model_dim", 128), getattr(args, "model_depth", 4), getattr(args, "train_len", 128)
+    target = int(round((args.factor or 4.0) * l0))
+    eval_lens = args.eval_lens or sorted({l0, 2 * l0, 4 * l0, target})
+    scored = sequence([scoring(args.eval_tokens, n, dim, depth) for n in eval_lens])
+    tune = Work()
+    if args.finetune_steps:
+        tune = transformer(args.batch_size, args.finetune_len or target, dim, depth, vocab=256,
+                           steps=args.finetune_steps) + scored
+    return scored * 2 + tune
 
 
 def _fail(message: str) -> int:
@@ -97,7 +116,8 @@ def _text_error(train_text: str, valid_text: str, eval_lens: list[int], eval_tok
 
 def run(args: argparse.Namespace) -> int:
     from ...common.checks import check_int
-    from ...training.report import write_json
+    from ..outputs import write_json_file
+    from ..sizes import defaults_of, size_error
     from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
     from ...seq.context import canonical_method, plan_extension, rotary_layers
     from ...seq.data import load_corpus, split_text
@@ -138,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
     if args.finetune_steps and (args.finetune_len or target) < 2:  # refused before any evaluation runs
         return _fail(f"--finetune-len must be at least 2, got {args.finetune_len or target}")
     eval_lens = args.eval_lens or sorted({l0, 2 * l0, 4 * l0, target})
-    longest = max([*eval_lens, (args.finetune_len or target) if args.finetune_steps else 1])
     try:
         ckpt = load_checkpoint(ckpt_path)
         model_config = ckpt.get("model_config")
@@ -146,9 +165,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{ckpt_path} has no model_config")
         dim, depth = model_config.get("dim", 128), model_config.get("depth", 4)
         if isinstance(dim, int) and isinstance(depth, int):  # else the model's own check names the key
-            error = size_error(batch=args.batch_size if args.finetune_steps else max(1, 4096 // longest), tokens=longest,
-                               dim=dim, depth=depth, device=args.device, allow=args.allow_large,
-                               what="the evaluation" if not args.finetune_steps else "a fine-tuning step")
+            sized = argparse.Namespace(**vars(args), model_dim=dim, model_depth=depth, train_len=l0)
+            error = size_error(sized, SIZE_FLAGS, estimate, defaults_of(add_arguments))
             if error is not None:
                 return _fail(error)
         model = build_from_config(CausalLM, model_config, f"{ckpt_path}: model_config")
@@ -191,6 +209,6 @@ def run(args: argparse.Namespace) -> int:
         "before": {str(n): v for n, v in before.items()}, "zero_shot": {str(n): v for n, v in after.items()},
         "finetuned": None if tuned is None else {str(n): v for n, v in tuned.items()}, "finetune_loss": loss,
     }
-    write_json(out / "results.json", record)  # atomic: a link planted at results.json is replaced, never followed
+    write_json_file(out, "results.json", record)  # the one writer: never through a link
     print(f"results written to {out / 'results.json'}")
     return 0
