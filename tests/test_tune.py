@@ -53,4 +53,5 @@ def test_tune_refuses_a_link_a_foreign_file_and_an_absurd_size(tmp_path, capsys)
         main([*SMALL, "--file", str(foreign)])
     assert foreign.read_text() == '["a list"]'
     assert main(["tune", "--seq-len", "1000000", "--dry-run"]) == 2
-    assert "score elements a step; the limit is" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the size policy (posenc.cli.sizes) names the flag and the estimate
+    assert "--seq-len 1000000: the run would need" in err and "--allow-large" in err

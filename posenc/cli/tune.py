@@ -76,10 +76,9 @@ def _write(path: Path, key: str, entry: dict) -> None:
         except ValueError as err:
             raise SystemExit(f"posenc tune: {path} is not a posenc tune file ({err}); delete it or pass --file") from None
     record["machines"][key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+    from .outputs import write_json_file  # the one writer: a temporary file of its own, never a link
+
+    write_json_file(path.parent, path.name, record)
 
 
 def run(args: argparse.Namespace) -> int:
