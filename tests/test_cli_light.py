@@ -110,7 +110,7 @@ def test_suggest_names_the_closest(wrong, right):
 @pytest.mark.parametrize("argv, expected", [
     (["lst"], "invalid choice: 'lst' (did you mean 'list'?)"),
     (["bench", "atention"], "(did you mean 'attention'?)"),
-    (["train", "seq", "--encoding", "rop"], "posenc train seq: error: --encoding: unknown encoding 'rop' (did you mean 'rope'?)"),
+    (["train", "seq", "--encoding", "rop"], "posenc train seq: error: --encoding: unknown encoding 'rop' (did you mean 'rope' or 'mrope'?)"),
     (["train", "seq", "--task", "copyy"], "(did you mean 'copy'?)"),
     (["demo", "--parts", "sq"], "posenc demo: error: --parts: unknown part(s) sq (did you mean 'seq'?)"),
     (["bench", "attention", "--encodings", "alibj"], "(did you mean 'alibi'?)"),

@@ -213,3 +213,39 @@ def test_bad_schedules_are_one_clear_error(kwargs, error, match):
 def test_check_schedule_fills_the_defaults():
     assert check_schedule({"schedule": "irope"}) == {"schedule": "irope", "interval": 4, "nope_layers": None,
                                                      "temperature": True, "floor_scale": 8192.0, "attn_scale": 0.1}
+
+
+# ---- the command line --------------------------------------------------------------------------------------
+
+CLI_TINY = ["--dim", "16", "--depth", "4", "--heads", "2", "--batch-size", "4", "--no-progress", "--steps", "1",
+            "--task", "copy", "--length", "4", "--eval-examples", "4"]
+
+
+def test_train_seq_takes_a_layer_schedule(tmp_path, capsys):
+    import json
+
+    from posenc import cli
+
+    out = tmp_path / "run"
+    argv = ["train", "seq", "--encoding", "rope", "--layer-schedule", "irope", "--schedule-option", "interval=2",
+            "--out", str(out), *CLI_TINY]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    saved = json.loads((out / "results.json").read_text())["model_config"]["layer_schedule"]
+    assert saved == {"schedule": "irope", "interval": 2}
+    model = posenc.load(out)
+    assert [type(b.attn.encoding).__name__ for b in model.encoder.blocks] == ["RotaryEncoding", "NoPETemperature"] * 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--schedule-option", "interval=2"], "--schedule-option needs --layer-schedule"),
+    (["--layer-schedule", "irope", "--schedule-option", "every=2"],
+     "--schedule-option every: irope takes interval, nope_layers"),
+    (["--layer-schedule", "irope", "--schedule-option", "interval=0"], "interval must be"),
+    (["--layer-schedule", "local_global", "--schedule-option", "global_layers=[9]"], "lists layer 9, outside 0..3"),
+])
+def test_train_seq_refuses_a_bad_schedule_in_one_line(extra, message, capsys):
+    from posenc import cli
+
+    assert cli.main(["train", "seq", "--encoding", "rope", *extra, *CLI_TINY]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

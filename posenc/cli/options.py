@@ -33,7 +33,7 @@ from .sizes import add_allow_large
 FEATURE_MAPS = ("elu", "favor")
 # the context-extension methods and their other names (posenc.seq.context.METHODS and
 # METHOD_ALIASES, named here without torch: ``posenc extend --help`` answers at once)
-CONTEXT_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
+CONTEXT_METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "proportional")
 CONTEXT_METHOD_ALIASES = {"default": "none", "pi": "linear", "dynamic": "dynamic_ntk"}
 # the synthetic tasks of posenc.seq.tasks.TASKS, named here without torch (the tests check they agree)
 SEQ_TASKS = ("copy", "reverse", "sort", "addition", "recall")

@@ -9,17 +9,18 @@ it at larger ones.
 Task: scikit-learn's digits (16 pixels) at seeded random positions on an ``S = --img-size``
 canvas (see :mod:`posenc.vision.data`), patch ``--patch``; one ViT (width 64, 4 blocks, 4 heads)
 per encoding and seed, trained for ``--steps`` steps (800) with the same data order, initial seed
-and recipe, seeds 0 and 1 by default. The default run costs about 1,000 CPU-seconds of training
-(0.1 s per step on one core), about 9 minutes on a quiet 2-core machine. Each model is then
+and recipe, seeds 0 and 1 by default. The default run costs about 1,200 CPU-seconds of training
+(0.1 s per step on one core), about 10 minutes on a quiet 2-core machine. Each model is then
 tested on the held-out digits at ``S`` and at each ``--scales`` factor of it (default 1, 1.5, 2):
 
 ``scale`` (the headline; CPVT's and RoPE-ViT's protocol)
     the same test images resized, so the digit grows with the image and the patch grid grows
     from ``S/p`` to ``2S/p`` per side. Learned 2D resamples its table (bicubic, like timm);
-    sinusoidal, RoPE and PEG follow the larger grid.
+    sinusoidal, RoPE and PEG follow the larger grid; DINOv3's RoPE spans the same normalised box
+    in finer steps (it interpolates where axial and mixed RoPE extrapolate).
 ``grow``
     the digit keeps its size on a larger canvas: the positions outgrow the trained range while
-    the patches look as in training.
+    the patches look as in training (for DINOv3's RoPE: the digit shrinks inside its box).
 
 Output: a table of mean accuracy per encoding and size (over ``--seeds``, with the spread when
 there are several), the drop from ``S`` to the largest size, CPU seconds of training; the
@@ -48,7 +49,7 @@ from .caveats import CHANCE_MARGIN, at_chance, print_warnings
 
 PROG = "posenc bench resolution"
 
-DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed")
+DEFAULT_ENCODINGS = ("learned2d", "sincos2d", "axial", "peg", "rope2d_axial", "rope2d_mixed", "rope2d_dinov3")
 MODES = ("scale", "grow")
 # The claim checked: these hold accuracy at larger sizes better than the baseline.
 CLAIM_BASELINE = "learned2d"

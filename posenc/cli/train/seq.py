@@ -6,6 +6,8 @@
     posenc train seq --encoding rope --data my.txt --seq-len 256
     posenc train seq --encoding t5 --task reverse --length 16   # evaluated at 16, 32, 64
     posenc train seq --encoding peg1d --peg-blocks 0,1          # causal 1D PEG after blocks 0 and 1
+    posenc train seq --encoding rope --layer-schedule irope     # every 4th layer NoPE with Llama 4's temperature
+    posenc train seq --encoding rope --layer-schedule local_global --schedule-option 'global={"base": 1e6}'
     torchrun --standalone --nproc_per_node 2 --no-python posenc train seq --encoding fire --out runs/fire
 
 Text: next-byte prediction on windows of ``--seq-len`` bytes; the final evaluation reports bits
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..argtypes import int_list, nonnegative_int, positive_int
+from ..argtypes import int_list, key_value, nonnegative_int, positive_int
 from ..options import (
     FEATURE_MAP_HELP,
     FEATURE_MAPS,
@@ -40,6 +42,9 @@ from . import run_checked, run_dir_error, write_results
 
 # the synthetic tasks of posenc.seq.tasks (kept here so --help needs no import of the modality)
 TASK_NAMES = ("copy", "reverse", "sort", "addition", "recall")
+# the keys of each layer schedule (posenc.seq.layer_schedule), named here without torch
+LAYER_SCHEDULES = {"irope": ("interval", "nope_layers", "temperature", "floor_scale", "attn_scale"),
+                   "local_global": ("pattern", "global_layers", "local", "global", "global_encoding")}
 
 PROG = "posenc train seq"
 
@@ -51,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one encoding instance for all layers or one per layer (auto: see posenc.seq.models)")
     parser.add_argument("--peg-blocks", type=int_list(minimum=0), default=None,
                         help="peg1d: blocks (0-based) after which the causal 1D PEG is applied (default 0)")
+    parser.add_argument("--layer-schedule", choices=tuple(LAYER_SCHEDULES), default=None,
+                        help="different encodings per layer: irope (every 4th layer NoPE with Llama 4's temperature; "
+                             "--encoding for the others) or local_global (Gemma's local and global RoPE bases)")
+    parser.add_argument("--schedule-option", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                        help="a key of the layer schedule (JSON value), e.g. interval=2, temperature=false, "
+                             "'global={\"base\": 1e6}'; repeatable (posenc.seq.layer_schedule)")
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--task", default=None, choices=TASK_NAMES, help="a synthetic task instead of text")
     data.add_argument("--data", default=None, help="a UTF-8 text file (default: CPython's pydoc text)")
@@ -87,6 +98,9 @@ def check(args: argparse.Namespace) -> str | None:
         if any(b >= args.depth for b in args.peg_blocks):
             return (f"--peg-blocks {','.join(map(str, args.peg_blocks))}: block indices must be below "
                     f"--depth {args.depth}")
+    error = _schedule_error(args)
+    if error is not None:
+        return error
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
     if args.task is not None:
@@ -104,6 +118,20 @@ def check(args: argparse.Namespace) -> str | None:
     if error is not None:
         return error
     return out_dir_error(args.out, args.resume) or run_dir_error(args.out)
+
+
+def _schedule_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with --layer-schedule and --schedule-option that needs no torch, or None."""
+    if args.layer_schedule is None:
+        return "--schedule-option needs --layer-schedule" if args.schedule_option else None
+    if args.encoding in ("none", "peg1d"):
+        return (f"--layer-schedule needs --encoding of the attention (what its RoPE or local layers use); got "
+                f"{args.encoding}")
+    keys = LAYER_SCHEDULES[args.layer_schedule]
+    unknown = sorted({key for key, _ in args.schedule_option} - set(keys))
+    if unknown:
+        return f"--schedule-option {', '.join(unknown)}: {args.layer_schedule} takes {', '.join(keys)}"
+    return None
 
 
 def _text_error(args: argparse.Namespace) -> str | None:
@@ -229,6 +257,8 @@ def _train(args: argparse.Namespace) -> int:
     }
     if args.encoding == "peg1d":
         model_config["peg_blocks"] = list(args.peg_blocks or [0])
+    if args.layer_schedule is not None:  # its values are checked when the model is built (one line)
+        model_config["layer_schedule"] = {"schedule": args.layer_schedule, **dict(args.schedule_option)}
     torch.manual_seed(args.seed)
     model = CausalLM(**model_config)
     config = train_config(args)
