@@ -223,5 +223,8 @@ def test_dynamic_ntk_partial_rotary_and_rope_parameters_configs():
     v5 = {"head_dim": 64, "max_position_embeddings": 8192,
           "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0}}
     torch.testing.assert_close(rope_from_hf_config(v5).frequencies()[0], _theta(50000.0, 64) / 2)
-    with pytest.raises(ValueError, match="rope type 'mrope' has no posenc mapping"):
+    with pytest.raises(ValueError, match="rope type 'ntk_by_parts' has no posenc mapping"):
+        rope_from_hf_config({"head_dim": 64, "rope_scaling": {"rope_type": "ntk_by_parts"}})
+    # mrope is mapped (issue 47); sections that do not fit the head are one clear line
+    with pytest.raises(ValueError, match=r"sections \(16, 24, 24\) must add up to the 32 rotary pairs"):
         rope_from_hf_config({"head_dim": 64, "rope_scaling": {"rope_type": "mrope"}})

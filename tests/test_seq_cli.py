@@ -42,7 +42,7 @@ def test_bad_arguments_exit_2_with_a_message(argv, needle, capsys):
 
 def test_bad_encoding_option_and_task_length_are_reported_as_errors(capsys):
     assert cli.main(["train", "seq", "--encoding", "rope", "--encoding-option", "bass=3", "--steps", "1", *TINY]) == 2
-    assert "unknown argument(s) bass" in capsys.readouterr().err
+    assert "'rope' takes no option 'bass' (did you mean 'base'?)" in capsys.readouterr().err
     argv = ["train", "seq", "--encoding", "rope", "--task", "recall", "--length", "8", "--num-symbols", "10", *TINY]
     assert cli.main(argv) == 2
     assert "recall: length=16 pairs need distinct keys, but num_symbols=10" in capsys.readouterr().err
