@@ -266,7 +266,7 @@ PARAM_KINDS = {
     "row_dim": "int+", "k": "int+", "signnet_hidden": "int+", "walk_length": "int+", "time_dim": "int+",
     "num_prefix_tokens": "int0", "seed": "int", "center": "int",
     "base": "num+", "scale": "num+", "factor": "num+", "init_std": "num+", "init_c": "num+",
-    "init_threshold": "num+", "scale_base": "num+", "beta_fast": "num+", "beta_slow": "num+",
+    "init_threshold": "num+", "init_distance_scale": "num+", "scale_base": "num+", "beta_fast": "num+", "beta_slow": "num+",
     "attention_factor": "num+", "mscale": "num+", "mscale_all_dim": "num+", "low_freq_factor": "num+",
     "high_freq_factor": "num+",
     "symmetric": "bool", "gated": "bool", "log_buckets": "bool", "values": "bool", "bidirectional": "bool",
