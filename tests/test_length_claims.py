@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -142,6 +143,11 @@ def test_the_rule_is_printed_with_the_table_and_the_in_distribution_table():
     headers, rows = in_distribution_rows(summary)
     assert rows == [["copy", "@8", "rope 1.00±0.01", "2 of 3", "yes"]]
     assert "in distribution: exact match at the training size" in text
+    args = _args(["copy"], copy)
+    args.settings = {"copy": dataclasses.replace(CPU["copy"], cpu_learned=False)}
+    summary = aggregate(args, _task_lines("copy", copy))
+    assert in_distribution_rows(summary)[1][0][-1] == "not learned in budget: for a device"
+    assert "task copy: exact match" in render(summary) and "[not learned on CPU in budget" in render(summary)
 
 
 def test_every_claim_names_encodings_the_bench_runs():

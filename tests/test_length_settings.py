@@ -100,7 +100,12 @@ def test_scales_cover_every_task_and_overrides_apply():
                       overrides={"dim": 64, "depth": 2, "heads": 4, "steps": 1000, "lr": 3e-3, "batch_size": 32})
     assert u.train_len == 8 and u.curriculum == 0 and u.options == ()
     headers, rows = task_rows("cpu", CPU)
-    assert len(rows) == len(LENGTH_TASKS) and "index_hints=True" in dict((r[0], r[2]) for r in rows)["addition"]
+    assert len(rows) == len(LENGTH_TASKS) and dict((r[0], r[2]) for r in rows)["addition"].endswith("plain")
+    headers, rows = task_rows("paper", PAPER)
+    assert "index_hints=True" in dict((r[0], r[2]) for r in rows)["addition"]
+    marked = {**CPU, "sort": task_settings("cpu", "sort", default_len=8, overrides={})}
+    marked["sort"] = type(marked["sort"])(**{**marked["sort"].__dict__, "cpu_learned": False})
+    assert "for a device" in dict((r[0], r[2]) for r in task_rows("cpu", marked)[1])["sort"]
 
 
 def _resolved(*argv) -> argparse.Namespace:
