@@ -33,15 +33,22 @@ def tune_file() -> Path:
     return Path(os.environ.get(TUNE_FILE_VARIABLE) or Path.home() / ".cache" / "posenc" / "tune.json")
 
 
-def machine_key() -> str:
-    """What a measurement holds for: the CPU model, torch's version and its thread count."""
+@functools.lru_cache(maxsize=1)
+def _cpu_model() -> str:
+    """The CPU's model name, read once: the plan asks for the key at every training call."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return model
+
+
+def machine_key() -> str:
+    """What a measurement holds for: the CPU model, torch's version and its thread count (which
+    may change while the process runs, so it is read each time)."""
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 @functools.lru_cache(maxsize=4)
