@@ -186,6 +186,7 @@ def test_bench_models_convtran_peer_comes_from_a_named_checkout(tmp_path, capsys
     assert rows["posenc"]["vs_peer"] > 0
     assert sys.path == path_before and not any(k.split(".")[0] == "Models" for k in sys.modules)
 
+    capsys.readouterr()
     assert cli.main(["bench", "models", "--models", "convtran", "--convtran-repo", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error: convtran_repo must be a checkout" in err[0] and "nowhere" in err[0]

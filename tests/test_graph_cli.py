@@ -29,7 +29,7 @@ TINY = ["--dim", "8", "--depth", "1", "--heads", "2", "--no-progress"]
         (["--dataset", "csl", "--encoding", "none", "--resume"], "--resume needs --out"),
         (["--dataset", "csl", "--encoding", "none", "--csl-per-class", "3", "--csl-test-per-class", "1", "--batch-size", "50"],
          "--batch-size 50 exceeds the 20 training graphs"),
-        (["--dataset", "no/such/file.pt", "--encoding", "none"], "dataset file 'no/such/file.pt' does not exist (Python code providing graphs is named explicitly"),
+        (["--dataset", "no/such/file.pt", "--encoding", "none"], "--dataset: file 'no/such/file.pt' does not exist (the built-in datasets: csl, molecules)"),
     ],
 )
 def test_bad_arguments_exit_2(capsys, argv, message):
@@ -104,6 +104,7 @@ def test_demo_part_checks_its_arguments():
     ok = argparse.Namespace(graph_encodings="none,lap,rwse,spd", graph_per_class=15)
     assert part.check(ok) is None
     bad = argparse.Namespace(graph_encodings="none,rope", graph_per_class=15)
-    assert part.check(bad) == "--graph-encodings: 'rope' is a seq encoding, not a graph one"
+    assert part.check(bad) == ("--graph-encodings: 'rope' is a seq encoding; the GPS graph transformer takes graph encodings "
+                                "(posenc list --modality graph)")
     assert "unknown encoding 'lapx'" in part.check(argparse.Namespace(graph_encodings="lapx", graph_per_class=15))
     assert part.check(argparse.Namespace(graph_encodings="lap", graph_per_class=2)) == "--graph-per-class must be at least 3, got 2"

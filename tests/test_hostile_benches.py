@@ -15,7 +15,6 @@ import argparse
 import importlib
 import os
 import textwrap
-from pathlib import Path
 
 import pytest
 

@@ -65,11 +65,11 @@ def test_crop_rewinds_every_layer_and_checks_its_length():
 
 def test_the_cache_holds_keys_values_and_positions_only():
     """No pocket for an encoding's state: what a layer's cache holds after steps and a crop is
-    its keys, values and positions (and the between-blocks slot of a conditional module)."""
+    its keys, values and positions (a conditional module between blocks reads KVCache.rows)."""
     cache = LayerKVCache()
     with torch.no_grad():
         for k, v, pos in _steps(4):
             cache.append(k, v, pos)
     cache.crop(3)
-    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length", "conditional"}
+    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length"}
     assert cache.k.shape[2] == cache.v.shape[2] == cache.pos.shape[1] == 3

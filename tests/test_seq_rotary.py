@@ -138,7 +138,9 @@ def test_yarn_equal_correction_bounds_and_mscale_knobs():
     _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, mscale=1.0, mscale_all_dim=1.0)
     assert a == 1.0
     _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, mscale=0.707, mscale_all_dim=0.0)
-    assert math.isclose(a, 0.1 * 0.707 * math.log(40) + 1, rel_tol=1e-12)
+    assert math.isclose(a, 0.1 * math.log(40) + 1, rel_tol=1e-12)  # a 0 reads as absent, as in transformers
+    _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, mscale=0.707, mscale_all_dim=0.5)
+    assert math.isclose(a, (0.1 * 0.707 * math.log(40) + 1) / (0.1 * 0.5 * math.log(40) + 1), rel_tol=1e-12)
     _, a = scaled("yarn", 16, 10000.0, factor=40.0, original_max_len=4096, attention_factor=1.5)
     assert a == 1.5
     _, a = scaled("yarn", 16, 10000.0, factor=1.0, original_max_len=4096)
@@ -193,7 +195,7 @@ def test_longrope_short_and_long_factors():
 
 
 def test_registry_of_scaling_functions():
-    assert set(rs.ROPE_SCALINGS) == {"linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope"}
+    assert set(rs.ROPE_SCALINGS) == {"linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "proportional"}
     assert rs.ROPE_SCALINGS["yarn"] is rs.yarn_inv_freq
 
 

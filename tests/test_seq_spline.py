@@ -237,7 +237,7 @@ def test_model_bad_input(call, exc, needle):
         ({"num_control_points": 3}, "num_control_points: a degree-3 B-spline needs at least 4"),
         ({"degree": 0}, "degree must be an int >= 1"),
         ({"encoder_mask": "left"}, "encoder_mask must be one of causal, full"),
-        ({"decoder_window": 0}, "decoder_window must be None or a positive int"),
+        ({"decoder_window": 0}, "decoder_window must be a positive int; got 0"),
         ({"encoder_encoding": "fire"}, "encoder_encoding 'fire' is defined for causal attention only"),
         ({"encoder_encoding": "alibi", "encoding_options": {"symmetric": False}}, "causal attention only"),
         ({"encoder_encoding": "nope2"}, "encoder_encoding: unknown encoding 'nope2'"),

@@ -121,19 +121,19 @@ def test_training_learns_a_toy_task_and_checkpoints(tmp_path):
     "argv,message",
     [
         (["train", "timeseries", "--encoding", "tape+foo"], "unknown encoding 'foo'"),
-        (["train", "timeseries", "--dataset", "NoSuchSet"], "--dataset: dataset 'NoSuchSet' is neither a bundled"),
+        (["train", "timeseries", "--dataset", "NoSuchSet"], "--dataset: unknown dataset 'NoSuchSet'; choose from ACSF1"),
         (["train", "timeseries", "--dim", "10", "--heads", "4"], "--dim (10) must be divisible by --heads (4)"),
         (["train", "timeseries", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
         (["train", "timeseries", "--resume"], "--resume needs --out"),
         (["train", "timeseries", "--encoding", "alibi"], "'alibi' is defined for causal attention only"),
         (["train", "timeseries", "--encoding", "lap"], "'lap' is a graph encoding; the ConvTran classifier takes"),
-        (["train", "timeseries", "--encoding", "erpe", "--encoding-option", "bogus=1"], "unknown argument(s) bogus"),
+        (["train", "timeseries", "--encoding", "erpe", "--encoding-option", "bogus=1"], "--encoding-option: 'erpe' takes no option 'bogus'; it takes"),
         (["train", "timeseries", "--encoding-option", "variant=vector"], "name the part (tape.variant=...)"),
         (["train", "timeseries", "--seed", "-1"], "argument --seed: expected a seed in [0, 2**32), got '-1'"),
         (["train", "timeseries", "--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N"),
         (["bench", "timeseries", "--seeds", "a,b"], "argument --seeds: expected comma-separated integers"),
         (["bench", "timeseries", "--encodings", "tape+bogus"], "--encodings: unknown encoding 'bogus'"),
-        (["bench", "timeseries", "--datasets", "Nope"], "--datasets: dataset 'Nope' is neither"),
+        (["bench", "timeseries", "--datasets", "Nope"], "--datasets: unknown dataset 'Nope'; choose from"),
     ],
 )
 def test_cli_bad_arguments_exit_2(argv, message, capsys):

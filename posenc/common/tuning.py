@@ -65,6 +65,14 @@ def _tuned(path: str, stamp: tuple[int, int], key: str) -> BiasBackward | None:
 
 
 def constant_bias_backward() -> tuple[BiasBackward, str]:
+    # Under torch.compile the choice is read once at trace time and baked into the graph: the
+    # file's stat is not traceable, and a recompile after `posenc tune` is not worth a guard.
+    if torch.compiler.is_compiling():
+        return _constant_bias_backward_at_trace()
+    return _constant_bias_backward()
+
+
+def _constant_bias_backward() -> tuple[BiasBackward, str]:
     """The backward of the chunked ``dense`` path for a constant bias on CPU, and where the choice
     comes from. SDPA's CPU flash backward with a bias or the written-out one: which is faster
     depends on the CPU, so: :data:`BIAS_BACKWARD_VARIABLE` where set (``flash`` or ``explicit``),
@@ -86,3 +94,8 @@ def constant_bias_backward() -> tuple[BiasBackward, str]:
             return tuned, f"measured on this machine by posenc tune ({path})"
     return DEFAULT_CONSTANT_BIAS_BACKWARD, (f"the default for a constant bias on CPU (`posenc tune` measures this "
                                             f"machine; {BIAS_BACKWARD_VARIABLE} sets it)")
+
+
+@torch._dynamo.assume_constant_result
+def _constant_bias_backward_at_trace() -> tuple[BiasBackward, str]:
+    return _constant_bias_backward()
