@@ -27,7 +27,7 @@ from ..common.checks import check_bool
 from .magnetic import magnetic_laplacian_pe, magnetic_laplacian_pe_batch
 from .rrwp import rrwp, rrwp_batch, rrwp_diagonal
 from .stable_pe import stable_pe_features, stable_pe_features_batch
-from .transforms import _batch_vector, _check_attr, _check_k, _store
+from .transforms import _batch_vector, _check_attr, _check_k, _store, _store_eigenpairs
 
 RRWP_ATTR, RRWP_INDEX_ATTR, RRWP_VALUE_ATTR = "rrwp", "rrwp_index", "rrwp_val"
 MAGLAP_ATTR, MAGLAP_EIGENVALUES_ATTR = "maglap_pe", "maglap_eigenvalues"
@@ -101,12 +101,8 @@ class AddMagneticLaplacianPE(BaseTransform):
         return self._store(data, vecs, vals[batch])
 
     def _store(self, data: Any, vecs: Tensor, per_node: Tensor) -> Any:
-        if not self.eigenvalues:
-            return _store(data, vecs, self.attr_name)
-        if self.attr_name is None:
-            return _store(data, torch.cat([vecs, per_node], dim=-1), None)
-        data[self.eigenvalues_attr] = per_node
-        return _store(data, vecs, self.attr_name)
+        return _store_eigenpairs(data, vecs, per_node if self.eigenvalues else None, self.attr_name,
+                                 self.eigenvalues_attr)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(k={self.k}, q={self.q}, attr_name={self.attr_name!r})"
@@ -131,15 +127,14 @@ class AddStablePE(BaseTransform):
     def forward(self, data: Data) -> Data:
         vecs, vals = stable_pe_features(data.edge_index, data.num_nodes, self.k,
                                         edge_weight=getattr(data, "edge_weight", None), **self.options)
-        data[STABLE_PE_VECS_ATTR], data[STABLE_PE_VALS_ATTR] = vecs, vals.expand(data.num_nodes, self.k).clone()
-        return data
+        return _store_eigenpairs(data, vecs, vals.expand(data.num_nodes, self.k).clone(), STABLE_PE_VECS_ATTR,
+                                 STABLE_PE_VALS_ATTR)
 
     def forward_batch(self, data: Any) -> Any:
         batch, num_graphs = _batch_vector(data)
         vecs, vals = stable_pe_features_batch(data.edge_index, batch, self.k, num_graphs=num_graphs,
                                               edge_weight=getattr(data, "edge_weight", None), **self.options)
-        data[STABLE_PE_VECS_ATTR], data[STABLE_PE_VALS_ATTR] = vecs, vals[batch]
-        return data
+        return _store_eigenpairs(data, vecs, vals[batch], STABLE_PE_VECS_ATTR, STABLE_PE_VALS_ATTR)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(k={self.k})"

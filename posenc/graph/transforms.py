@@ -68,6 +68,19 @@ def _check_k(name: str, value: int) -> None:
     check_int(name, value, minimum=1)
 
 
+def _store_eigenpairs(data: Any, vecs: Tensor, per_node: Tensor | None, attr_name: str | None,
+                      eigenvalues_attr: str | None) -> Any:
+    """Store eigenvectors ``vecs [N, k]`` under ``attr_name`` and, unless ``per_node`` is None, each
+    node's eigenvalues ``per_node [N, k]`` under ``eigenvalues_attr``; with ``attr_name=None`` both
+    go onto ``data.x``, the eigenvalues after the vectors (the order the node encodings read)."""
+    if per_node is None:
+        return _store(data, vecs, attr_name)
+    if attr_name is None:
+        return _store(data, torch.cat([vecs, per_node], dim=-1), None)
+    data[eigenvalues_attr] = per_node
+    return _store(data, vecs, attr_name)
+
+
 def _check_attr(name: str, value: str | None) -> None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{name} must be an attribute name (str) or None; got {value!r}")
@@ -155,12 +168,8 @@ class AddLaplacianPE(BaseTransform):
         if self.random_sign:
             signs = _random_signs(graphs, self.k, vecs.device)
             vecs = vecs * (signs if batch is None else signs[batch])
-        if not self.eigenvalues:
-            return _store(data, vecs, self.attr_name)
-        if self.attr_name is None:
-            return _store(data, torch.cat([vecs, per_node], dim=-1), None)
-        data[self.eigenvalues_attr] = per_node
-        return _store(data, vecs, self.attr_name)
+        return _store_eigenpairs(data, vecs, per_node if self.eigenvalues else None, self.attr_name,
+                                 self.eigenvalues_attr)
 
     def __repr__(self) -> str:
         vals = f", eigenvalues_attr={self.eigenvalues_attr!r}" if self.eigenvalues else ""
