@@ -35,8 +35,8 @@ from torch import Tensor
 from ..common.checks import check_choice, check_static_positions, is_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import Pairing, apply_rotary, check_pairing
-from .rope import check_rotary_dims, rope_frequencies
+from ..common.rotary import Pairing, apply_rotary
+from .rope import check_rope_arguments, rope_frequencies
 from .rope_scaling import RopeScaling
 
 LAYOUTS = ("sections", "interleaved")
@@ -124,11 +124,8 @@ def apply_mrope(
     if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must be [batch, heads, tokens, head_dim] with one head_dim; got {tuple(q.shape)} "
                          f"and {tuple(k.shape)}")
-    r = check_rotary_dims(q.shape[-1], rotary_dim)
-    interleaved = check_pairing(pairing)
+    r = check_rope_arguments(q.shape[-1], rotary_dim, pairing, scaling, static="M-RoPE")
     axes = mrope_axes(sections, r // 2, layout)
-    if scaling is not None and scaling.dynamic:
-        raise ValueError(f"M-RoPE takes a static scaling; {scaling.name} depends on the length")
     inv_freq, factor = rope_frequencies(r, base, scaling)
     _check_positions("positions", positions, q.shape[2])
     k_positions = positions if k_positions is None else k_positions
@@ -136,7 +133,7 @@ def apply_mrope(
     out = []
     for x, pos in ((q, positions), (k, k_positions)):
         cos, sin = mrope_cos_sin(pos, inv_freq, axes, attention_factor=factor)
-        out.append(apply_rotary(x, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=interleaved))
+        out.append(apply_rotary(x, cos.unsqueeze(1), sin.unsqueeze(1), interleaved=pairing == "interleaved"))
     return out[0], out[1]
 
 
@@ -174,12 +171,7 @@ class MRoPE(PositionEncoding):
         scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
-        rotary_dim = check_rotary_dims(head_dim, rotary_dim)
-        check_pairing(pairing)
-        if scaling is not None and not isinstance(scaling, RopeScaling):
-            raise TypeError(f"scaling must be a RopeScaling config (e.g. YaRNScaling(...)) or None; got {scaling!r}")
-        if scaling is not None and scaling.dynamic:
-            raise ValueError(f"M-RoPE takes a static scaling; {scaling.name} depends on the length")
+        rotary_dim = check_rope_arguments(head_dim, rotary_dim, pairing, scaling, static="M-RoPE")
         axes = mrope_axes(sections, rotary_dim // 2, layout)
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base, scaling)
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing

@@ -72,6 +72,26 @@ def check_rotary_dims(head_dim: int, rotary_dim: int | None) -> int:
     return rotary_dim
 
 
+def check_scaling(scaling: RopeScaling | None, *, static: str | None = None) -> None:
+    """``scaling`` is None or a :class:`RopeScaling`; with ``static`` (the caller's name, e.g.
+    "M-RoPE"), a length-dependent scaling is refused too."""
+    if scaling is not None and not isinstance(scaling, RopeScaling):
+        raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
+    if static is not None and scaling is not None and scaling.dynamic:
+        raise ValueError(f"{static} takes a static scaling; {scaling.name} depends on the length")
+
+
+def check_rope_arguments(
+    head_dim: int, rotary_dim: int | None, pairing: Pairing, scaling: RopeScaling | None, *, static: str | None = None
+) -> int:
+    """The checks every rotary encoding makes of its constructor arguments (:func:`check_rotary_dims`,
+    the pairing, :func:`check_scaling`); returns the rotary dim."""
+    rotary_dim = check_rotary_dims(head_dim, rotary_dim)
+    check_pairing(pairing)
+    check_scaling(scaling, static=static)
+    return rotary_dim
+
+
 def current_length(q_pos: Tensor, kv_pos: Tensor) -> Tensor:
     """``max(q_pos, kv_pos) + 1`` per batch row, float64 ``[B]`` (a scalar for 1D positions): the
     length the length-dependent scalings see (q and k must share it, or scores would stop depending
@@ -88,10 +108,9 @@ def rope_frequencies(
     attention factor, for ``scaling`` (None: plain RoPE, ``base^(-2k/r)``). ``length``, the current
     length, is read by the length-dependent scalings only (dynamic NTK, LongRoPE by length; None
     gives their original-length frequencies and long factors respectively)."""
+    check_scaling(scaling)
     if scaling is None:
         return default_inv_freq(rotary_dim, base), 1.0
-    if not isinstance(scaling, RopeScaling):
-        raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
     return scaling.compute(rotary_dim, base, length)
 
 
@@ -223,10 +242,7 @@ class RotaryEncoding(PositionEncoding):
         scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
-        rotary_dim = check_rotary_dims(head_dim, rotary_dim)
-        check_pairing(pairing)
-        if scaling is not None and not isinstance(scaling, RopeScaling):
-            raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
+        rotary_dim = check_rope_arguments(head_dim, rotary_dim, pairing, scaling)
         self.head_dim, self.rotary_dim, self.base, self.pairing = head_dim, rotary_dim, base, pairing
         self.scaling = None
         self.register_buffer("inv_freq", default_inv_freq(2, 10000.0), persistent=False)
@@ -237,8 +253,7 @@ class RotaryEncoding(PositionEncoding):
         """Switch to ``scaling`` (None: plain RoPE) in place, e.g. to extend a trained model's
         context (:func:`posenc.seq.extend_context`). The frequencies are recomputed; the KV-cache
         rule follows the scaling (a length-dependent one refuses a cache)."""
-        if scaling is not None and not isinstance(scaling, RopeScaling):
-            raise TypeError(f"scaling must be a RopeScaling config (e.g. LinearScaling(4.0)) or None; got {scaling!r}")
+        check_scaling(scaling)
         previous = self.scaling
         self.scaling = scaling
         try:
@@ -314,6 +329,6 @@ class RotaryEncoding(PositionEncoding):
 
 
 __all__ = [
-    "PAIRINGS", "Pairing", "rope_inv_freq", "check_rotary_dims", "current_length", "rope_frequencies", "rope_cos_sin",
-    "apply_rope", "RotaryEncoding",
+    "PAIRINGS", "Pairing", "rope_inv_freq", "check_rotary_dims", "check_rope_arguments", "check_scaling",
+    "current_length", "rope_frequencies", "rope_cos_sin", "apply_rope", "RotaryEncoding",
 ]
