@@ -79,10 +79,10 @@ def test_import_posenc_does_not_import_torch_and_its_names_still_resolve():
 
 
 def test_the_catalog_matches_the_live_registry():
-    from posenc.common import catalog
+    from posenc.cli import catalog
 
     assert catalog.DATA_FILE.read_text() == catalog.render(catalog.live_rows()), (
-        "posenc/common/_catalog_data.py is stale: run python -m posenc.common.catalog")
+        "posenc/cli/_catalog_data.py is stale: run python -m posenc.cli.catalog")
 
 
 def test_the_feature_map_names_match_linear_attention():
@@ -101,7 +101,7 @@ def test_the_context_methods_match_posenc_seq_context():
 
 @pytest.mark.parametrize("wrong, right", [("rop", "rope"), ("alibj", "alibi"), ("sinusoidl", "sinusoidal")])
 def test_suggest_names_the_closest(wrong, right):
-    from posenc.common.catalog import names, suggest
+    from posenc.cli.catalog import names, suggest
 
     assert f"{right!r}" in suggest(wrong, names())
     assert suggest("zzzzzz", names()) == ""

@@ -89,7 +89,7 @@ def test_the_torch_free_names_agree_with_the_library():
 
 def test_the_catalog_options_are_what_build_accepts():
     import posenc
-    from posenc.common.catalog import option_error
+    from posenc.cli.catalog import option_error
 
     assert option_error("rope_yarn", ["factor", "original_max_len"]) is None
     with pytest.raises(TypeError, match="unknown argument"):

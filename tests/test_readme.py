@@ -86,7 +86,7 @@ def test_the_cpu_only_commands_are_the_two_commands_after_the_cpu_torch():
 def test_the_readme_stands_alone():
     """Every link of the README points inside the repository, and the references page it names
     cites every registered encoding's paper."""
-    from posenc.common.catalog import names
+    from posenc.cli.catalog import names
 
     text = (ROOT / "README.md").read_text()
     assert "../" not in text and "shared/" not in text

@@ -107,7 +107,7 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<name>[^']*)' \(choose from (
 def _with_suggestion(message: str) -> str:
     """argparse's ``invalid choice: 'lst' (choose from ...)`` with the closest choices instead of all
     of them when one is close (``did you mean 'list'?``)."""
-    from ..common.catalog import suggest
+    from .catalog import suggest
 
     match = _INVALID_CHOICE.search(message)
     if match is None:
@@ -167,10 +167,10 @@ def _add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    """The table of :mod:`posenc.common.catalog` (no torch: the registry's snapshot)."""
+    """The table of :mod:`posenc.cli.catalog` (no torch: the registry's snapshot)."""
     import textwrap
 
-    from ..common.catalog import entries
+    from .catalog import entries
     from ..training.report import format_table, hook_text
 
     infos = entries(args.modality)

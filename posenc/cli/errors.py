@@ -35,7 +35,7 @@ def code_notice(prog: str, flag: str, where: str) -> None:
 def unknown_name(what: str, name: str, choices: Sequence[str], *, listing: str | None = None) -> str:
     """``unknown WHAT 'NAME' (did you mean 'X'?)``; without a close name, where to find them all
     (``listing``, e.g. ``posenc list``) or, for a short list, the names themselves."""
-    from ..common.catalog import suggest
+    from .catalog import suggest
 
     hint = suggest(name, choices)
     if hint:
@@ -54,7 +54,7 @@ def run_checked(
     flags: Mapping[str, str] | None = None,
 ) -> int:
     """Check the arguments, then run ``work``; a problem found by ``check`` (before torch is
-    imported: the checks read the registry's snapshot, :mod:`posenc.common.catalog`) or raised as one of
+    imported: the checks read the registry's snapshot, :mod:`posenc.cli.catalog`) or raised as one of
     ``errors`` while building and training (bad encoding options, unreadable data, ...) is printed
     as ``prog: error: ...`` on one line and exits with 2. A resumed run whose options differ from
     its checkpoint's is reported with the flags (``flags``: TrainConfig field -> flag, over

@@ -126,10 +126,10 @@ def encoding_error(name: str, modalities: Sequence[str], *, model: str, bidirect
     The one rule for every command: the name is registered, its modality is one of ``modalities``,
     a bidirectional model refuses causal-only encodings, and the attention kind (softmax or the
     linear ``feature_map``) can run it (:func:`posenc.common.planning.check_attention_kind`, whose
-    answers the catalog holds). Read from the registry's snapshot (:mod:`posenc.common.catalog`),
+    answers the catalog holds). Read from the registry's snapshot (:mod:`posenc.cli.catalog`),
     so the answer comes before anything imports torch.
     """
-    from ..common.catalog import entry, names
+    from .catalog import entry, names
 
     if name == "none":
         return None
@@ -153,7 +153,7 @@ def encoding_option_error(name: str, options: Sequence[tuple[str, object]],
                           flag: str = "--encoding-option") -> str | None:
     """Why the ``KEY=VALUE`` pairs of ``flag`` do not fit the encoding ``name`` (a key its
     constructor does not take, with the closest names), or None; from the catalog, before torch."""
-    from ..common.catalog import option_error
+    from .catalog import option_error
 
     if not options:
         return None

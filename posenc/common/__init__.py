@@ -2,8 +2,8 @@
 
 ``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
 The names below are imported on first use (module ``__getattr__``), so that the torch-free parts
-(:mod:`.checks`, :mod:`.registry`'s tables, :mod:`.catalog`) can be imported without torch: the
-command line parses its arguments before anything imports torch.
+(:mod:`.checks`, :mod:`.registry`'s tables) can be imported without torch: the command line
+(with :mod:`posenc.cli.catalog`) parses its arguments before anything imports torch.
 """
 
 from __future__ import annotations

@@ -68,11 +68,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..argtypes import int_list, json_path, nonnegative_int, out_directory, positive_int, seed_value
+from ..catalog import entries, suggest
 from ..errors import usage_error
 from ..options import FEATURE_MAPS
 from ..outputs import out_error, save_figure, write_file, write_json_file
 from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
-from ...common.catalog import entries, suggest
 from ...common.registry import ModelDims, build
 from ...training.report import Progress, format_table
 from .caveats import falling_growth, few_rounds, print_warnings, short_timing

@@ -104,7 +104,7 @@ def estimate(args: argparse.Namespace) -> Work:
 
 def _resolve(args: argparse.Namespace) -> str | None:
     """Fill the defaults that depend on ``--task``; return what is wrong, or None."""
-    from ...common.catalog import entry, names
+    from ..catalog import entry, names
     from ..errors import unknown_name
 
     if args.task is not None and args.task not in SEQ_TASKS:

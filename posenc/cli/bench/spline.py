@@ -134,7 +134,7 @@ def estimate(args: argparse.Namespace) -> Work:
 
 def _check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, or None."""
-    from ...common.catalog import names, suggest
+    from ..catalog import names, suggest
 
     if len(set(args.models)) != len(args.models):
         return f"--models: a name is repeated in {','.join(args.models)}"

@@ -80,7 +80,7 @@ def estimate(args: argparse.Namespace):
 
 def _check(args: argparse.Namespace) -> tuple[str | None, list[str], list[str]]:
     """(error, encodings to run, notes)."""
-    from ...common.catalog import names
+    from ..catalog import names
     from ..models.convtran import check_convtran_args, dataset_error, encoding_spec
 
     error = check_convtran_args(args)

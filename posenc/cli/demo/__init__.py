@@ -24,11 +24,11 @@ from pathlib import Path
 from types import ModuleType
 
 from ..argtypes import device_name, positive_int, seed_value
+from ..catalog import suggest
 from ..errors import usage_error
 from ..options import out_dir_error
 from ..outputs import out_error, write_json_file
 from ..sizes import Work, add_allow_large, defaults_of, size_error, transformer
-from ...common.catalog import suggest
 from ...training.report import format_table
 
 PROG = "posenc demo"

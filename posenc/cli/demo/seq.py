@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with this part's arguments, or None."""
-    from ...common.catalog import names
+    from ..catalog import names
     from ..errors import unknown_name
 
     for name in args.seq_encodings.split(","):

@@ -17,7 +17,7 @@ def encoding_spec(text: str) -> str:
     """argparse type: ``none``, a registered name, or ``input+attention``: each part must be an
     encoding the classifier takes, the input encoding first (``tape+erpe``; ``erpe+tape`` is
     refused, so one model has one name). Checked from the catalog, nothing is built."""
-    from ...common.catalog import entry
+    from ..catalog import entry
 
     text = text.strip()
     if text == "none":
@@ -41,7 +41,7 @@ def encoding_options_error(spec: str, options, flag: str = "--encoding-option") 
     """Why the ``KEY=VALUE`` pairs (``NAME.KEY`` for one part of a combination) do not fit the
     encoding ``spec``, or None; the same rule as :func:`posenc.timeseries.convtran.build_encodings`,
     read from the catalog before anything is built."""
-    from ...common.catalog import option_error
+    from ..catalog import option_error
 
     if not options:
         return None

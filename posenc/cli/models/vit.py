@@ -22,7 +22,7 @@ def vit_encoding_error(name: str, flag: str = "--encoding", feature_map: str | N
     error = encoding_error(name, VIT_MODALITIES, model="a ViT", bidirectional=True, flag=flag, feature_map=feature_map)
     if error is not None or name == "none":
         return error
-    from ...common.catalog import entry
+    from ..catalog import entry
 
     info = entry(name)
     if info.modality == "vision":

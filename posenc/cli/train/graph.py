@@ -138,7 +138,7 @@ def _dataset_error(dataset: str | None) -> str | None:
     None; ``--dataset-module`` (None here) is imported when the run starts."""
     import os
 
-    from ...common.catalog import suggest
+    from ..catalog import suggest
 
     if dataset is None or dataset in BUILTIN or os.path.exists(dataset):
         return None
