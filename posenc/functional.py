@@ -61,11 +61,6 @@ alone does not.
 
 from __future__ import annotations
 
-from .common.relative import (
-    clipped_relative_index,
-    relative_position_grid,
-    relative_positions,
-)
 from .common.rotary import PAIRINGS, apply_rotary, rotary_angles, rotary_cos_sin
 from .common.sinusoid import sinusoid_frequencies, sinusoid_table
 from .seq.alibi import alibi_bias, alibi_penalty, alibi_slopes
@@ -73,6 +68,11 @@ from .seq.fox import fox_bias, fox_log_gates
 from .seq.mrope import apply_mrope, mrope_cos_sin
 from .seq.mrope_positions import mrope_next_positions, mrope_position_ids
 from .seq.nope_temperature import attention_temperature
+from .seq.relative import (
+    clipped_relative_index,
+    relative_position_grid,
+    relative_positions,
+)
 from .seq.rope import apply_rope, rope_cos_sin, rope_frequencies
 from .seq.rope_scaling import (
     ROPE_SCALINGS,

@@ -28,7 +28,7 @@ from ..common.checks import (
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
-from ..common.relative import relative_position_grid
+from .relative import relative_position_grid
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

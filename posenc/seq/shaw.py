@@ -45,7 +45,7 @@ from ..common.pairwise import (
 )
 from ..common.shared_table import SharedGradTable
 from ..common.registry import register
-from ..common.relative import clipped_relative_index, relative_positions
+from .relative import clipped_relative_index, relative_positions
 
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
     """``clip(j - i, -k, k) + k`` as ``[B or 1, 1, Tq, Tk]`` (long), the slot of each pair."""

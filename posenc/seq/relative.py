@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_positions, check_static_positions
+from ..common.checks import check_int, check_positions, check_static_positions
 
 
 def relative_positions(q_pos: Tensor, kv_pos: Tensor) -> Tensor:
