@@ -177,15 +177,20 @@ def _rw_vectors(vecs: Tensor, deg: Tensor) -> Tensor:
     return out / out.norm(dim=-2, keepdim=True).clamp(min=torch.finfo(out.dtype).tiny)
 
 
-def _select(vals: Tensor, vecs: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Columns ``1 .. k`` of ascending eigenpairs ``vals [..., n]``, ``vecs [..., n, n]``, zero-padded
-    to ``k`` when ``n - 1 < k``."""
-    vals, vecs = vals[..., 1 : k + 1], vecs[..., 1 : k + 1]
+def _pad_eigenpairs(vals: Tensor, vecs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``vals [..., m]`` and ``vecs [..., n, m]`` with zero columns appended up to ``k`` (a graph
+    with fewer eigenpairs than asked)."""
     missing = k - vals.shape[-1]
     if missing > 0:
         vals = torch.nn.functional.pad(vals, (0, missing))
         vecs = torch.nn.functional.pad(vecs, (0, missing))
     return vals, vecs
+
+
+def _select(vals: Tensor, vecs: Tensor, k: int, skip: int = 1) -> tuple[Tensor, Tensor]:
+    """Columns ``skip .. skip + k - 1`` of ascending eigenpairs ``vals [..., n]``, ``vecs [..., n, n]``
+    (LapPE skips the trivial first one), zero-padded to ``k``."""
+    return _pad_eigenpairs(vals[..., skip: skip + k], vecs[..., skip: skip + k], k)
 
 
 def _dense_eigen(adj: Tensor, k: int, normalization: Normalization) -> tuple[Tensor, Tensor]:

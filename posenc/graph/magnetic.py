@@ -49,7 +49,7 @@ from torch import Tensor
 from ..common.checks import check_allocation, check_bool, check_choice, check_int, check_number
 from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
 from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
-from .laplacian import SPARSE_MIN_NODES, laplacian_pe_batch
+from .laplacian import SPARSE_MIN_NODES, _select, laplacian_pe_batch
 
 PHASES = ("largest", "paper")
 _NORMALIZATIONS = ("sym", None)
@@ -151,27 +151,19 @@ def fix_phase(vecs: Tensor, phase: str = "largest") -> Tensor:
     return vecs * turn
 
 
-def _select(vals: Tensor, vecs: Tensor, k: int, skip: int) -> tuple[Tensor, Tensor]:
-    """Eigenpairs ``skip .. skip + k - 1`` of ascending ``vals [..., n]``, ``vecs [..., n, n]``,
-    zero-padded to ``k``."""
-    vals, vecs = vals[..., skip: skip + k], vecs[..., skip: skip + k]
-    missing = k - vals.shape[-1]
-    if missing > 0:
-        vals = torch.nn.functional.pad(vals, (0, missing))
-        vecs = torch.nn.functional.pad(vecs, (0, missing))
-    return vals, vecs
-
-
-def _features(vals: Tensor, vecs: Tensor) -> tuple[Tensor, Tensor]:
-    """``(vecs [..., n, 2k] = [Re, Im], vals)`` float32."""
+def _features(vals: Tensor, vecs: Tensor, k: int, skip: int, phase: str) -> tuple[Tensor, Tensor]:
+    """From ascending eigenpairs ``vals [..., n]``, ``vecs [..., n, n]`` (complex), whichever solver
+    gave them: pairs ``skip .. skip + k - 1``, zero-padded to ``k``, phases fixed, as
+    ``(vecs [..., n, 2k] = [Re, Im], vals [..., k])`` float32."""
+    vals, vecs = _select(vals, vecs, k, skip)
+    vecs = fix_phase(vecs, phase)
     return torch.cat([vecs.real, vecs.imag], dim=-1).to(torch.float32), vals.real.to(torch.float32)
 
 
 def _dense_part(sym: Tensor, dirs: Tensor, qs: Tensor, k: int, skip: int, normalization, phase: str):
     lap = magnetic_laplacian_stack(sym, dirs, qs, normalization)
     vals, vecs = torch.linalg.eigh(lap)
-    vals, vecs = _select(vals, vecs, k, skip)
-    return _features(vals, fix_phase(vecs, phase))
+    return _features(vals, vecs, k, skip, phase)
 
 
 def _sparse_part(lo: Tensor, hi: Tensor, a_s: Tensor, direction: Tensor, n: int, q: float, k: int, skip: int,
@@ -198,9 +190,8 @@ def _sparse_part(lo: Tensor, hi: Tensor, a_s: Tensor, direction: Tensor, n: int,
     with blas_single_threaded():
         vals_np, vecs_np = eigsh(lap, k=want, which="SA", v0=v0, tol=0, ncv=min(n, max(2 * want + 1, 20)))
     order = np.argsort(vals_np)
-    vals, vecs = torch.from_numpy(vals_np[order].copy()), torch.from_numpy(vecs_np[:, order].copy())
-    vals, vecs = _select(vals, vecs, k, skip)
-    return _features(vals, fix_phase(vecs, phase))
+    return _features(torch.from_numpy(vals_np[order].copy()), torch.from_numpy(vecs_np[:, order].copy()), k, skip,
+                     phase)
 
 
 def magnetic_laplacian_pe(

@@ -41,7 +41,7 @@ from ..common.registry import register
 from ._threads import batch_parts, run_items, single_threaded
 from .edges import check_batch, graph_sizes, local_index
 from .laplacian import _check_options as _check_laplacian_options
-from .laplacian import _laplacian_stack, _prepare
+from .laplacian import _laplacian_stack, _pad_eigenpairs, _prepare
 
 CHUNK_ENTRIES = 1 << 16
 
@@ -56,11 +56,7 @@ def _drop_cut_eigenspace(vals: Tensor, vecs: Tensor, k: int, tolerance: float) -
         tied = (keep_vals - cut).abs() <= tolerance * cut.abs().clamp(min=1.0)
         keep_vals = keep_vals.masked_fill(tied, 0.0)
         keep_vecs = keep_vecs.masked_fill(tied.unsqueeze(-2), 0.0)
-    missing = k - keep_vals.shape[-1]
-    if missing > 0:
-        keep_vals = nn.functional.pad(keep_vals, (0, missing))
-        keep_vecs = nn.functional.pad(keep_vecs, (0, missing))
-    return keep_vals, keep_vecs
+    return _pad_eigenpairs(keep_vals, keep_vecs, k)
 
 
 def _dense_part(split, p: int, weight: Tensor, k: int, normalization, tolerance: float) -> tuple[Tensor, Tensor]:
