@@ -164,15 +164,12 @@ def check_static_positions(
     and leave NaN to the caller."""
     import torch
 
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor; got {type(positions).__name__}")
+    check_tensor(name, positions)
     if positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"{name} must hold integer or real positions; got dtype {positions.dtype}")
     if integer and positions.is_floating_point():
         raise TypeError(f"{name} must be an integer tensor; got dtype {positions.dtype}")
-    if ndim is not None and positions.dim() not in ndim:
-        ranks = " or ".join(str(n) for n in ndim)
-        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(positions.shape)}")
+    _check_rank(name, positions, ndim)
     return positions
 
 
@@ -204,12 +201,16 @@ def check_tensor(
         raise TypeError(f"{name} must be a tensor; got {type(value).__name__}")
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor; got dtype {value.dtype}")
-    if ndim is not None and value.dim() not in ndim:
-        ranks = " or ".join(str(n) for n in ndim)
-        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(value.shape)}")
+    _check_rank(name, value, ndim)
     if min_ndim is not None and value.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions; got shape {tuple(value.shape)}")
     return value
+
+
+def _check_rank(name: str, value: Tensor, ndim: Collection[int] | None) -> None:
+    if ndim is not None and value.dim() not in ndim:
+        ranks = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"{name} must have {ranks} dimensions; got shape {tuple(value.shape)}")
 
 
 def check_transform_backward_inputs(

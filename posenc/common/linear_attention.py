@@ -37,6 +37,7 @@ from .kernels.linear import LINEAR_CHUNK_ROWS, linear_path
 from .masks import AttentionMask
 from .shapes import check_qkv
 
+
 class FeatureMap(nn.Module):
     """A positive feature map for linear attention: ``[..., d] -> [..., m]``.
 

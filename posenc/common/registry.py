@@ -76,6 +76,7 @@ def _ensure_loaded() -> None:
     finally:
         _LOAD_STATE["loading"] = False
 
+
 E = TypeVar("E", bound="type[PositionEncoding]")
 
 

@@ -27,6 +27,7 @@ TUNE_FILE_VARIABLE = "POSENC_TUNE_FILE"
 #: slower on another).
 DEFAULT_CONSTANT_BIAS_BACKWARD: BiasBackward = "explicit"
 
+
 def tune_file() -> Path:
     """The file ``posenc tune`` writes and the plan reads: :data:`TUNE_FILE_VARIABLE`, else
     ``~/.cache/posenc/tune.json``. Deleting it restores the default."""

@@ -29,6 +29,7 @@ from .dense_blocks import (
     key_linear_forward,
 )
 
+
 class _ChunkedBiasAttention(torch.autograd.Function):
     """Fused attention over chunks of query rows, with the bias recomputed per chunk.
 

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..masks import AttentionMask
 from ..pairwise import PairwiseBias
 
+
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention

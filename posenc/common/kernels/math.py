@@ -18,6 +18,7 @@ from .chunking import Form, chunk_rows, frontier, indices, largest_first, repeat
 from .probs import masked_softmax
 from .terms import EncodingTerms
 
+
 def math_block(
     q_rows: Tensor,
     k: Tensor,

@@ -11,6 +11,7 @@ from ..masks import AttentionMask, allowed_of, causal_of, per_batch_of
 from ..pairwise import PairwiseBias
 from .chunking import chunk_rows, frontier, indices, repeat_kv, row_chunked, row_chunks
 
+
 def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     """``P [B, H, rows, keys]``: the softmax of ``scores`` over the keys ``allowed`` marks
     (``[B or 1, 1, rows, keys]``; the entries outside it are zero, and so is a row that sees no
