@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "choosing.md"
 LINK = re.compile(r'href="([^"]+)"|\]\(([^)#\s]+)\)')
-COMMAND = re.compile(r"`(posenc |python scripts/|for e in )")
+COMMAND = re.compile(r"`(posenc |python scripts/|mkdir -p results/[^`]*python scripts/|for e in )")
 
 
 def _links(text: str) -> list[str]:
