@@ -1,4 +1,4 @@
-"""The shared attention core: hooks, masks, kernels, blocks, registry and trainer.
+"""The shared attention core: hooks, masks, kernels, blocks and the registry.
 
 ``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
 The names below are imported on first use (module ``__getattr__``), so that the torch-free parts

@@ -1,13 +1,11 @@
 """Custom autograd Functions under autocast.
 
 posenc's written-out backward passes (the chunked attention backward, the bias tables' gathers,
-FIRE's segments, DeBERTa's skewed products, rotary) choose their working dtype themselves and
-write products into buffers of that dtype (float32 for bfloat16 inputs, ``out=`` of ``bmm``).
-Autocast is thread-local state: a backward run inside an autocast region (``loss.backward()``
-within ``torch.autocast``), or traced by ``torch.compile`` under one, would get bfloat16 products
-from the matmuls for those float32 buffers and fail ("expected scalar type Float but found
-BFloat16"). :func:`autocast_off` runs such a backward with autocast off, as it runs anyway when
-the backward is called outside the region (PyTorch's recommended pattern).
+FIRE's segments, DeBERTa's skewed products, rotary) write products into buffers of the working
+dtype they chose (float32 for bfloat16 inputs). Autocast is thread-local state: such a backward
+run inside an autocast region, or traced by ``torch.compile`` under one, would get bfloat16
+products for those buffers and fail. :func:`autocast_off` runs it with autocast off, as it runs
+anyway outside the region (PyTorch's recommended pattern).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""One attention call, built and checked once: :class:`AttentionCall`.
-
-Every entry point of the core (:func:`~posenc.common.attention.attend`,
-:func:`~posenc.common.attention.attend_with_weights`, :func:`~posenc.common.attention.plan`,
-:class:`~posenc.common.multihead.MultiheadAttention`, the torch drop-in) turns its arguments into
-one frozen call; :func:`~posenc.common.attention.prepare` turns the call into the encoding's terms
-and a :class:`~posenc.common.planning.Plan`, and :func:`~posenc.common.attention.run` runs the
-kernel the plan names. The checks of this module are the only ones on that way.
-"""
+"""One attention call, built and checked once: :class:`AttentionCall`. Every entry point of the
+core turns its arguments into one, and the checks of this module are the only ones on the way
+(docs/architecture.md, "One call through the core")."""
 
 from __future__ import annotations
 
@@ -87,11 +81,8 @@ def _shape(t: Tensor | None) -> str:
 
 @dataclass(frozen=True, repr=False)
 class AttentionCall:
-    """The checked arguments of one attention call.
-
-    Build it with :meth:`checked` (which checks everything once and fills the defaults);
-    :class:`~posenc.common.multihead.MultiheadAttention` builds it from tensors it made itself and
-    checked before projecting.
+    """The checked arguments of one attention call, built by :meth:`checked` (or by
+    :class:`~posenc.common.multihead.MultiheadAttention` from tensors it checked before projecting).
 
     Attributes:
         q: ``[B, Hq, Tq, D]``.

@@ -1,20 +1,7 @@
-"""Chunks of work on a few worker threads, each running torch with one intra-op thread.
-
-Why: the chunked kernel paths issue many operations per chunk of query rows (the bias, the mask,
-the fused kernel, the gradient bookkeeping). Run on the calling thread, each operation is an
-OpenMP parallel region whose end is a barrier that waits for its slowest thread. When another
-process holds one of the cores, that thread is often descheduled, and every one of the thousands
-of regions waits for it: on 2 cores with one busy process beside the run, ALiBi's chunked path
-went from 1.0x to 1.8x of bare SDPA and T5's from 1.7x to 3.0x, while SDPA itself (one large
-region) only slowed down. Here each worker runs whole chunks single-threaded, so there are no
-barriers inside a chunk, and whichever worker's core is free takes the next chunk.
-
-:func:`ordered_map` yields the results in the order of the items, so that whatever the caller
-adds up from them is added in a fixed order (bitwise reproducible). Workers inherit the caller's
-grad mode and inference mode per item. With one torch thread, inside a worker, or while
-``torch.compile`` traces, the items run inline on the calling thread. The number of workers is
-torch's thread count, which :func:`posenc.common.threads.set_threads` sets (the one policy of the
-library and the commands).
+"""Chunks of work on a few worker threads, each running torch with one intra-op thread, so that a
+busy core elsewhere does not stall every small operation of a chunk (docs/architecture.md, "CPU
+threads and the chunk workers"). The number of workers is torch's thread count, which
+:func:`posenc.common.threads.set_threads` sets.
 """
 
 from __future__ import annotations
@@ -105,8 +92,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
 
     Until the last result is taken, the calling thread runs torch on one thread: what it does with
     the results (adding gradients up) runs beside the workers, and its own parallel regions would
-    wait at their barriers for threads whose cores the workers hold (measured: a quarter of the
-    chunked backward's time went there)."""
+    wait at their barriers for threads whose cores the workers hold."""
     items = list(items)
     size = workers()
     if size <= 1 or len(items) <= 1:

@@ -1,23 +1,12 @@
-"""Tensors derived from parameters alone, kept between calls that need no gradient.
+"""Tensors derived from parameters alone, kept between calls that need no gradient
+(:class:`DerivedTensors`: DeBERTa's projected relative embeddings, the by-distance tables; README.md,
+"Generation", says when they are rebuilt).
 
-Some encodings rebuild a table from their parameters at every call although it depends on
-nothing else: DeBERTa projects its ``2k`` relative embeddings through two ``C x C`` matrices per
-layer, which in a cached decoding step costs far more than the attention itself.
-:class:`DerivedTensors` keeps such a result while its sources hold the same values. It is not
-per-call state: the value is a pure function of the parameters, and it is checked against them
-at every use, bit by bit, so an edit of any kind -- an optimizer step, a ``load_state_dict``,
-``param.data.copy_(...)``, which no version counter sees -- rebuilds it. (Bits, not values: the
-same bits give the same table, and NaN in a parameter must not force a rebuild.)
-
-Inside :func:`tracked_edits_only` the check is torch's version counters instead (the same source
-tensors, each at the version and storage it had), which reads no bytes. A cached decoding step
-runs inside it (:class:`~posenc.common.multihead.MultiheadAttention` with a non-empty KV cache):
-its cache already holds keys and values computed from the parameters as they were, so an edit
-that no counter sees leaves such a step stale whatever the tables hold, while the bitwise
-comparison read every source twice per layer and step (DeBERTa: 2 MB, as much again as the
-layer's KV cache; at context 512 a quarter of its decoding step on a 2-core CPU).
-Calls that track gradients to the sources, and code being traced by ``torch.compile``, always
-rebuild (the result must be part of their graph).
+A kept value is a pure function of the parameters, checked against them at every use: bit by bit,
+so that an edit no version counter sees (``param.data.copy_(...)``) rebuilds it (bits, not values:
+NaN in a parameter must not force a rebuild); inside :func:`tracked_edits_only` by torch's version
+counters instead, which read no bytes. Calls that track gradients to the sources, and code being
+traced by ``torch.compile``, always rebuild (the result must be part of their graph).
 """
 
 from __future__ import annotations
@@ -35,12 +24,10 @@ _TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("pose
 
 
 class tracked_edits_only:  # a context manager named as one: with tracked_edits_only(): ...
-    """Within this block, a kept value is checked against its sources by torch's version counters
-    (every tracked edit: an optimizer step, ``load_state_dict``, an in-place operation under
-    ``no_grad``, a new tensor in the parameter's place), not bit by bit: an in-place edit through
-    ``.data``, which no counter sees, is not caught here. For code whose result already assumes
-    unchanged parameters, as a step that reads a KV cache does. (A class, not a generator: it is
-    entered in every layer of every decoding step.)"""
+    """Within this block, a kept value is checked against its sources by torch's version counters,
+    not bit by bit (an edit through ``.data``, which no counter sees, is not caught): for code whose
+    result already assumes unchanged parameters, as a step that reads a KV cache does. (A class,
+    not a generator: it is entered in every layer of every decoding step.)"""
 
     __slots__ = ("_token",)
 

@@ -1,33 +1,5 @@
-"""The position-encoding interface: four hook points into attention.
-
-A position enters a transformer in one of four places, and an encoding declares which it uses
-in ``hooks``:
-
-``Hook.INPUT``
-    added to (or concatenated with) the token features before the blocks
-    (sinusoidal, learned, tAPE, LapPE, RWSE). Method: :meth:`PositionEncoding.encode_input`.
-``Hook.QK``
-    a transform of queries and keys (the rotary family). Method: :meth:`PositionEncoding.transform_qk`.
-``Hook.SCORE_BIAS``
-    an additive bias on the attention scores before the softmax (ALiBi, T5, KERPLE, FIRE,
-    shortest path). Method: :meth:`PositionEncoding.score_bias`, returning a
-    :class:`~posenc.common.pairwise.PairwiseBias` that serves every kernel path.
-    Content-dependent biases (Shaw keys, Transformer-XL) read per-batch tables built from ``q``
-    and ``k`` (``[B, H, Tq, R]``, gathered by a relative index) and list them in ``learned``.
-    An encoding whose term needs the whole score matrix (CAPE's MLP over heads, CoPE's gates)
-    sets ``needs_scores`` and implements :meth:`PositionEncoding.transform_scores`: it receives
-    ``q.k * scale`` (plus its own score bias, if it has one) for every pair, masked pairs
-    included, and returns new scores; the core applies the mask afterwards, so masked entries
-    stay masked whatever the transform does. Only the math path serves it.
-``Hook.POST_SOFTMAX``
-    after the softmax or on the values: an additive bias on the probabilities
-    (eRPE: :meth:`PositionEncoding.prob_bias`), which stays outside the fused kernel because
-    ``(A + B) V = A V + B V``; or a term that needs the probabilities themselves
-    (:meth:`PositionEncoding.value_term`, Shaw's value term), which forces the math path --
-    unless the term is a table over clipped relative offsets
-    (:meth:`PositionEncoding.offset_values`): then, on CPU, for causal attention over
-    consecutive positions, the core computes it exactly from the fused kernel's log-sum-exp and
-    the scores on the few diagonals it needs (:func:`posenc.common.kernels.offset_value_term`).
+"""The position-encoding interface: :class:`PositionEncoding` and its four hook points (``input``,
+``qk``, ``score_bias``, ``post_softmax``; the table in README.md, "One core, four hook points").
 
 Positions are always explicit arguments: ``q_pos`` ``[B or 1, Tq]`` and ``kv_pos`` ``[B or 1, Tk]``
 (integer or float; a trailing coordinate axis for 2D encodings). Modules hold parameters and
@@ -136,18 +108,15 @@ class PositionEncoding(nn.Module):
 
     def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         """The decoding hook: :meth:`score_bias` for a decoding step
-        (:func:`~posenc.common.planning.decoding_step`: at most
-        :data:`~posenc.common.planning.FEW_ROWS` query rows over more keys, no gradient). The same
-        values; an encoding overrides it where a few rows against the whole KV cache are computed
-        better another way (the whole ``[B, H, rows, Tk]`` bias at once, the queries taken back
-        through a projection instead of every key forward). The dense and math kernels then run the
-        rows in one pass. Default: :meth:`score_bias`."""
+        (:func:`~posenc.common.planning.decoding_step`), with the same values; an override computes
+        a few rows against the whole KV cache another way (docs/architecture.md, "Add an encoding
+        with a decoding hook"). Default: :meth:`score_bias`."""
         return self.score_bias(q, k, q_pos, kv_pos)
 
     def transform_scores(
         self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None
     ) -> Tensor:
-        """New scores from the whole score matrix (``needs_scores``).
+        """New scores from the whole score matrix (``needs_scores``; the math path only).
 
         ``scores [B, H, Tq, Tk]`` are ``q.k * scale`` plus the encoding's score bias, finite at
         every pair; ``q [B, H, Tq, D]`` and ``k [B, H, Tk, D]`` (key heads already repeated);
@@ -182,7 +151,8 @@ class PositionEncoding(nn.Module):
         raise TypeError(f"{type(self).__name__} has no after-softmax bias")
 
     def value_term(self, probs: Tensor, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
-        """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]``."""
+        """Extra output from the probabilities ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, D]`` (the math
+        path, unless :meth:`offset_values` gives the fused form)."""
         raise TypeError(f"{type(self).__name__} has no value term")
 
     def math_parameters(self) -> tuple[Tensor, ...]:

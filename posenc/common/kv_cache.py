@@ -1,9 +1,7 @@
-"""KV cache for incremental decoding. It is an explicit argument, never module state.
-
-A layer's cache holds keys, values and key positions (:class:`LayerKVCache`); the stack's cache
-(:class:`KVCache`) holds one per layer and, for a conditional module between blocks (a causal 1D
-PEG), the rows of the token stream it reads (:class:`TokenRows`): data of the tokens, like the
-keys, cropped with them, never a module's private state."""
+"""KV cache for incremental decoding, an explicit argument, never module state: per layer keys,
+values and key positions (:class:`LayerKVCache`), and the token rows a conditional module between
+blocks reads (:class:`TokenRows`), cropped with the keys (docs/architecture.md, "The way of a KV
+cache")."""
 
 from __future__ import annotations
 
@@ -12,16 +10,13 @@ from torch import Tensor
 
 
 class LayerKVCache:
-    """Keys, values and key positions seen so far by one attention layer.
+    """Keys (after the encoding's q/k transform: each transformed once, at its own position),
+    values and key positions seen so far by one attention layer.
 
-    Keys are stored after the encoding's q/k transform, so each is transformed once, at its own
-    position; positions are kept for score biases over the whole history.
-
-    The history lives in buffers with room to grow (the capacity doubles when full), so a decoding
-    step writes its one new key in place instead of copying the whole cache; ``k``, ``v`` and
-    ``pos`` are views of the filled part. When a gradient flows through the keys (a cache used in
-    training), appending concatenates instead, as autograd needs. :meth:`crop` drops the newest
-    entries (to rewind a cache, as HF's ``DynamicCache.crop``).
+    The history lives in buffers whose capacity doubles when full, so a decoding step writes its
+    one new key in place instead of copying the whole cache; ``k``, ``v`` and ``pos`` are views of
+    the filled part. While a gradient flows through the keys, appending concatenates instead, as
+    autograd needs. :meth:`crop` drops the newest entries (as HF's ``DynamicCache.crop``).
     """
 
     def __init__(self) -> None:

@@ -2,27 +2,10 @@
 
 With a positive feature map ``phi`` the similarity ``phi(q).phi(k)`` replaces ``exp(q.k / sqrt(d))``
 and the sums factor through ``phi(K)^T V`` (``[m, D]`` per head): time and memory linear in ``T``,
-no score matrix. Two feature maps:
-
-* :class:`EluFeatureMap`, ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, Transformers are
-  RNNs, https://arxiv.org/abs/2006.16236);
-* :class:`FavorFeatureMap`, Performer's positive orthogonal random features (Choromanski et al.
-  2021, Rethinking Attention with Performers, https://arxiv.org/abs/2009.14794):
-  ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m)`` with ``x' = x / d^(1/4)``, so that
-  ``E[phi(q).phi(k)] = exp(q.k / sqrt(d))``. ``W`` (``[m, d]``, blocks of ``d`` orthogonal rows
-  with chi-distributed norms) is a buffer: drawn at construction, redrawn only by
-  :meth:`FavorFeatureMap.redraw` (so evaluation is deterministic).
-
-The kernel is :mod:`posenc.common.kernels.linear`. Masks: causal attention (bottom-right aligned, as in the softmax core) runs over chunks of rows:
-inside a chunk an explicit ``[B, H, C, C]`` block, across chunks a running state ``S = sum phi(k)
-v^T`` (``[B, H, m, D]``) and normaliser ``z = sum phi(k)``. Key padding zeroes the padded keys'
-features and values, whatever they held (NaN included). Packed sequences (``AttentionMask.packed``:
-the same segment ids for queries and keys, each segment one contiguous run) carry the state of the
-run that crosses a chunk boundary only; non-causal packing adds a second, backward scan for the
-keys after the chunk. A sliding window, or segments that are not contiguous runs, have no linear
-form here: a clear error.
-
-Rows that see no key give zeros (as the softmax core does for fully masked rows).
+no score matrix. The feature maps: :class:`EluFeatureMap` (Katharopoulos et al. 2020, Transformers
+are RNNs, https://arxiv.org/abs/2006.16236) and :class:`FavorFeatureMap` (Choromanski et al. 2021,
+Rethinking Attention with Performers, https://arxiv.org/abs/2009.14794). The kernel, and the masks
+it has a form for, are :mod:`posenc.common.kernels.linear`.
 """
 
 from __future__ import annotations
@@ -77,7 +60,8 @@ def orthogonal_random_features(num_features: int, head_dim: int, generator: torc
 
 
 class FavorFeatureMap(FeatureMap):
-    """Performer's FAVOR+ positive orthogonal random features.
+    """Performer's FAVOR+ positive orthogonal random features: ``phi(x) = exp(W x' - |x'|^2 / 2) /
+    sqrt(m)`` with ``x' = x / d^(1/4)``, so that ``E[phi(q).phi(k)] = exp(q.k / sqrt(d))``.
 
     Args:
         head_dim: ``d``.
@@ -85,8 +69,8 @@ class FavorFeatureMap(FeatureMap):
         seed: seed of the first draw (None: torch's global generator).
         eps: added to every feature (Performer's kernel epsilon), keeps the normaliser positive.
 
-    The projection ``W [m, d]`` is a buffer (saved with the model): drawn here and by
-    :meth:`redraw` only, never behind the caller's back.
+    The projection ``W [m, d]`` (:func:`orthogonal_random_features`) is a buffer saved with the
+    model: drawn here and by :meth:`redraw` only, so evaluation is deterministic.
     """
 
     name = "favor+"
@@ -173,7 +157,7 @@ def linear_attention(
 ) -> Tensor:
     """Linear attention of ``q [B, Hq, Tq, d]`` over ``k [B, Hkv, Tk, d]``, ``v [B, Hkv, Tk, Dv]``
     (``Hq`` a multiple of ``Hkv``) with ``feature_map``, under ``mask`` (causal, key padding,
-    packed; see the module docstring). ``chunk``: query rows per block of the causal / packed
+    packed: :mod:`posenc.common.kernels.linear`). ``chunk``: query rows per block of the causal / packed
     scan (default :data:`LINEAR_CHUNK_ROWS`). Returns ``[B, Hq, Tq, Dv]``; no ``T x T`` tensor is
     built."""
     check_qkv(q, k, v, value_width=False)

@@ -3,11 +3,8 @@ sliding window.
 
 One mask is one boolean function ``allowed(b, h, q_idx, kv_idx)``; it becomes a dense boolean
 mask for SDPA and the math path, or a FlexAttention ``BlockMask`` on CUDA. Build one mask object
-per forward pass and hand it to every layer: the block mask is then computed once.
-
-Causal masks are aligned bottom-right: with ``Tq`` queries and ``Tk`` keys, query ``i`` sees keys
-``j <= i + (Tk - Tq)``. That is the KV-cache convention (new queries come after the cached keys);
-for ``Tq == Tk`` it is the usual lower triangle.
+per forward pass and hand it to every layer: the block mask is then computed once. Causal masks
+are aligned bottom-right, the KV-cache convention (new queries come after the cached keys).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Rotary application, shared by every rotary encoding (1D RoPE and its scalings, xPos, 2D RoPE).
 
-Two pairing conventions are used by real checkpoints and both are supported, by name:
-
-* ``pairing="interleaved"`` (``interleaved=True``): pairs ``(2k, 2k+1)`` (GPT-J,
-  rotary-embedding-torch, torchtune);
-* ``pairing="half_split"`` (``interleaved=False``): pairs ``(k, k + r/2)`` (GPT-NeoX, Hugging
-  Face Llama).
-
-Only the first ``r = 2 * cos.shape[-1]`` features are rotated (partial rotary); the rest pass
-through. The backward pass is the rotation by the opposite angle, so nothing but ``cos`` and ``sin``
-is saved for it.
-
-The functions here take inverse frequencies; :func:`posenc.functional.rope_cos_sin` and
-:func:`posenc.functional.apply_rope` make them from a base and a context-extension scaling.
+Both pairings of real checkpoints, by name: ``"interleaved"`` rotates pairs ``(2k, 2k+1)`` (GPT-J,
+rotary-embedding-torch, torchtune), ``"half_split"`` pairs ``(k, k + r/2)`` (GPT-NeoX, Hugging Face
+Llama). Only the first ``r = 2 * cos.shape[-1]`` features are rotated (partial rotary). The
+backward pass is the rotation by the opposite angle, so nothing but ``cos`` and ``sin`` is saved.
+The functions take inverse frequencies; :func:`posenc.functional.rope_cos_sin` makes them from a
+base and a context-extension scaling.
 """
 
 from __future__ import annotations

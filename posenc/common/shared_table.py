@@ -86,7 +86,7 @@ class SharedGradTable:
     the table itself): the shared buffer is Python state that backward nodes hand on to each
     other, which a traced graph does not replay (Shaw's compiled gradients came out wrong
     through it). With gradients, a traced call then takes the bias as one block of plain
-    differentiable operations (``_traced_dense`` in :mod:`posenc.common.kernels`), not the
+    differentiable operations (``_traced_dense`` in :mod:`posenc.common.kernels.dense`), not the
     chunked Function, whose per-block ``autograd.grad`` would rerun the compiled graph's
     backward."""
 

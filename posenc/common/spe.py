@@ -1,38 +1,21 @@
 """Stochastic positional encoding (SPE): what its 1D and 2D variants share.
 
 Liutkus, Cifka, Wu, Simsekli, Yang, Richard 2021, Relative Positional Encoding for Transformers
-with Linear Complexity (ICML), https://arxiv.org/abs/2105.08399.
-
-Linear attention never forms ``q_m . k_n``, so a relative term cannot be added to the scores.
-SPE instead replaces each query and key, per head, by ``R`` random features whose dot product
-is, in expectation over the noise, the score weighted by a positional kernel::
+with Linear Complexity (ICML), https://arxiv.org/abs/2105.08399; the idea, the gating and the
+noise policy are in README.md ("Stochastic positional encodings"). Per head::
 
     qhat_m = R^(-1/2) sum_d q_{m,d} Qbar_{m,d,:}        khat_n = R^(-1/2) sum_d k_{n,d} Kbar_{n,d,:}
     E[qhat_m . khat_n] = sum_d q_{m,d} k_{n,d} P_d(m - n)
 
-``Qbar`` and ``Kbar`` (``[positions, H, D, R]``) are Gaussian processes over positions with
-cross-covariance ``E[Qbar_{m,d,r} Kbar_{n,d,r}] = P_d(m - n)``, independent over ``d`` and
-``r``. A subclass says how to draw them and what ``P_d`` is (:meth:`StochasticPositionalEncoding.kernel`):
-sinusoids with random amplitudes (``sine_spe``), white noise through learned filters
-(``conv_spe``, ``conv_spe2d``). The estimate's error falls like ``1 / sqrt(R)``.
+``Qbar``, ``Kbar`` (``[positions, H, D, R]``) are Gaussian processes with cross-covariance
+``P_d(m - n)`` (:meth:`StochasticPositionalEncoding.kernel`), independent over ``d`` and ``r``.
+The gate mixes in position-free noise ``eps`` that queries and keys share, ``Qbar' = sqrt(1 - g)
+Qbar + sqrt(g) eps`` (kernel ``(1 - g) P_d + g``); prefix tokens get ``eps`` alone.
 
-Gating (``gated=True``, the paper's default): per head and dimension a gate ``g = sigmoid(w)``
-mixes in noise ``eps_{d,r}`` that queries and keys share and that ignores position,
-``Qbar' = sqrt(1 - g) Qbar + sqrt(g) eps``; the kernel becomes ``(1 - g) P_d + g``. Prefix
-tokens (class token, registers; ``num_prefix_tokens``) get ``eps`` alone: a plain dot product.
-
-Noise: in training each call draws a fresh seed from torch's generator (``torch.manual_seed``
-reproduces a run); in evaluation the fixed ``seed`` is used, so outputs are deterministic. A seed
-gives the same noise on every CPU; on CUDA the noise is drawn on the device (its own stream,
-the same distribution), so a model's outputs differ between CPU and CUDA by one draw. All
-noise is a function of that seed and of absolute position (:func:`positional_noise`), so the
-codes are computed in chunks of tokens and recomputed in the backward pass instead of storing
-``[T, H, D, R]`` tensors: memory stays linear in ``T`` with a small constant.
-
-Linear attention only (the plan refuses softmax: the exponential of a noisy estimate is not the
-exponential of its mean). The queries and keys leave with width ``R`` (:meth:`qk_width`): build
-the feature map for that width. Keys of grouped-query attention are expanded to the query heads
-(the codes are per query head). No KV cache: training redraws the noise every call.
+All noise is a function of the seed and the absolute position (:func:`positional_noise`), so the
+codes are computed in chunks of tokens and recomputed in the backward pass. CUDA draws the noise
+on the device (its own stream, the same distribution): outputs differ from the CPU's by one draw.
+Keys of grouped-query attention are expanded to the query heads (the codes are per query head).
 """
 
 from __future__ import annotations

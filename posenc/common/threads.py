@@ -1,29 +1,6 @@
-"""How many CPU threads posenc's work runs on: one policy for the library and every command.
-
-Why a policy at all: torch runs each CPU operation above a small size on a team of OpenMP
-threads that meet at a barrier when the operation ends. A training step is thousands of such
-operations. While every thread of the team has a core, that costs little; once another process
-takes one of those cores, the descheduled thread holds up the whole team at every barrier and a
-step costs scheduler time slices instead of work. torch's default team is one thread per core,
-so it is exactly the setting that breaks when anything else runs on the machine.
-
-The rule, :func:`default_threads`: one thread fewer than the cores this process may use (at
-least one). A team of ``k`` threads keeps its pace as long as ``k`` cores are free for it, so
-``cores - 1`` holds with one other busy process on any machine, and on a two-core machine it is
-one thread: no team and no barrier at all, which holds under any load. On a quiet machine it
-gives up at most one core's share of the parallel work. Under heavier sharing, fewer threads
-are always safe: ``set_threads(1)`` (``--threads 1``) never waits on a barrier. A thread count
-the user set in ``OMP_NUM_THREADS`` is the default instead (``torchrun`` sets it to 1 for its
-processes).
-
-posenc's own thread pools follow the same number: the chunked attention paths
-(:mod:`posenc.common.chunk_pool`) and the batched graph encodings (``posenc.graph._threads``)
-spread independent pieces of work over ``torch.get_num_threads()`` single-threaded workers,
-which hold under load because no worker waits for another until the end.
-
-Library code never changes the thread count by itself: call :func:`set_threads` (``posenc.set_threads``)
-once, before the work; the ``posenc`` commands call it with their ``--threads`` before torch is
-imported. This module does not import torch.
+"""How many CPU threads posenc's work runs on: one policy for the library and every command, and
+why (docs/architecture.md, "CPU threads and the chunk workers"). The rule is
+:func:`default_threads`; :func:`set_threads` applies it. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -57,7 +34,9 @@ def _user_setting() -> int | None:
 
 def default_threads() -> int:
     """``OMP_NUM_THREADS`` when the user set it to a positive integer, else
-    ``max(1, usable_cores() - 1)`` (the reasoning is in this module's docstring)."""
+    ``max(1, usable_cores() - 1)``: a team of ``k`` threads keeps its pace while ``k`` cores are
+    free for it, so ``cores - 1`` holds with one other busy process, at the cost of at most one
+    core's share on a quiet machine."""
     user = _user_setting()
     return user if user is not None else max(1, usable_cores() - 1)
 

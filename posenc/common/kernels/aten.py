@@ -10,9 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# tests/test_kernels_aten.py compares the schemas below with the installed torch, so a change of
-# signature fails loudly there instead of silently here.
-
 CPU_FLASH_FORWARD_SCHEMA = (
     "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, "
     "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) "

@@ -1,11 +1,6 @@
-"""Chunks of query rows: how many rows a chunk holds, in which order the workers take them, and
-the generic autograd function that recomputes each chunk alone in the backward pass.
-
-The chunks of ``dense`` (on CPU) and ``math`` run on a pool of single-threaded workers
-(:mod:`posenc.common.chunk_pool`), so that a busy core elsewhere does not stall every small
-operation. The plan (:func:`posenc.common.planning.decide`) picks the rows per chunk with the
-functions here; the kernels take what the plan says.
-"""
+"""Chunks of query rows: how many rows a chunk holds (the plan asks here), in which order the
+workers take them, and the generic autograd function that recomputes each chunk alone in the
+backward pass (docs/architecture.md, "CPU threads and the chunk workers")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The ``dense`` path: a score bias handed to a fused kernel chunk by chunk of query rows.
-
-Inside one autograd function each bias chunk is recomputed in the backward pass, so no ``T x T``
-tensor is kept; with causal masks each chunk stops at its last visible key. On CPU each chunk
-runs SDPA's flash kernel forward; the backward is the plan's ``bias_backward``: SDPA's flash
-backward (a constant bias on CPU, where the plan picks it) or the written-out chunk backward,
-which also yields the bias's gradient. Off CPU each chunk is computed explicitly. The plan's ``form`` says whether the rows go in chunks, in one pass (no
-gradient) or as one traced block.
+"""The ``dense`` path: a score bias handed to a fused kernel chunk by chunk of query rows, each
+bias chunk recomputed in the backward pass, so that no ``T x T`` tensor is kept (with a causal
+mask each chunk stops at its last visible key). On CPU each chunk runs SDPA's flash kernel
+forward and the backward the plan names (``bias_backward``); off CPU each chunk is explicit.
 """
 
 from __future__ import annotations
@@ -33,12 +29,9 @@ from .dense_blocks import (
 class _ChunkedBiasAttention(torch.autograd.Function):
     """Fused attention over chunks of query rows, with the bias recomputed per chunk.
 
-    Only ``q, k, v``, the output and the log-sum-exp are saved; each bias chunk lives only while
-    its kernel runs, in the forward and again in the backward pass. The backward is the flash
-    kernel's where the plan chose it (a constant bias on CPU), else the chunked explicit one,
-    which also yields the bias gradient (T5 tables, learned slopes, content-dependent tables), so
-    it too keeps no ``T x T`` tensor. ``learned`` are the tensors the
-    bias reads that may need a gradient.
+    Only ``q, k, v``, the output and the log-sum-exp are saved between the passes. The backward is
+    the flash kernel's where the plan chose it, else the chunked explicit one, which also yields
+    the gradient of ``learned``, the tensors the bias reads that may need one.
 
     Returns ``(out [B, H, Tq, D], lse [B, H, Tq])``; the log-sum-exp of each query row is
     differentiable too (an encoding's fused value term reads probabilities as ``exp(S - lse)``),
@@ -171,8 +164,8 @@ def dense_path(
     differentiates. ``return_lse``: also the log-sum-exp ``[B, H, Tq]`` of each query row's
     scores (differentiable). ``offset_start``: the plan's, when not None the bias blocks are cut
     from its ``by_offset`` values along the diagonals. ``bias_backward``: the plan's
-    (``"flash"`` or ``"explicit"``; None: explicit off CPU, flash on it). ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk,
-    D]`` -> ``[B, Hq, Tq, D]``."""
+    (``"flash"`` or ``"explicit"``; None: explicit off CPU, flash on it).
+    ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
     groups = q.shape[1] // k.shape[1]
     b, h, tq, _ = q.shape
     tk = k.shape[2]

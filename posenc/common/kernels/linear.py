@@ -1,6 +1,13 @@
-"""The linear-attention path: ``phi(Q) (phi(K)^T V)`` normalised by ``phi(Q) sum phi(K)``, with
-a running state over blocks of query rows for causal and packed masks (the forms and the
-feature maps are described in :mod:`posenc.common.linear_attention`)."""
+"""The linear-attention path: ``phi(Q) (phi(K)^T V)`` normalised by ``phi(Q) sum phi(K)``.
+
+Causal attention (bottom-right aligned, as in the softmax core) runs over chunks of rows: inside a
+chunk an explicit ``[B, H, C, C]`` block, across chunks a running state ``S = sum phi(k) v^T``
+(``[B, H, m, D]``) and normaliser ``z = sum phi(k)``. Key padding zeroes the padded keys' features
+and values, whatever they held. Packed sequences (each segment one contiguous run) carry the state
+of the run that crosses a chunk boundary only; non-causal packing adds a second, backward scan for
+the keys after the chunk. A sliding window, or segments that are not contiguous runs, have no
+linear form (:func:`posenc.common.linear_attention.check_linear_mask`). Rows that see no key give
+zeros, as in the softmax core."""
 
 from __future__ import annotations
 

@@ -17,11 +17,10 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
     (``[B or 1, 1, rows, keys]``; the entries outside it are zero, and so is a row that sees no
     key). ``scores`` is not written. The masked scores in one pass (``torch.where``, not a copy
     then a fill); on CPU a block whose every row sees a key (causal self-attention) skips the
-    pass that zeroes the others (CAPE and CoPE at B=4, T=1024: 5-8% of the step).
-    ``torch.softmax`` rather than ``exp(S - lse)``: on CPU its exponential stays fast where
-    ``exp_`` and ``logsumexp`` slow down 10-50x on scores far below the row's maximum (denormal
-    and underflowing results, as an ALiBi bias of -500 gives). Checks the shapes and dtypes, not
-    the values."""
+    pass that zeroes the others. ``torch.softmax`` rather than ``exp(S - lse)``: on CPU its
+    exponential stays fast where ``exp_`` and ``logsumexp`` slow down many times on scores far
+    below the row's maximum (denormal results, as an ALiBi bias of -500 gives). Checks the shapes
+    and dtypes, not the values."""
     check_tensor("scores", scores, floating=True, min_ndim=1)
     if allowed is not None:
         check_tensor("allowed", allowed)
