@@ -253,7 +253,8 @@ def blas_single_threaded() -> Iterator[None]:
         if _blas_users == 0:
             try:
                 if _blas_controller is None:
-                    from threadpoolctl import ThreadpoolController
+                    import scipy.sparse.linalg  # noqa: F401  (scipy's own BLAS loaded first: the controller
+                    from threadpoolctl import ThreadpoolController  # sees only the libraries loaded now)
 
                     _blas_controller = ThreadpoolController()  # inspects the loaded libraries once
                 _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
