@@ -166,6 +166,21 @@ def row_chunked(rows_fn, chunks, rows_in: list[Tensor], keys_in: list[Tensor], o
     return RowChunks.apply(rows_fn, chunks, len(rows_in), len(keys_in), *rows_in, *keys_in, *others)
 
 
+def add_key_part(total: Tensor | None, part: Tensor | None, kv_end: int, like: Tensor) -> Tensor | None:
+    """``total`` (None before the first part) plus ``part``, a chunk's gradient of the first
+    ``kv_end`` keys of ``like`` ``[B, H, Tk, D]``. A part over every key, taken first, becomes the
+    total itself: with a causal mask the last rows' chunk spans every key, so no zero-filled buffer
+    is made beside it."""
+    if part is None:
+        return total
+    if total is None:
+        if kv_end == like.shape[2]:
+            return part.to(like.dtype)
+        total = torch.zeros_like(like)
+    total[:, :, :kv_end] += part
+    return total
+
+
 def frontier(*groups) -> list[Tensor]:
     """The tensors of ``groups`` that may need a gradient, each once."""
     seen, out = set(), []

@@ -15,7 +15,7 @@ from ..masks import AttentionMask, allowed_of, causal_of, per_batch_of
 from ..pairwise import PairwiseBias
 
 from .aten import cpu_flash_backward
-from .chunking import Form, dense_chunk_rows, indices, largest_first, repeat_kv, row_chunks
+from .chunking import Form, add_key_part, dense_chunk_rows, indices, largest_first, repeat_kv, row_chunks
 from .dense_blocks import (
     OffsetBias,
     bias_block,
@@ -122,8 +122,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
             dq[:, :, s:e] = gq  # chunks own disjoint rows
             return kv_end, gk, gv, grads
 
-        # Last chunk first: with a causal mask it spans every key, so its gradients become dk, dv
-        # without a zero-filled buffer beside them. Parts are added in this fixed order.
+        # Last chunk first (add_key_part); parts are added in this fixed order.
         dk = dv = None
         grad_values = None
         for kv_end, gk, gv, grads in chunk_pool.ordered_map(run, reversed(list(row_chunks(tq, tk, chunk, causal)))):
@@ -134,13 +133,7 @@ class _ChunkedBiasAttention(torch.autograd.Function):
                 for i, grad in zip(wanted, grads):
                     if grad is not None:
                         learned_grads[i] = grad if learned_grads[i] is None else learned_grads[i] + grad
-            if dk is None and kv_end == tk:
-                dk, dv = gk.to(k.dtype), gv.to(v.dtype)
-                continue
-            if dk is None:
-                dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-            dk[:, :, :kv_end] += gk
-            dv[:, :, :kv_end] += gv
+            dk, dv = add_key_part(dk, gk, kv_end, k), add_key_part(dv, gv, kv_end, v)
             del gk, gv
         if values_live is not None and grad_values is not None:
             for i, grad in zip(wanted, torch.autograd.grad(values_live, learned, grad_values, allow_unused=True)):

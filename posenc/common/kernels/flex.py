@@ -24,8 +24,7 @@ def _compiled_flex():
 
 # Each encoding's score_mod, each mask_mod and each prefill/decode shape is an entry in the one
 # compiled flex_attention's cache. Past dynamo's default limit (8) torch runs the unfused flex
-# instead, which materializes every score (seen on an H200: ALiBi's prefill of 512 tokens took
-# 4.6 s after the bench had compiled a few other encodings).
+# instead, which materializes every score: seconds for one prefill on a GPU.
 FLEX_RECOMPILE_LIMIT = 64
 
 
@@ -38,7 +37,7 @@ def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     before = dynamo_config.recompile_limit
     if torch.compiler.is_compiling() or before >= FLEX_RECOMPILE_LIMIT:
         return _compiled_flex()(q, k, v, **kwargs)
-    # set and restored by hand: config.patch costs 26 us a call, four layers of every decoding step
+    # set and restored by hand: config.patch costs more than this in every layer of a decoding step
     dynamo_config.recompile_limit = FLEX_RECOMPILE_LIMIT
     try:
         return _compiled_flex()(q, k, v, **kwargs)

@@ -14,7 +14,8 @@ from torch import Tensor
 from .. import chunk_pool
 from ..amp import autocast_off
 from ..masks import AttentionMask, allowed_of, causal_of
-from .chunking import Form, chunk_rows, frontier, indices, largest_first, repeat_kv, row_chunked, row_chunks
+from .chunking import (Form, add_key_part, chunk_rows, frontier, indices, largest_first, repeat_kv, row_chunked,
+                       row_chunks)
 from .probs import masked_softmax
 from .terms import EncodingTerms
 
@@ -178,27 +179,14 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             gk_extra = found.pop(0) if k_leaf.requires_grad else None
             return kv_end, qk_grads(d_raw, rows, k_c, q_scaled, gq_extra, gk_extra), gv, found
 
-        # Last chunk first: with a causal mask it spans every key (see _ChunkedBiasAttention).
+        # Last chunk first (add_key_part).
         dk = dv = None
         grads: list[Tensor | None] = [None] * len(wanted)
         for kv_end, gk, gv, found in chunk_pool.ordered_map(run, reversed(list(row_chunks(tq, tk, ctx.chunk, causal)))):
             for i, grad in enumerate(found):
                 if grad is not None:
                     grads[i] = grad if grads[i] is None else grads[i] + grad
-            for name, part in (("k", gk), ("v", gv)):
-                if part is None:
-                    continue
-                total = dk if name == "k" else dv
-                if total is None and kv_end == tk:
-                    total = part
-                else:
-                    if total is None:
-                        total = torch.zeros_like(k)
-                    total[:, :, :kv_end] += part
-                if name == "k":
-                    dk = total
-                else:
-                    dv = total
+            dk, dv = add_key_part(dk, gk, kv_end, k), add_key_part(dv, gv, kv_end, v)
         found = iter(grads)
         others_grads = [next(found) if need else None for need in ctx.needs_input_grad[7:]]
         return (dq if need_q else None, dk, dv, None, None, None, None, *others_grads)
