@@ -116,7 +116,8 @@ def test_the_reference_is_the_cumulative_form():
     assert torch.isneginf(PF.fox_bias(log_f)[:, :, j, i][:, :, i != j]).all()
 
 
-@pytest.mark.parametrize("backend,path", [("auto", "dense"), ("dense", "dense"), ("math", "math"), ("flex", "flex")])
+@pytest.mark.parametrize("backend,path", [("auto", "sdpa"), ("sdpa", "sdpa"), ("dense", "dense"), ("math", "math"),
+                                          ("flex", "flex")])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_path_matches_the_float64_reference(case, backend, path, small_chunks):
     """Forward, and backward to q, k, v, the gate weights and biases (flex: forward; CPU flex has no backward)."""
@@ -127,7 +128,7 @@ def test_every_path_matches_the_float64_reference(case, backend, path, small_chu
     forward_only = path == "flex"
     with torch.set_grad_enabled(not forward_only):
         plan = posenc.plan(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
-        assert plan.path == path, plan
+        assert plan.path == path and plan.key_column == (path == "sdpa"), plan
         out = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, encoding=enc, mask=case.mask(), backend=backend)
     expected = _reference(enc, case, q, k, v)
     assert not out.isnan().any()
@@ -235,6 +236,49 @@ def test_float32_training_step_is_close_to_float64():
     torch.testing.assert_close(out.double(), expected.detach(), rtol=1e-4, atol=1e-5)
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q32, k32, v32, enc32.weight, enc32.bias))
+
+
+def test_the_plan_carries_the_gates_as_a_key_column_where_it_can():
+    """``F_i - F_j`` is ``-F_j`` plus a constant per row: off CUDA, in float32 or float64 and outside
+    a decoding step, SDPA takes ``-F_j`` as one more key column; bfloat16 (whose column would round
+    the sums) and a decoding step take the dense path; backend='sdpa' asks for the column."""
+    enc = _fox().float()
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (t.detach().float().requires_grad_() for t in _qkv(CASES[0], gen))
+    pos, causal = torch.arange(12)[None], posenc.AttentionMask(causal=True)
+    p = posenc.plan(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=causal)
+    assert p.label == "sdpa+key_column" and p.key_column
+    half = enc.to(torch.bfloat16)
+    qh, kh, vh = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    assert posenc.plan(qh, kh, vh, q_pos=pos, kv_pos=pos, encoding=half, mask=causal).path == "dense"
+    with pytest.raises(ValueError, match="backend='sdpa' cannot apply the score bias of .*bfloat16 would round"):
+        posenc.plan(qh, kh, vh, q_pos=pos, kv_pos=pos, encoding=half, mask=causal, backend="sdpa")
+    with torch.no_grad():
+        step = posenc.plan(q[:, :, -1:], k, v, q_pos=pos[:, -1:], kv_pos=pos, encoding=enc.float(), mask=causal)
+    assert step.label == "dense+decode", step
+    with pytest.raises(ValueError, match="not a term of the key alone"):
+        posenc.plan(q, k, v, q_pos=pos, kv_pos=pos, encoding=ALiBi(H), mask=causal, backend="sdpa")
+
+
+def test_a_long_float32_sequence_keeps_the_dense_paths_precision():
+    """Over 2048 tokens with gates near 0.2 the sums reach about -3300; the key column (centred per
+    head) loses about what the dense path loses to float32 rounding, against float64."""
+    torch.manual_seed(9)
+    enc = ForgettingGate(H, D, init_std=0.0).double()
+    with torch.no_grad():
+        enc.bias.fill_(-1.4)  # f = sigmoid(-1.4) ~ 0.2
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, h, 2048, D, dtype=torch.float64, generator=gen) for h in (H, HKV, HKV))
+    pos, causal = torch.arange(2048)[None], posenc.AttentionMask(causal=True)
+    with torch.no_grad():
+        want = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=causal, backend="dense")
+        errors = {}
+        for backend in ("sdpa", "dense"):
+            got = attend(q.float(), k.float(), v.float(), q_pos=pos, kv_pos=pos, encoding=enc.float(), mask=causal,
+                         backend=backend)
+            errors[backend] = (got.double() - want).abs().max().item()
+        enc.double()
+    assert errors["sdpa"] < 1.4 * errors["dense"], errors  # uncentred: 1.6x
 
 
 def test_the_torch_drop_in_applies_the_gates():

@@ -75,6 +75,7 @@ def prepare(call: AttentionCall) -> PreparedCall:
     inputs = replace(
         inputs, bias_per_batch=bias is not None and bias.per_batch, bias_learned=bias is not None and bias.requires_grad,
         bias_pointwise=bias is None or bias.pointwise, bias_by_offset=by_offset, run_offset=run_offset,
+        bias_key_term=bias is not None and bias.key_term is not None,
     )
     return PreparedCall(ready, terms, decide(inputs), inputs)
 
@@ -164,6 +165,8 @@ def run(prepared: PreparedCall) -> Tensor:
     elif plan.path == "dense":
         out = kernels.dense_path(q, k, v, mask, terms.bias, scale, plan.chunk_rows, offset_start=plan.offset_start,
                                  form=plan.form, bias_backward=plan.bias_backward)
+    elif plan.key_column:
+        out = kernels.key_column_path(q, k, v, mask, scale, terms.bias.key_term)
     else:
         out = kernels.sdpa_path(q, k, v, mask, scale)
     if plan.prob_bias:  # [B, Hq, Tq, D]

@@ -210,6 +210,10 @@ class PairwiseBias:
         key_linear: the same bias as a dense remainder plus a term linear in the keys
             (:class:`KeyLinearPart`, built by :func:`key_linear_bias`), for a kernel that folds
             that term into its product of queries and keys.
+        key_term: ``[B or 1, H, Tk]`` when the bias is a constant per query row plus
+            ``key_term[b, h, j]`` on every pair (FoX: ``F_i - F_j``). Softmax drops the row
+            constant, so the ``sdpa`` path carries such a bias as one more key column, backward
+            included (:func:`posenc.common.kernels.key_column_path`).
     """
 
     fn: PairFn
@@ -220,6 +224,7 @@ class PairwiseBias:
     pointwise: bool = True
     table: Tensor | None = None
     key_linear: KeyLinearPart | None = None
+    key_term: Tensor | None = None
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if not self.per_batch:

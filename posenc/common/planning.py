@@ -15,7 +15,9 @@ Rules for ``backend="auto"``:
 2. a transform of the whole score matrix (CAPE, CoPE): ``math``;
 3. no score bias: ``sdpa`` -- except on CUDA when the mask is one SDPA could only take as a
    ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
-4. a score bias: ``flex`` on CUDA, ``dense`` elsewhere.
+4. a score bias: ``flex`` on CUDA; off CUDA, ``sdpa`` with one more key column when the bias is a
+   term of the key alone plus a constant per row (``PairwiseBias.key_term``: FoX) in float32 or
+   float64 and the call is no decoding step; else ``dense``.
 
 A **decoding step** (:func:`decoding_step`: at most :data:`FEW_ROWS` query rows and no
 gradient) is a plan of its own (``Plan.decode``): the encoding builds its bias with its decoding hook
@@ -82,6 +84,8 @@ class Plan:
             (written out as batched matmuls, which also gives the bias's and the log-sum-exp's
             gradients) or ``"flash"`` (SDPA's CPU flash backward with the bias chunk; a constant
             bias on CPU only, :func:`constant_bias_backward`); None elsewhere.
+        key_column: the ``sdpa`` path carries the score bias's key term as one more key column
+            (:func:`posenc.common.kernels.key_column_path`).
     """
 
     path: Path
@@ -94,12 +98,13 @@ class Plan:
     grad: bool = False
     offset_start: int | None = None
     bias_backward: BiasBackward | None = None
+    key_column: bool = False
 
     @property
     def label(self) -> str:
         """``path`` plus the extra terms, e.g. ``"sdpa+prob_bias"``, ``"dense+decode"``."""
-        extras = [name for name, on in (("offset_values", self.offset_values), ("prob_bias", self.prob_bias),
-                                        ("decode", self.decode)) if on]
+        extras = [name for name, on in (("key_column", self.key_column), ("offset_values", self.offset_values),
+                                        ("prob_bias", self.prob_bias), ("decode", self.decode)) if on]
         return "+".join([self.path, *extras])
 
     def __str__(self) -> str:
@@ -152,6 +157,8 @@ class PlanInputs:
         bias_by_offset: the score bias is a function of the offset alone, shared by the batch
             (:attr:`~posenc.common.pairwise.PairwiseBias.by_offset`).
         traced: ``torch.compile`` is tracing the call (no host reads of the data).
+        bias_key_term: the score bias is a key term plus a constant per row
+            (:attr:`~posenc.common.pairwise.PairwiseBias.key_term`).
     """
 
     needs: AttentionNeeds = NO_NEEDS
@@ -173,6 +180,7 @@ class PlanInputs:
     bias_pointwise: bool = True
     bias_by_offset: bool = False
     traced: bool = False
+    bias_key_term: bool = False
 
     @property
     def consecutive_causal(self) -> bool:
@@ -254,6 +262,17 @@ def _bias_backward(inputs: PlanInputs, offset_values: bool) -> tuple[BiasBackwar
     return constant_bias_backward()
 
 
+def _key_column_refusal(inputs: PlanInputs) -> str | None:
+    """Why the score bias cannot ride as a key column on SDPA; None when it can. In half
+    precision the column would round the bias to a few bits: its key term grows with the
+    sequence (FoX's sums of log-gates), where the dense path adds the bias in float32."""
+    if not inputs.bias_key_term:
+        return "it is not a term of the key alone"
+    if inputs.dtype not in (torch.float32, torch.float64):
+        return f"a key column in {str(inputs.dtype).removeprefix('torch.')} would round the bias"
+    return None
+
+
 def _diagonal_layout(inputs: PlanInputs) -> bool:
     """The dense kernel can cut the bias's blocks from one row of values along the diagonals: a
     bias of the offset alone shared by the batch, positions one run of consecutive integers, and
@@ -313,8 +332,10 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         raise ValueError(f"backend={backend!r} cannot serve {what}: it needs the attention probabilities; use 'math' or 'auto'")
     if needs.score_transform and backend not in ("auto", "math"):
         raise ValueError(f"backend={backend!r} cannot serve {what}: it transforms the whole score matrix; use 'math' or 'auto'")
-    if needs.score_bias and backend == "sdpa":
-        raise ValueError(f"backend='sdpa' cannot apply the score bias of {what}; use 'auto', 'dense', 'flex' or 'math'")
+    key_column = _key_column_refusal(inputs)
+    if needs.score_bias and backend == "sdpa" and key_column is not None:
+        raise ValueError(f"backend='sdpa' cannot apply the score bias of {what}: {key_column}; use 'auto', 'dense', "
+                         "'flex' or 'math'")
     if backend == "flex":
         if not flex_available():
             raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
@@ -341,6 +362,9 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
     if backend == "flex":
         return Plan("flex", "asked for (backend='flex')", prob_bias=prob_bias)
     if backend == "sdpa":
+        if needs.score_bias:
+            return Plan("sdpa", "asked for (backend='sdpa'): the bias's key term as one more key column",
+                        prob_bias=prob_bias, key_column=True)
         return Plan("sdpa", "asked for (backend='sdpa')", prob_bias=prob_bias)
     if backend == "dense":
         if not needs.score_bias:
@@ -369,6 +393,9 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         return Plan("sdpa", "nothing touches the scores: SDPA's fused kernel", prob_bias=prob_bias)
     if on_cuda and refusal is None:
         return Plan("flex", "score bias on CUDA: FlexAttention score_mod", prob_bias=prob_bias)
+    if not on_cuda and key_column is None and not decoding_step(inputs):
+        return Plan("sdpa", "a bias of the key alone (and a constant per row, which softmax drops): one more key "
+                    "column into SDPA's fused kernel, backward included", prob_bias=prob_bias, key_column=True)
     if on_cuda:
         return dense(f"score bias on CUDA, but {refusal}: the bias chunk by chunk into the fused kernel")
     return dense("score bias off CUDA: the bias chunk by chunk into the fused kernel")

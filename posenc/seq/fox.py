@@ -28,7 +28,10 @@ Parameters: ``weight [H, D]`` (``N(0, init_std^2)``, the authors' 0.02) and ``bi
 slopes (with ``init_std=0`` the encoding starts exactly as ALiBi).
 
 Hook: score bias, built from ``F`` alone (``[B, H, Tq]`` at the queries and ``[B, H, Tk]`` at the
-keys, differentiable in ``k``, ``weight`` and ``bias``). Kernel: on the chunked dense path each
+keys, differentiable in ``k``, ``weight`` and ``bias``). ``F_i`` is a constant per query row, which
+softmax drops, so the bias is also ``-F_j`` alone (``PairwiseBias.key_term``): off CUDA, in float32
+or float64, training and prompts run SDPA's fused kernel with ``-F_j`` as one more key column
+(the flash backward gives its gradient). Otherwise: on the chunked dense path each
 block is ``F_i - F_j`` of its rows and keys (no ``T x T`` tensor kept; the block's gradient reaches
 ``F`` through its row and column sums); on CUDA a FlexAttention ``score_mod`` reading the two
 cumulative sums (captured tensors with gradients); the math path alike. ``F`` is kept in float32
@@ -158,7 +161,8 @@ class ForgettingGate(PositionEncoding):
             return gather(cum, b, h, (q_idx + shift).clamp(min=0)) - gather(cum, b, h, kv_idx)
 
         learned = (cum,) if cum.requires_grad else ()
-        return PairwiseBias(bias, per_batch=cum.shape[0] > 1, learned=learned, name="FoX")
+        # F_i is a constant per query row, which softmax drops: -F_j alone is the key term
+        return PairwiseBias(bias, per_batch=cum.shape[0] > 1, learned=learned, name="FoX", key_term=-cum)
 
 
 __all__ = ["ForgettingGate", "GATE_INITS", "fox_bias", "fox_log_gates"]

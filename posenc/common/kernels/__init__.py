@@ -2,7 +2,8 @@
 among them and :func:`posenc.common.attention.run` runs the chosen one, as the plan says; the
 kernels execute, they do not choose.
 
-``sdpa``     (:mod:`.sdpa`) ``scaled_dot_product_attention``: nothing touches the scores.
+``sdpa``     (:mod:`.sdpa`) ``scaled_dot_product_attention``: nothing touches the scores, or a bias
+             of the key alone rides as one more key column (:func:`key_column_path`).
 ``dense``    (:mod:`.dense`, :mod:`.dense_blocks`) a score bias handed to a fused kernel chunk by
              chunk of query rows, each bias chunk recomputed in the backward pass.
 ``flex``     (:mod:`.flex`) FlexAttention with the bias as ``score_mod``, the mask as a ``BlockMask``.
@@ -31,12 +32,12 @@ from .linear import LINEAR_CHUNK_ROWS, linear_path
 from .math import math_path, weights_path
 from .offset_values import offset_value_term
 from .probs import masked_softmax, prob_bias_term
-from .sdpa import sdpa_path
+from .sdpa import KEY_COLUMN_ALIGN, key_column_path, sdpa_path
 from .terms import NO_TERMS, EncodingTerms, ScoreTransform, TransformSoftmaxBackward, ValueTerm
 
 __all__ = [
-    "CPU_FLASH_BACKWARD_SCHEMA", "CPU_FLASH_FORWARD_SCHEMA", "FLEX_RECOMPILE_LIMIT", "LINEAR_CHUNK_ROWS", "NO_TERMS", "EncodingTerms", "Form",
+    "CPU_FLASH_BACKWARD_SCHEMA", "CPU_FLASH_FORWARD_SCHEMA", "FLEX_RECOMPILE_LIMIT", "KEY_COLUMN_ALIGN", "LINEAR_CHUNK_ROWS", "NO_TERMS", "EncodingTerms", "Form",
     "ScoreTransform", "TransformSoftmaxBackward", "ValueTerm", "chunk_rows", "cpu_flash_backward", "cpu_flash_forward",
-    "dense_chunk_rows", "dense_path", "flex_path", "linear_path", "masked_softmax", "math_chunk_rows", "math_path",
+    "dense_chunk_rows", "dense_path", "flex_path", "key_column_path", "linear_path", "masked_softmax", "math_chunk_rows", "math_path",
     "offset_value_term", "prob_bias_term", "run_compiled_flex", "sdpa_path", "weights_path",
 ]

@@ -41,3 +41,31 @@ def sdpa_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale
     # A fully masked row attends everywhere inside the kernel (no NaN), and is zeroed after it.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_any, scale=scale, enable_gqa=gqa)
     return out.masked_fill(~row_any, 0.0)
+
+
+#: The widened head dim is rounded up to a multiple of this: SDPA's CPU flash kernel runs a head
+#: dim that fills whole SIMD vectors much faster than one that spills a single float over.
+KEY_COLUMN_ALIGN = 8
+
+
+def key_column_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None, scale: float,
+                    key_term: Tensor) -> Tensor:
+    """SDPA with a bias of the key alone, ``q_i . k_j * scale + t[b, h, j]`` for ``key_term t
+    [B or 1, Hq, Tk]``, written as ``[q_i, 1] . [k_j, t_j / scale] * scale``: each head widened by
+    a column (and zeros up to :data:`KEY_COLUMN_ALIGN`), ``v`` by zeros, so SDPA's fused kernels
+    run it and their key gradient carries the bias's. ``[B, Hq, Tq, Dv]``."""
+    batch, heads, q_len, qk_dim = q.shape
+    kv_len, v_dim = k.shape[2], v.shape[-1]
+    if k.shape[1] != heads:  # the key term is per query head: the key heads are spread to them
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+        v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    width = -(-(max(qk_dim, v_dim) + 1) // KEY_COLUMN_ALIGN) * KEY_COLUMN_ALIGN
+    term = key_term.to(k.dtype)
+    # Centred per head, a constant for every row, which softmax drops: the column's largest
+    # magnitude, and the rounding of the products it enters, is half the term's range.
+    term = term - ((term.amax(-1, keepdim=True) + term.amin(-1, keepdim=True)) / 2).detach()
+    column = (term / scale).expand(batch, heads, kv_len).unsqueeze(-1)  # [B, Hq, Tk, 1]
+    q = torch.cat([q, q.new_ones(batch, heads, q_len, 1), q.new_zeros(batch, heads, q_len, width - qk_dim - 1)], -1)
+    k = torch.cat([k, column, k.new_zeros(batch, heads, kv_len, width - qk_dim - 1)], -1)
+    v = torch.cat([v, v.new_zeros(batch, heads, kv_len, width - v_dim)], -1)
+    return sdpa_path(q, k, v, mask, scale)[..., :v_dim]
