@@ -19,9 +19,11 @@ such a checkpoint rebuilds the swap before the weights load, and without it tran
 the checkpoint in one line that says to call :func:`register` (it never loads as the plain model).
 
 The parts, one module each: :mod:`.attention` (the attention function), :mod:`.masks` (masks and
-cache layouts), :mod:`.families` (the supported architectures: Llama, Qwen2, Mistral, GPT-2, BERT),
-:mod:`.swap` (building and installing the encodings, the saved record), :mod:`.registration`
-(:func:`register`, the swap entry point, the checks on load).
+cache layouts), :mod:`.families` (the supported architectures: Llama, Qwen2, Mistral, SmolLM3, Gemma 3, Llama 4
+text, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), :mod:`.axes` (M-RoPE's ``(t, h, w)`` positions
+from a Qwen-VL model's rotary to the attention function, kept with the cache), :mod:`.swap`
+(building and installing the encodings, the saved record), :mod:`.registration` (:func:`register`,
+the swap entry point, the checks on load).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .families import (  # noqa: E402
     IMPLEMENTATION,
     INPUT_ATTACHED,
     SUPPORTED_MODEL_TYPES,
+    NoComplexRotary,
     NoRotary,
     PositionInput,
 )
@@ -47,5 +50,5 @@ __all__ = [
     "IMPLEMENTATION", "IDENTITY", "CONFIG_KEY", "RECORD_FORMAT", "LOAD_GUARD", "ATTACHED", "INPUT_ATTACHED",
     "SUPPORTED_MODEL_TYPES", "register", "is_registered", "posenc_attention", "posenc_mask", "CacheLayout",
     "swap_position_encoding", "swapped_encoding", "check_finite_weights", "hf_mask_to_posenc", "NoRotary",
-    "PositionInput",
+    "NoComplexRotary", "PositionInput",
 ]

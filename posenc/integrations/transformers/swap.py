@@ -3,10 +3,13 @@
 :func:`swap_position_encoding` removes the model's position mechanism (:mod:`.families`) and
 attaches a posenc encoding to every self-attention layer, or, for an input encoding, puts it where
 the model added its position table. ``encoding="identity"`` is the model's own encoding expressed
-in posenc: RoPE with Hugging Face's half-split pairing and the config's scaling
-(:func:`posenc.seq.rope_from_hf_config`) for the Llama family, the learned table copied for GPT-2
-and BERT. One encoding instance per layer (T5's bucket table, shared across layers in its paper,
-is per layer here).
+in posenc: for the rope families, layer by layer as :func:`posenc.seq.hf_layer_encodings` reads the
+config (RoPE with Hugging Face's half-split pairing and the config's scaling; Gemma 3's local and
+global bases; Llama 4's interleaved pairs, its NoPE layers with their temperature; SmolLM3's NoPE
+layers without; M-RoPE with the config's ``mrope_section`` for Qwen2-VL, Qwen2.5-VL and Qwen3-VL);
+the learned table copied for GPT-2 and BERT. A named encoding goes to every layer, a model's NoPE
+layers included. One encoding instance per layer (T5's bucket table, shared across layers in its
+paper, is per layer here).
 
 The swap is recorded in ``model.config.posenc`` (``{"format", "encoding", "options"}``), and
 ``model.config.attn_implementation`` names an attention implementation only :func:`register`
@@ -17,6 +20,7 @@ line that says to call it, instead of loading the plain model (:mod:`.loading`).
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Mapping
@@ -27,13 +31,15 @@ from torch import nn
 
 from ...common.encoding import Hook, PositionEncoding
 from ...common.registry import ModelDims, build, get
-from ...seq.hf_rope import rope_from_hf_config
+from ...seq.hf_layers import hf_layer_encodings, text_config
 from ...seq.learned import LearnedEncoding
+from .axes import AXES_ATTR, AxisPositions, AxisRotary, begin_forward, finish_forward
 from .families import (
     ATTACHED,
     IMPLEMENTATION,
     INPUT_ATTACHED,
     Family,
+    NoComplexRotary,
     NoRotary,
     PositionInput,
     add_input_term,
@@ -91,12 +97,8 @@ def _build_one(name: str, options: dict[str, Any], config, family: Family, causa
     """One encoding for one layer: ``name`` built with the model's sizes filled in."""
     hidden, heads, head_dim, max_len = sizes(config)
     if name == IDENTITY:
-        if options:
-            raise ValueError(f"encoding='identity' is the model's own encoding and takes no options; got "
-                             f"{', '.join(sorted(options))}")
-        if family.position == "rope":
-            return rope_from_hf_config(config, head_dim=head_dim)
-        return LearnedEncoding(hidden, max_len)
+        _check_identity_options(options)
+        return LearnedEncoding(hidden, max_len)  # the rope families' identity is per layer: _identity_layers
     info = get(name)
     args = dict(options)
     params = inspect.signature(info.cls.__init__).parameters
@@ -111,6 +113,44 @@ def _build_one(name: str, options: dict[str, Any], config, family: Family, causa
         return build(name, dims=ModelDims(dim=hidden, num_heads=heads, max_len=max_len), **args)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _check_identity_options(options: dict[str, Any]) -> None:
+    if options:
+        raise ValueError(f"encoding='identity' is the model's own encoding and takes no options; got "
+                         f"{', '.join(sorted(options))}")
+
+
+def _identity_layers(config, count: int) -> list[PositionEncoding | None]:
+    """A rope family's own encoding, layer by layer (:func:`posenc.seq.hf_layer_encodings`: Gemma 3's
+    local and global bases, Llama 4's and SmolLM3's NoPE layers, M-RoPE), one instance a layer."""
+    layers = hf_layer_encodings(config)
+    if len(layers) != count:
+        raise ValueError(f"the config describes {len(layers)} layers (num_hidden_layers) and the model has {count} "
+                         "attention layers")
+    seen: set[int] = set()
+    own = []
+    for enc in layers:
+        own.append(copy.deepcopy(enc) if enc is not None and id(enc) in seen else enc)
+        seen.add(id(enc))
+    return own
+
+
+def _replace_rotary(family: Family, owner: nn.Module, head_dim: int, attention_modules: list[nn.Module]) -> None:
+    """The text model's rotary embedding replaced (see :mod:`.families`); for M-RoPE, the positions
+    kept between calls (:mod:`.axes`)."""
+    if family.rotary == "axes":
+        axes = AxisPositions()
+        owner.rotary_emb = AxisRotary(head_dim, axes)
+        owner.register_forward_pre_hook(begin_forward, with_kwargs=True)
+        owner.register_forward_hook(finish_forward, with_kwargs=True)
+        for module in attention_modules:
+            setattr(module, AXES_ATTR, axes)
+    else:
+        owner.rotary_emb = NoComplexRotary(head_dim) if family.rotary == "complex" else NoRotary(head_dim)
+    for module in attention_modules:
+        for attr, value in family.switches:
+            setattr(module, attr, value)
 
 
 def _checked_encoding(enc: PositionEncoding, name: str, config, causal: bool) -> PositionEncoding:
@@ -159,19 +199,25 @@ def install(model: nn.Module, name: str, options: dict[str, Any], copy_tables: b
     """Build every encoding and put it in place; nothing changes if a build is refused. The model
     must run with the ``"posenc"`` attention function, which :func:`~.loading.register` provides."""
     family, base = family_of(model)
-    config = model.config
+    config = text_config(model.config)  # a multimodal model's text model is the one swapped
     causal = family.causal(config)
     attention_modules = family.attention_modules(base)
-    hidden, heads, head_dim, _ = sizes(config)
+    hidden, _, head_dim, _ = sizes(config)
     # Built on the CPU even inside transformers' meta-device construction, so the buffers are real.
     with torch.device("cpu"):
-        first = _checked_encoding(_build_one(name, options, config, family, causal), name, config, causal)
-        is_input = Hook.INPUT in first.hooks
-        attends = bool(first.hooks - {Hook.INPUT})
-        layer_encodings = [first] + [_build_one(name, options, config, family, causal)
-                                     for _ in attention_modules[1:]] if attends else []
+        if name == IDENTITY and family.position == "rope":
+            _check_identity_options(options)
+            layer_encodings = _identity_layers(config, len(attention_modules))
+            first, is_input, attends = None, False, True
+        else:
+            first = _checked_encoding(_build_one(name, options, config, family, causal), name, config, causal)
+            is_input = Hook.INPUT in first.hooks
+            attends = bool(first.hooks - {Hook.INPUT})
+            layer_encodings = [first] + [_build_one(name, options, config, family, causal)
+                                         for _ in attention_modules[1:]] if attends else []
     for enc in layer_encodings:
-        _snapshot_buffers(enc)
+        if enc is not None:
+            _snapshot_buffers(enc)
     if is_input:
         _snapshot_buffers(first)
     input_term = PositionInput(first if is_input else None, hidden)
@@ -186,14 +232,17 @@ def install(model: nn.Module, name: str, options: dict[str, Any], copy_tables: b
         input_term.to(device=table.weight.device, dtype=table.weight.dtype)
         setattr(owner, attr, input_term)
     else:
-        reference = next(iter(base.parameters()))
-        base.rotary_emb = NoRotary(head_dim)
+        owner = family.text_model(base)
+        reference = next(iter(owner.parameters()))
+        _replace_rotary(family, owner, head_dim, attention_modules)
         if is_input:
             input_term.to(device=reference.device, dtype=reference.dtype)
-            layer0 = base.layers[0]
+            layer0 = owner.layers[0]
             setattr(layer0, INPUT_ATTACHED, input_term)
             layer0.register_forward_pre_hook(add_input_term, with_kwargs=True)
     for module, enc in zip(attention_modules, layer_encodings):
+        if enc is None:  # a NoPE layer of the model's own schedule
+            continue
         reference = next(iter(module.parameters()))
         enc.to(device=reference.device)
         for param in enc.parameters():  # parameters follow the model; buffers keep their precision (float64 RoPE tables)
@@ -202,7 +251,7 @@ def install(model: nn.Module, name: str, options: dict[str, Any], copy_tables: b
         setattr(module, ATTACHED, enc)
     for module in attention_modules:
         module.register_forward_pre_hook(require_posenc, with_kwargs=True)
-    config.attn_implementation = LOAD_GUARD  # saved in config.json: see the module docstring
+    model.config.attn_implementation = LOAD_GUARD  # saved in config.json: see the module docstring
     model.set_attn_implementation(IMPLEMENTATION)
 
 
