@@ -1,13 +1,7 @@
-"""Attention with position-encoding hooks: one call prepared, planned and run.
-
-One call goes one way through the core: its arguments become a checked, frozen
-:class:`~posenc.common.call.AttentionCall`; :func:`prepare` applies the encoding's q/k transform,
-builds its terms (score bias, after-softmax bias, score transform, value term) and asks
-:func:`posenc.common.planning.decide` for the :class:`~posenc.common.planning.Plan`; :func:`run`
-runs the kernel the plan names (:mod:`.kernels`).
-
-:func:`attend` (the functional core), :func:`attend_with_weights` and :func:`plan` are views over
-that way, as is the layer :class:`~posenc.common.multihead.MultiheadAttention`.
+"""Attention with position-encoding hooks: one call prepared (:func:`prepare`), planned and run
+(:func:`run`), the way docs/architecture.md walks through ("One call through the core").
+:func:`attend`, :func:`attend_with_weights` and :func:`plan` are views over that way, as is the
+layer :class:`~posenc.common.multihead.MultiheadAttention`.
 """
 
 from __future__ import annotations
@@ -205,10 +199,8 @@ def attend(
             that belongs to the model, before the blocks).
         mask: which keys each query sees; None for full attention.
         scale: score scale, default ``D ** -0.5``.
-        backend: "auto" follows the kernel plan (:func:`posenc.common.planning.decide`: SDPA when
-            nothing touches the scores, FlexAttention on CUDA for a score bias, the chunked dense
-            path elsewhere, math when the probabilities or the whole score matrix are needed);
-            naming a path forces it, and a path that cannot honour the encoding is a ValueError.
+        backend: "auto" follows the kernel plan (:func:`posenc.common.planning.decide`); naming
+            a path forces it, and a path that cannot honour the encoding is a ValueError.
             :func:`plan` tells which path a call takes.
         qk_transformed: ``q`` and ``k`` have already been through the encoding's q/k transform
             (as with a KV cache, where each key is transformed once, at its own position).

@@ -1,15 +1,8 @@
-"""Pairwise functions over (batch, head, query index, key index).
-
-A score bias (ALiBi, T5, shortest path...) or an after-softmax bias (eRPE) is written once, as
-a function ``fn(b, h, q_idx, kv_idx) -> Tensor`` in the style of FlexAttention's ``score_mod``.
-The same function is
-
-* called with scalar index tensors inside FlexAttention (``score_mod``),
-* called with broadcast ``arange`` tensors to materialise a dense ``[B, H, Tq, Tk]`` block
-  (whole, or a chunk of query rows) for SDPA and the math path.
-
-Only element-wise operations and indexing of captured tensors are allowed inside ``fn``; that is
-what both uses support.
+"""Pairwise functions over (batch, head, query index, key index): :class:`PairwiseBias`, the one
+form of a score bias (ALiBi, T5, shortest path...) or an after-softmax bias (eRPE) that every
+kernel path takes (README.md, "One core, four hook points"). Inside ``fn`` only element-wise
+operations and indexing of captured tensors are allowed: that is what both of its uses support,
+FlexAttention's ``score_mod`` (scalar indices) and a dense block (broadcast ``arange`` indices).
 """
 
 from __future__ import annotations
@@ -59,8 +52,7 @@ def rows_times_table(rows: Tensor, table: Tensor) -> Tensor:
 def matvec(matrix: Tensor, vector: Tensor) -> Tensor:
     """``matrix [..., n, d]`` times ``vector [..., d]`` -> ``[..., n]`` (batch axes broadcast),
     computed as the row ``vector`` times ``matrix^T``: torch's CPU matmul runs a matrix times one
-    column several times slower than one row times a matrix (130 against 22 us at ``[4, 1793,
-    64]``; 608 against 89 us at ``[4, 8, 1024, 64]``)."""
+    column several times slower than one row times a matrix."""
     return torch.matmul(vector.unsqueeze(-2), matrix.transpose(-1, -2)).squeeze(-2)
 
 
@@ -89,7 +81,7 @@ def offset_window(values: Tensor, q_len: int, s: int, e: int, kv_end: int) -> Te
     ``values.unfold`` gives row ``w`` as ``values[w : w + kv_end]``, which is query ``q_len - 1 -
     w``'s row, so the block is that window's rows in reverse order (no per-element gather). They
     are taken by an index of rows: ``flip`` keeps the window's strides and writes the block
-    column by column, which SDPA's CPU kernel then read 8% slower (B=4, a 128 x 1024 block)."""
+    column by column, which SDPA's CPU kernel then reads more slowly."""
     window = values.unfold(-1, kv_end, 1)[..., q_len - e: q_len - s, :]  # [..., rows, kv_end], overlapping rows
     return window[..., torch.arange(e - s - 1, -1, -1, device=values.device), :]
 
@@ -139,10 +131,9 @@ def gather(table: Tensor, *index: Tensor) -> Tensor:
     learned table a bias reads.
 
     A block of indices (the dense path's chunks) reads the flattened table with ``index_select``,
-    whose backward is an ``index_add_``: the same sums in the same order on every run, and twice as
-    fast as the backward of advanced indexing, whose CPU kernel accumulates with atomic adds
-    across threads (on two threads FIRE's ``c`` got a gradient that differed in its last bits from
-    run to run). Scalar indices (FlexAttention's ``score_mod``) keep plain indexing, the form
+    whose backward is an ``index_add_``: the same sums in the same order on every run, and faster
+    than the backward of advanced indexing, whose CPU kernel accumulates with atomic adds across
+    threads (a gradient that differs in its last bits from run to run). Scalar indices (FlexAttention's ``score_mod``) keep plain indexing, the form
     compiled flex lowers. Indices must lie in range (no negative wrap-around)."""
     if len(index) != table.dim():
         raise ValueError(f"gather takes one index per axis of the table ({table.dim()}); got {len(index)}")
@@ -196,14 +187,12 @@ class PairwiseBias:
         by_offset: the same bias as a function of the position offset ``kv_pos - q_pos`` alone,
             for a bias that depends on nothing else (ALiBi, T5, KERPLE) or of a call with one
             query (FIRE in a cached decoding step): ``by_offset(offsets)`` takes an integer
-            tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from ``learned``. Over
-            consecutive positions the chunked kernel then evaluates it once per call and cuts
-            each block from its diagonals (no gather per element, no mask tensor).
+            tensor ``[R]`` of offsets and returns ``[H or 1, R]``, built from ``learned`` (the
+            plan's ``offset_start``: each block cut from its diagonals).
         pointwise: ``fn`` at scalar indices is lookups and arithmetic only, no reduction over a
-            feature axis. Compiled FlexAttention (CUDA) lowers ``score_mod`` as a pointwise
-            subgraph and refuses a reduction in it, so a bias with a ``d``-long dot product per
-            element (Transformer-XL, DeBERTa, TUPE, vector eRPE) or an MLP (FIRE) says False
-            and takes the dense path there.
+            feature axis, which compiled FlexAttention (CUDA) refuses in ``score_mod``: a bias with
+            a dot product (Transformer-XL, DeBERTa, TUPE, vector eRPE) or an MLP (FIRE) per
+            element says False and takes the dense path there.
         table: the dense tensor ``[B or 1, H or 1, Tq, Tk]`` that ``fn`` reads, when the bias
             is one (:func:`dense_bias`): a kernel that needs the whole call's bias at once (a
             cached decoding step) takes it as it is, with no indices built and no block cut.

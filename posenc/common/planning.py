@@ -1,40 +1,10 @@
 """The kernel plan: which path one attention call takes, and why.
 
-:func:`decide` is the only place that decides. It reads a :class:`PlanInputs`: what the encoding
-needs (:meth:`~posenc.common.encoding.PositionEncoding.attention_needs`), facts of the bias it
-built, the mask, the device, whether a gradient is wanted and the sizes; no tensor data. It returns
-a :class:`Plan`. :func:`posenc.common.attention.make_plan` fills the inputs from an
-:class:`~posenc.common.call.AttentionCall`; :func:`posenc.common.attention.plan` and
-:meth:`posenc.MultiheadAttention.plan` return the plan without running anything, so users, the
-benchmarks and the tests can see the path before (or instead of) timing it.
-
-Rules for ``backend="auto"``:
-
-1. a value term over the probabilities: the fused ``dense`` path when it has the clipped-offset
-   form and the call is causal over consecutive positions (Shaw), else ``math``;
-2. a transform of the whole score matrix (CAPE, CoPE): ``math``;
-3. no score bias: ``sdpa`` -- except on CUDA when the mask is one SDPA could only take as a
-   ``[Tq, Tk]`` tensor (packed, window, causal + padding): ``flex`` with a block mask;
-4. a score bias: ``flex`` on CUDA; off CUDA, ``sdpa`` with one more key column when the bias is a
-   term of the key alone plus a constant per row (``PairwiseBias.key_term``: FoX) in float32 or
-   float64 and the call is no decoding step; else ``dense``.
-
-A **decoding step** (:func:`decoding_step`: at most :data:`FEW_ROWS` query rows and no
-gradient) is a plan of its own (``Plan.decode``): the encoding builds its bias with its decoding hook
-(:meth:`~posenc.common.encoding.PositionEncoding.decode_score_bias`), and the ``dense`` and
-``math`` kernels run its rows in one pass, with no autograd node and no copy of the cache's keys
-(``Plan.form == "one_pass"``). Every other ``dense`` or ``math`` call runs chunk by chunk
-(``"chunked"``), or, traced by ``torch.compile`` with a learned bias, as one block under plain
-autograd (``"whole"``). Where the positions are one run of consecutive integers, the plan says so
-(``offset_start``: the bias's values along the diagonals; ``offset_values``: Shaw's value term
-from the log-sum-exp).
-
-``flex`` on CUDA is compiled, and compiled FlexAttention has limits (:func:`flex_refusal`: the
-dtype, head dims under 16, a bias with a reduction per element); a call past them takes ``dense``
-(rule 4) or ``sdpa`` with the mask as a tensor (rule 3), and the plan's reason says why.
-
-An after-softmax bias (eRPE) is added beside whichever kernel runs (``+prob_bias``). ``dense``
-and ``math`` work on chunks of ``chunk_rows`` query rows, so no ``T x T`` tensor is alive at once.
+:func:`decide` is the only place that decides. It reads a :class:`PlanInputs` (what the encoding
+needs, facts of its bias, the mask, the device, the sizes; no tensor data) and returns a
+:class:`Plan`, which :func:`posenc.common.attention.plan` and :meth:`posenc.MultiheadAttention.plan`
+return without running anything. The rules for ``backend="auto"`` and what each field of the plan
+decides are in docs/architecture.md ("One call through the core", step 3).
 """
 
 from __future__ import annotations
@@ -74,16 +44,14 @@ class Plan:
         decode: a decoding step (:func:`decoding_step`): the encoding's decoding hook builds the bias.
         form: how the ``dense`` and ``math`` kernels go through the rows: ``"chunked"`` (chunks of
             ``chunk_rows`` under one autograd node), ``"one_pass"`` (a decoding step: every row at
-            once, no autograd node, the keys read as they lie) or ``"whole"`` (traced with a learned
-            bias: one block under plain autograd, which the compiler differentiates).
+            once, no autograd node) or ``"whole"`` (traced with a learned bias: one block).
         grad: a gradient flows to q, k, v or the encoding's parameters.
         offset_start: ``kv_pos[0] - q_pos[0]`` where the dense kernel cuts the bias's blocks from
             its values along the diagonals (``PairwiseBias.by_offset`` over runs of consecutive
             positions); None otherwise.
         bias_backward: the chunked ``dense`` path's backward with a gradient: ``"explicit"``
-            (written out as batched matmuls, which also gives the bias's and the log-sum-exp's
-            gradients) or ``"flash"`` (SDPA's CPU flash backward with the bias chunk; a constant
-            bias on CPU only, :func:`constant_bias_backward`); None elsewhere.
+            (written out, which also gives the bias's gradient) or ``"flash"`` (SDPA's CPU flash
+            backward; a constant bias on CPU only, :func:`constant_bias_backward`); None elsewhere.
         key_column: the ``sdpa`` path carries the score bias's key term as one more key column
             (:func:`posenc.common.kernels.key_column_path`).
     """

@@ -1,4 +1,5 @@
-"""The ``sdpa`` path: nothing touches the scores, the mask goes to SDPA's fused kernels.
+"""The ``sdpa`` path: the mask goes to SDPA's fused kernels, and a bias of the key alone rides as one more
+key column (:func:`key_column_path`).
 
 A plain causal square is ``is_causal``; a packed row of contiguous segments runs SDPA per run
 (:meth:`~posenc.common.masks.AttentionMask.packed_runs`); key padding is a ``[B, 1, 1, Tk]``
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import AttentionMask
+
 
 def _sdpa_per_run(q: Tensor, k: Tensor, v: Tensor, runs: list[tuple[int, int]], scale: float, gqa: bool) -> Tensor:
     """SDPA on each run of a packed row alone, runs of one length batched together; ``[1, H, T, D]``."""
