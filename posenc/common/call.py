@@ -84,19 +84,9 @@ class AttentionCall:
     """The checked arguments of one attention call, built by :meth:`checked` (or by
     :class:`~posenc.common.multihead.MultiheadAttention` from tensors it checked before projecting).
 
-    Attributes:
-        q: ``[B, Hq, Tq, D]``.
-        k: ``[B, Hkv, Tk, D]`` (``Hq`` a multiple of ``Hkv``).
-        v: ``[B, Hkv, Tk, D]``.
-        q_pos: ``[B or 1, Tq]`` (a trailing coordinate axis for 2D encodings), integer or float.
-        kv_pos: ``[B or 1, Tk]`` likewise.
-        encoding: whose q/k, score-bias and after-softmax hooks apply (not its input hook).
-        mask: which keys each query sees; None for full attention.
-        scale: the score scale (``D ** -0.5`` unless given).
-        backend: ``"auto"`` or a forced kernel path (:data:`~posenc.common.planning.BACKENDS`).
-        qk_transformed: q and k have been through the encoding's q/k transform already (KV cache).
-        feature_map: linear attention with this feature map instead of softmax.
-        attn_bias: a caller's float bias ``[B or 1, Hq or 1, Tq, Tk]`` added to the scores.
+    The fields are the arguments of :func:`~posenc.common.attention.attend` (which says what each
+    means), with the defaults filled: positions ``[B or 1, T]`` (``0 .. T-1`` unless given) and
+    ``scale`` a number (``D ** -0.5`` unless given).
     """
 
     q: Tensor

@@ -26,14 +26,10 @@ class Hook(str, enum.Enum):
 
 @dataclass(frozen=True)
 class AttentionNeeds:
-    """What an encoding asks of the attention core; the kernel plan reads nothing else.
-
-    ``score_bias``: :meth:`PositionEncoding.score_bias`; ``score_transform``:
-    :meth:`PositionEncoding.transform_scores`; ``prob_bias``: :meth:`PositionEncoding.prob_bias`;
-    ``value_term``: :meth:`PositionEncoding.value_term`; ``offset_values``: the value term has the
-    clipped-offset form of :meth:`PositionEncoding.offset_values`; ``tiled_transform``: the score
-    transform keeps little beside the scores (its own work in tiles), so the math path may take
-    taller chunks (:func:`posenc.common.kernels.math_chunk_rows`).
+    """What an encoding asks of the attention core; the kernel plan reads nothing else. Each field
+    says whether the encoding uses the :class:`PositionEncoding` method of that role (``score_transform``:
+    :meth:`~PositionEncoding.transform_scores`; ``offset_values``: the value term's clipped-offset
+    form; ``tiled_transform`` and ``linear_only``: the class attributes of those names).
     """
 
     qk: bool = False
