@@ -16,7 +16,8 @@ two generations with two caches never mix, and a cache cut back reads the prefix
 whose cached keys' positions are not all known -- a mask that records no cache layout (made inside
 ``torch.compile``), a cache filled elsewhere -- gets None from :func:`key_axes`, and the attention
 function counts the keys back from the last query on each axis, which is right for text that
-follows text.
+follows text. One forward at a time per model: the positions of a forward are the model's until
+the next one begins (transformers' own ``rope_deltas`` are kept on the model likewise).
 """
 
 from __future__ import annotations

@@ -52,10 +52,12 @@ def swap_position_encoding(model: nn.Module, encoding: str, *, options: Mapping[
 
     Args:
         model: a Hugging Face ``PreTrainedModel`` of a supported type
-            (:data:`~.families.SUPPORTED_MODEL_TYPES`: Llama, Qwen2, Mistral, GPT-2, BERT), any head.
-        encoding: a registered sequence encoding (``posenc.available("seq")``) or ``"identity"``
-            (the model's own encoding in posenc: RoPE from the config for the Llama family, the
-            learned table copied for GPT-2 and BERT).
+            (:data:`~.families.SUPPORTED_MODEL_TYPES`: Llama, Qwen2, Mistral, SmolLM3, Gemma 3,
+            Llama 4 text, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), any head.
+        encoding: a registered sequence encoding (``posenc.available("seq")``, in every layer) or
+            ``"identity"`` (the model's own encoding in posenc, layer by layer as
+            :func:`posenc.seq.hf_layer_encodings` reads the config: RoPE, local and global bases,
+            NoPE layers, M-RoPE; the learned table copied for GPT-2 and BERT).
         options: constructor arguments for :func:`posenc.build` (the sizes ``dim``, ``num_heads``,
             ``head_dim`` and ``max_len`` come from the config). Plain JSON values: they are saved
             in ``model.config.posenc``. T5's ``bidirectional`` defaults to the model's attention.
