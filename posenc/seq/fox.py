@@ -67,9 +67,11 @@ def fox_log_gates(k: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         raise ValueError(f"fox_log_gates: {heads} gate heads must be a multiple of the {kv_heads} key heads")
     group = heads // kv_heads
     with torch.autocast(k.device.type, enabled=False):
-        w = weight.view(kv_heads, group, dim).transpose(1, 2)  # [Hkv, D, G]
-        logits = torch.matmul(k.to(weight.dtype), w)  # [B, Hkv, T, G]
-        logits = logits.permute(0, 1, 3, 2).reshape(batch, heads, length) + bias[:, None]
+        # [Hkv, G, D] x [B, Hkv, D, T]: a row of keys per gate, not a gate per key row ([T, D] x
+        # [D, 1]), which BLAS runs as a skinny product several times slower (every decoding step
+        # reads every cached key here)
+        logits = torch.matmul(weight.view(kv_heads, group, dim), k.to(weight.dtype).transpose(-1, -2))  # [B, Hkv, G, T]
+        logits = logits.reshape(batch, heads, length) + bias[:, None]
         return F.logsigmoid(logits)
 
 
