@@ -251,6 +251,23 @@ def test_the_identity_swap_follows_the_untouched_model(family):
     torch.testing.assert_close(got[valid], want[valid], atol=1e-6, rtol=0)
 
 
+def test_a_multimodal_gemma3_swaps_its_language_model():
+    """Gemma3ForConditionalGeneration: the swap reaches the text model under ``language_model``."""
+    config = transformers.Gemma3Config(
+        text_config=_config("gemma3").to_dict(), mm_tokens_per_image=4, image_token_index=59, boi_token_index=57,
+        eoi_token_index=56, vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, image_size=8, patch_size=4))
+    torch.manual_seed(0)
+    want = transformers.Gemma3ForConditionalGeneration(config).to(torch.float64).eval()
+    want.set_attn_implementation("sdpa")
+    _float64_rotary(want, "gemma3")
+    got = posenc_hf.swap_position_encoding(copy.deepcopy(want), "identity")
+    assert [e.base for e in (layer.self_attn.position_encoding for layer in _text_model(got).layers)] == [100.0] * 2 + [1000.0]
+    args = _inputs("gemma3")
+    with torch.no_grad():
+        torch.testing.assert_close(got(**args).logits, want(**args).logits, atol=TIGHT, rtol=0)
+
+
 def test_llama4_temperature_reads_the_index_in_the_sequence(llama4_in_float64):
     """floor_scale 2: the temperature changes every other token. transformers computes it from the cache's
     length (the index, not the left-padded position id; Llama 4's layers pass the attention function no
