@@ -24,15 +24,47 @@ def no_user_setting(monkeypatch):
         monkeypatch.delenv(variable, raising=False)
 
 
-@pytest.mark.parametrize("cores, expected", [(1, 1), (2, 1), (3, 2), (8, 7), (64, 63)])
-def test_the_default_is_one_thread_fewer_than_the_usable_cores(monkeypatch, no_user_setting, cores, expected):
+@pytest.mark.parametrize("cores, others, expected", [
+    (1, 0, 1), (2, 0, 2), (2, 1, 1), (2, 5, 1), (8, 3, 5), (64, 0, 64),
+    (1, None, 1), (2, None, 1), (8, None, 7),  # no count to read: one fewer than the cores
+])
+def test_the_default_is_the_cores_other_processes_leave(monkeypatch, no_user_setting, cores, others, expected):
     monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    monkeypatch.setattr(threads, "other_running", lambda: others)
     assert threads.default_threads() == expected
+
+
+def test_other_running_reads_the_runnable_count_less_the_asking_thread(monkeypatch, tmp_path):
+    """``/proc/loadavg``'s fourth field counts runnable tasks, the asking thread included; the
+    median of three reads leaves out a process passing by; no file: None."""
+    import builtins
+
+    reads = iter(["0.50 0.40 0.30 3/412 999\n", "0.50 0.40 0.30 1/412 999\n", "0.50 0.40 0.30 2/412 999\n"])
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/loadavg":
+            target = tmp_path / "loadavg"
+            target.write_text(next(reads))
+            return real_open(target, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert threads.other_running() == 1  # counts 2, 0, 1 -> median 1
+
+    def no_file(path, *args, **kwargs):
+        if path == "/proc/loadavg":
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_file)
+    assert threads.other_running() is None
 
 
 @pytest.mark.parametrize("value, expected", [("3", 3), ("1", 1), (" 2 ", 2), ("0", 7), ("many", 7), ("", 7)])
 def test_a_users_omp_num_threads_is_the_default_when_it_is_a_count(monkeypatch, value, expected):
     monkeypatch.setattr(threads, "usable_cores", lambda: 8)
+    monkeypatch.setattr(threads, "other_running", lambda: 1)
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert threads.default_threads() == expected
 
@@ -45,6 +77,7 @@ def test_usable_cores_follows_the_affinity():
 
 def test_resolve_threads(monkeypatch, no_user_setting):
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads, "other_running", lambda: 1)
     assert threads.resolve_threads(None) == 3
     assert threads.resolve_threads(0) is None  # torch's own default, untouched
     assert threads.resolve_threads(3) == 3
@@ -139,7 +172,8 @@ def test_main_applies_threads_before_the_command_runs_and_restores_after(monkeyp
         return 0
 
     monkeypatch.setattr(command, "run", fake_run)
-    monkeypatch.setattr(threads, "usable_cores", lambda: 3)  # the default: 2
+    monkeypatch.setattr(threads, "usable_cores", lambda: 3)
+    monkeypatch.setattr(threads, "other_running", lambda: 1)  # the default: 2
     before = torch.get_num_threads()
     assert cli.main(["train", "seq", "--encoding", "rope", *argv]) == 0
     want = 2 if expected is None else expected

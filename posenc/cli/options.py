@@ -93,12 +93,13 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads``: every command that runs a model takes it (:mod:`posenc.cli` adds it), and
     :func:`posenc.cli.main` applies it before the command imports torch
     (:func:`posenc.common.threads.set_threads`)."""
-    from ..common.threads import default_threads
+    from ..common.threads import usable_cores
 
     parser.add_argument("--threads", type=nonnegative_int, default=None,
-                        help=f"CPU threads for torch and posenc's workers (default: {default_threads()} here: one fewer "
-                             "than the usable cores, or OMP_NUM_THREADS, so the speed holds when another process "
-                             "shares the machine; 1 holds under any load; 0: torch's own default, a thread per core)")
+                        help=f"CPU threads for torch and posenc's workers (default: OMP_NUM_THREADS, else the {usable_cores()} "
+                             "usable cores less the threads other processes run when the command starts, so the speed "
+                             "holds when another process shares the machine; 1 holds under any load; 0: torch's own "
+                             "default, a thread per core)")
 
 
 def train_config(args: argparse.Namespace, *, steps: int | None = None, batch_size: int | None = None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -32,13 +33,34 @@ def _user_setting() -> int | None:
     return value if value >= 1 else None
 
 
+def other_running() -> int | None:
+    """Threads of other processes running or ready to run now, from ``/proc/loadavg``'s count of
+    runnable tasks (which includes the thread asking): the median of three reads 5 ms apart, so
+    that a process passing by is not counted. None where the system has no ``/proc/loadavg``."""
+    counts = []
+    for read in range(3):
+        if read:
+            time.sleep(0.005)
+        try:
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(max(0, running - 1))
+    return sorted(counts)[1]
+
+
 def default_threads() -> int:
-    """``OMP_NUM_THREADS`` when the user set it to a positive integer, else
-    ``max(1, usable_cores() - 1)``: a team of ``k`` threads keeps its pace while ``k`` cores are
-    free for it, so ``cores - 1`` holds with one other busy process, at the cost of at most one
-    core's share on a quiet machine."""
+    """``OMP_NUM_THREADS`` when the user set it to a positive integer, else the usable cores
+    less the threads other processes are running now (:func:`other_running`), at least 1; where
+    that count cannot be read, one fewer than the cores. A team of ``k`` threads keeps its pace
+    while ``k`` cores are free for it: on a quiet machine every core, beside busy processes the
+    cores they leave (a team that counts on a taken core waits for it at every operation)."""
     user = _user_setting()
-    return user if user is not None else max(1, usable_cores() - 1)
+    if user is not None:
+        return user
+    cores, others = usable_cores(), other_running()
+    return max(1, cores - (1 if others is None else others))
 
 
 def resolve_threads(threads: int | None) -> int | None:
