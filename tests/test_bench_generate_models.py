@@ -12,10 +12,10 @@ from posenc import cli
 import torch
 
 from posenc.cli.bench import models as models_bench
-from posenc.cli.bench.generate import (
-    Cell, Decoder, GenerateBenchConfig, GenerateResult, Row, causal_encodings, estimate_bytes,
-    measure_cells_round_robin, ratios,
-)
+from posenc.cli.bench import models_units
+from posenc.cli.bench.generate import GenerateBenchConfig, causal_encodings
+from posenc.cli.bench.generate_report import Cell, GenerateResult, Row, ratios
+from posenc.cli.bench.generate_rows import Decoder, estimate_bytes, measure_cells_round_robin
 
 
 def test_causal_encodings_split_by_cache_support():
@@ -141,7 +141,7 @@ def test_bench_models_lm_encodings_option(tmp_path, capsys):
     assert all(r["error"] is None and r["ms"] > 0 for r in rows)
     capsys.readouterr()
     assert cli.main(["bench", "models", "--lm-encodings", "t5,sine_spe"]) == 2
-    assert "--lm-encodings: expected all or some of none, alibi" in capsys.readouterr().err
+    assert "--lm-encodings: 'sine_spe' runs on linear attention only" in capsys.readouterr().err
     names = models_bench.lm_encoding_names()
     assert {"deberta", "transformer_xl", "erpe_vector", "none"} <= set(names) and "sine_spe" not in names
     assert models_bench._lm_encodings("all") == names
@@ -197,7 +197,7 @@ def test_bench_models_bfloat16_runs_under_autocast_and_refuses_a_missing_device(
     bfloat16; weights stay float32) and says so; a bad --device or a missing CUDA is one line."""
 
     seen = []
-    posenc_lm = models_bench.posenc_lm
+    posenc_lm = models_units.posenc_lm
 
     def spy(cfg, encoding):
         unit = posenc_lm(cfg, encoding)
@@ -205,7 +205,7 @@ def test_bench_models_bfloat16_runs_under_autocast_and_refuses_a_missing_device(
         unit.apply = lambda m: seen.append((apply(m).dtype, next(m.parameters()).dtype)) or apply(m)
         return unit
 
-    monkeypatch.setattr(models_bench, "posenc_lm", spy)
+    monkeypatch.setattr(models_units, "posenc_lm", spy)
     argv = ["bench", "models", "--models", "lm", "--dtype", "bfloat16", "--batch", "1", "--seq-len", "8",
             "--repeats", "1", "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
     assert cli.main(argv) == 0

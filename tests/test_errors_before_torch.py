@@ -54,6 +54,36 @@ MISTAKES = [
     (["bench", "resolution", "--encodings", "pge"], "(did you mean 'peg'?)"),
     (["bench", "timeseries", "--datasets", "JapaneseVowel"], "(did you mean 'JapaneseVowels'?)"),
     (["bench", "spline", "--models", "spline,alibj"], "(did you mean 'alibi'?)"),
+    # the benches whose modules import torch only when they run (generate, hf, models, length-generalization)
+    (["bench", "generate", "--encodings", "rop"], "--encodings: unknown encoding 'rop' (did you mean 'rope'"),
+    (["bench", "generate", "--encodings", "rope,rope_longrope"], "'rope_longrope' refuses a KV cache"),
+    (["bench", "generate", "--encodings", "rope2d_axial"], "'rope2d_axial' is a vision encoding"),
+    (["bench", "generate", "--dim", "30", "--heads", "4"], "dim (30) must be divisible by heads (4)"),
+    (["bench", "generate", "--out", "README.md/run"], "--out 'README.md/run'"),
+    (["bench", "hf", "--encodings", "alibj"], "unrecognized arguments: --encodings alibj"),
+    (["bench", "hf", "--variants", "hf,alibj"], "--variants: unknown variant 'alibj' (did you mean 'alibi'?)"),
+    (["bench", "hf", "--variants", "sine_spe"], "--variants: 'sine_spe' is defined for linear attention only"),
+    (["bench", "hf", "--variants", "peg1d"], "--variants: 'peg1d' sits between blocks"),
+    (["bench", "hf", "--variants", "rope2d_axial"], "registered sequence encoding (it is a vision encoding)"),
+    (["bench", "hf", "--variants", "hf,hf"], "--variants: a name is repeated"),
+    (["bench", "hf", "--dim", "18", "--heads", "4"], "--dim (18) must be divisible by --heads (4)"),
+    (["bench", "hf", "--out", "README.md/run"], "--out 'README.md/run'"),
+    (["bench", "models", "--lm-encodings", "alibj"], "--lm-encodings: unknown encoding 'alibj' (did you mean 'alibi'?)"),
+    (["bench", "models", "--lm-encodings", "rope,sine_spe"], "'sine_spe' runs on linear attention only"),
+    (["bench", "models", "--lm-encodings", "rope2d_axial"], "'rope2d_axial' is a vision encoding"),
+    (["bench", "models", "--models", "vitt"], "--models: unknown pair 'vitt' (did you mean 'vit'?)"),
+    (["bench", "models", "--models", "convtran", "--convtran-repo", "no/such/dir"], "convtran_repo must be a checkout"),
+    (["bench", "models", "--out", "README.md/run"], "--out 'README.md/run'"),
+    (["bench", "length-generalization", "--encodings", "alibj"], "--encodings: unknown encoding 'alibj' (did you "
+                                                                  "mean 'alibi'"),
+    (["bench", "length-generalization", "--tasks", "revrse"], "--tasks: unknown task 'revrse' (did you mean "
+                                                              "'reverse'?)"),
+    (["bench", "length-generalization", "--lm-encodings", "alibj"], "--lm-encodings: unknown encoding 'alibj'"),
+    (["bench", "length-generalization", "--tasks", "copy,copy"], "--tasks: a name is repeated"),
+    (["bench", "length-generalization", "--tasks", "flipflop", "--train-len", "1"], "--train-len 1: task flipflop "
+                                                                                    "trains at sizes from 2"),
+    (["bench", "length-generalization", "--dim", "10", "--heads", "3"], "--dim (10) must be divisible by --heads (3)"),
+    (["bench", "length-generalization", "--out", "README.md/run"], "--out 'README.md/run'"),
 ]
 
 
@@ -75,16 +105,38 @@ def test_a_misuse_is_one_line_before_torch_is_imported(argv, needle):
     assert not torch_loaded, f"posenc {' '.join(argv)} imported torch before refusing"
 
 
+def test_every_bench_module_builds_its_parser_without_torch():
+    """The command line imports the module of the bench it runs to build its parser: none of them
+    imports torch at its top (their torch work sits in sibling modules imported by ``run``)."""
+    code = ("import importlib, json, sys\n"
+            "from posenc.cli.bench import BENCHMARKS\n"
+            "loaded = {}\n"
+            "for name, (module, _) in BENCHMARKS.items():\n"
+            "    importlib.import_module(module)\n"
+            "    loaded[name] = 'torch' in sys.modules\n"
+            "print(json.dumps(loaded))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded and not any(loaded.values()), [name for name, torch_in in loaded.items() if torch_in]
+
+
 def test_the_torch_free_names_agree_with_the_library():
+    from posenc.cli.bench.length_settings import LENGTH_TASKS, TASK_SIZES
     from posenc.cli.models.convtran import bundled_dataset_names
     from posenc.cli.models.vit import DIGIT_TASKS
     from posenc.cli.options import SEQ_TASKS
+    from posenc.seq.length_tasks import LENGTH_TASKS as LIVE_LENGTH
+    from posenc.seq.length_tasks import length_suite
     from posenc.seq.tasks import TASKS as LIVE_SEQ
     from posenc.timeseries.datasets import bundled_datasets
     from posenc.vision.data import TASKS as LIVE_DIGITS
 
     assert tuple(SEQ_TASKS) == tuple(LIVE_SEQ) and tuple(DIGIT_TASKS) == tuple(LIVE_DIGITS)
     assert set(bundled_datasets()) <= set(bundled_dataset_names())
+    # bench length-generalization's tasks and their sizes, as the suites have them
+    assert LENGTH_TASKS == LIVE_LENGTH and tuple(TASK_SIZES) == LIVE_LENGTH
+    assert {n: (length_suite(n).train_max, length_suite(n).train_min) for n in LIVE_LENGTH} == TASK_SIZES
 
 
 def test_the_catalog_options_are_what_build_accepts():

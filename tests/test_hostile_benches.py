@@ -317,7 +317,8 @@ def test_out_error_names_what_is_wrong(tmp_path):
 
 
 def test_the_convtran_repo_is_announced_before_its_code_runs(tmp_path, capsys):
-    from posenc.cli.bench.models import ModelsBenchConfig, authors_convtran
+    from posenc.cli.bench.models import ModelsBenchConfig
+    from posenc.cli.bench.models_units import authors_convtran
 
     (tmp_path / "Models").mkdir()
     (tmp_path / "Models" / "__init__.py").write_text("")

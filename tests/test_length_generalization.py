@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posenc import cli
-from posenc.cli.bench import length_generalization as lg
+from posenc.cli.bench import length_train
 from posenc.cli.bench.length_claims import DOES_NOT, HOLDS, NO_VERDICT, NOT_RUN, UNCLEAR, combine, decide
 from posenc.cli.bench.unit_log import UnitLog
 from posenc.seq.length_tasks import (
@@ -202,7 +202,7 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
     assert "PARTIAL" in (out / "length_generalization.txt").read_text()
 
     # 2. killed: the next unit raises after two more, and a half-written line is left behind
-    real, real_lm, calls = lg.run_task_unit, lg.run_lm_unit, []
+    real, real_lm, calls = length_train.run_task_unit, length_train.run_lm_unit, []
 
     def dying(run):  # task and LM units alternate by seed: count both
         def unit(*a, **k):
@@ -212,8 +212,8 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
             return run(*a, **k)
         return unit
 
-    monkeypatch.setattr(lg, "run_task_unit", dying(real))
-    monkeypatch.setattr(lg, "run_lm_unit", dying(real_lm))
+    monkeypatch.setattr(length_train, "run_task_unit", dying(real))
+    monkeypatch.setattr(length_train, "run_lm_unit", dying(real_lm))
     assert _bench(out) == 130  # Ctrl-C: the command line says "interrupted"
     partial = '{"unit": "task/copy/rope/1", "conf'
     with open(out / "units.jsonl", "a") as f:
@@ -226,8 +226,8 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
 
     # 3. the rerun does only the rest
     ran = []
-    monkeypatch.setattr(lg, "run_task_unit", lambda *a, **k: ran.append(a[1].name) or real(*a, **k))
-    monkeypatch.setattr(lg, "run_lm_unit", real_lm)
+    monkeypatch.setattr(length_train, "run_task_unit", lambda *a, **k: ran.append(a[1].name) or real(*a, **k))
+    monkeypatch.setattr(length_train, "run_lm_unit", real_lm)
     capsys.readouterr()
     assert _bench(out) == 0
     assert "dropped 1 unreadable line" in capsys.readouterr().out
@@ -250,7 +250,7 @@ def test_another_configuration_is_not_reused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--encodings", "nope,bogus"], "--encodings: unknown 'bogus'"),
+    (["--encodings", "nope,bogus"], "--encodings: unknown encoding 'bogus'"),
     (["--tasks", "copy,copy"], "--tasks: a name is repeated"),
     (["--tasks", "flipflop", "--train-len", "1"], "--train-len 1"),
     (["--dim", "10", "--heads", "3"], "--dim (10) must be divisible by --heads (3)"),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from posenc.cli.bench import length_generalization as lg
+from posenc.cli.bench import length_train
 from posenc.cli.bench.length_settings import (
     CPU, ENCODING_SETTINGS, PAPER, PAPERS, encoding_options, settings_rows, task_rows, task_settings,
 )
@@ -119,10 +120,10 @@ def _resolved(*argv) -> argparse.Namespace:
 def test_uniform_reproduces_the_keys_of_the_runs_before_the_settings():
     # results/lengen-full/units.jsonl (--full, before the settings table): copy's and the LM's keys
     args = _resolved("--full", "--scale", "uniform")
-    assert lg._task_key(args, args.suites["copy"], "nope") == "beaa6b7eed1120bc"
-    assert lg._task_key(args, args.suites["addition"], "fire") == "b4ce6e84441cc714"
-    assert lg._lm_key(args, "cape_fire") == "11b97a97f2d83bf0"
+    assert length_train._task_key(args, args.suites["copy"], "nope") == "beaa6b7eed1120bc"
+    assert length_train._task_key(args, args.suites["addition"], "fire") == "b4ce6e84441cc714"
+    assert length_train._lm_key(args, "cape_fire") == "11b97a97f2d83bf0"
     args = _resolved("--full")
-    assert lg._task_key(args, args.suites["copy"], "nope") != "beaa6b7eed1120bc"  # cpu: another configuration
+    assert length_train._task_key(args, args.suites["copy"], "nope") != "beaa6b7eed1120bc"  # cpu: another configuration
     # under cpu a unit's key holds its own encoding's settings only: adding a label to the bench keeps the others
-    assert lg._task_key(args, args.suites["copy"], "nope") != lg._task_key(args, args.suites["copy"], "fire")
+    assert length_train._task_key(args, args.suites["copy"], "nope") != length_train._task_key(args, args.suites["copy"], "fire")

@@ -175,7 +175,7 @@ def test_hf_plot(tmp_path, saved):
 
 
 def test_generate_plot(tmp_path, saved):
-    from posenc.cli.bench.generate import Cell, GenerateResult, Row, plot
+    from posenc.cli.bench.generate_report import Cell, GenerateResult, Row, plot
 
     config = {"batches": [1, 8], "contexts": [128, 512], "dim": 64, "depth": 2, "heads": 4, "dtype": "float32",
               "background_load": "off"}

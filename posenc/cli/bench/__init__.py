@@ -5,6 +5,12 @@ help). Each module defines ``add_arguments(parser)`` and ``run(args) -> int`` (t
 and is imported only when its subcommand runs. A new benchmark is a module here plus a line in
 the table.
 
+The command line imports that module to build the parser, so it imports nothing that imports
+torch at its top: its arguments, their checks (names against the registry's snapshot,
+:mod:`posenc.cli.catalog`) and its size estimate answer before torch loads, and ``run`` imports
+the torch work from a sibling module (``generate_rows``, ``models_units``, ``hf_variants``,
+``length_train``, ...) once they passed.
+
 Shared pieces: :mod:`.timing` (interleaved timing), :mod:`.memory` (peak memory of one step,
 including a CPU tracker), :mod:`.load` (busy processes for a run under background load, and the
 load average to report with it); tables, progress and results files come from

@@ -22,28 +22,32 @@ re-run on a quiet machine for timings you quote.
 
 Outputs (with ``--out``): ``hf.txt`` (the table), ``hf.json`` and ``hf.png`` (bits per byte per
 length, and training tokens/s).
+
+This module is the command: its arguments, their checks (variant names against the registry's
+snapshot, :mod:`posenc.cli.catalog`), the size estimate, the table and the plot, all without
+torch; :mod:`.hf_variants` builds, trains and measures each variant.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import math
-import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
+from ..catalog import entries
+from ..errors import unknown_name, usage_error
 from ..outputs import out_error, write_file, write_json_file
 from ..sizes import Work, add_allow_large, decoding, defaults_of, scoring, sequence, size_error, transformer
-from ...training.report import Progress, format_table, optional
+from ...training.report import format_table, optional
 
 PROG = "posenc bench hf"
 REFERENCE = "hf"
-DEFAULT_VARIANTS = (REFERENCE, "identity", "alibi", "fire", "kerple", "t5")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+IDENTITY = "identity"
+DEFAULT_VARIANTS = (REFERENCE, IDENTITY, "alibi", "fire", "kerple", "t5")
+DTYPE_NAMES = ("float32", "bfloat16")
+BF16_NEEDS_CUDA = "--dtype bfloat16 runs on CUDA only (autocast); use float32 on the CPU"
 
 
 def _names(text: str) -> list[str]:
@@ -69,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=positive_int, default=256, help="model width (default: %(default)s)")
     parser.add_argument("--depth", type=positive_int, default=4, help="layers (default: %(default)s)")
     parser.add_argument("--heads", type=positive_int, default=4, help="attention heads (default: %(default)s)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
                         help="training dtype: float32, or bfloat16 autocast on CUDA")
     parser.add_argument("--seed", type=seed_value, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--device", type=device_name, default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
@@ -93,144 +97,45 @@ def estimate(args: argparse.Namespace) -> Work:
     return (train + scored + generated) * len(args.variants)
 
 
-def _resolve(args: argparse.Namespace) -> str | None:
-    """What is wrong with the arguments, or None (nothing is built before this passes)."""
-    from ...common.registry import available, get
+def variant_error(name: str) -> str | None:
+    """Why ``name`` is not a variant (one line, the closest names for a misspelt one), or None. The
+    swap's refusals that a name decides (linear attention only, between blocks) are read from the
+    registry's snapshot, before anything is built."""
+    if name in (REFERENCE, IDENTITY):
+        return None
+    found = next((e for e in entries() if e.name == name), None)
+    if found is None:
+        choices = [REFERENCE, IDENTITY, *(e.name for e in entries("seq"))]
+        return unknown_name("variant", name, choices, listing="posenc list --modality seq")
+    if found.modality != "seq":
+        return (f"{name!r} is not '{REFERENCE}', '{IDENTITY}' or a registered sequence encoding (it is a "
+                f"{found.modality} encoding)")
+    if found.linear_only:
+        return f"{name!r} is defined for linear attention only; Hugging Face models use softmax attention"
+    if found.between_blocks:
+        return f"{name!r} sits between blocks; the swap puts an encoding on the input or in every attention layer"
+    return None
 
-    seq = {i.name for i in available("seq")}
+
+def _resolve(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, or None: all decided without torch (nothing is built
+    before this passes; ``--device auto`` with bfloat16 is checked once torch says where it runs)."""
     for name in args.variants:
-        if name in (REFERENCE, "identity"):
-            continue
-        try:
-            info = get(name)
-        except KeyError:
-            info = None
-        if info is None or info.modality != "seq":
-            return (f"--variants: {name!r} is not '{REFERENCE}', 'identity' or a registered sequence encoding "
-                    f"({', '.join(sorted(seq))})")
+        error = variant_error(name)
+        if error is not None:
+            return f"--variants: {error}"
     if len(set(args.variants)) != len(args.variants):
         return f"--variants: a name is repeated in {','.join(args.variants)}"
     if args.dim % args.heads or (args.dim // args.heads) % 2:
         return f"--dim ({args.dim}) must be divisible by --heads ({args.heads}) into an even head width (RoPE pairs)"
     if len(set(args.eval_factors)) != len(args.eval_factors):
         return f"--eval-factors: a factor is repeated in {args.eval_factors}"
-    if args.dtype == "bfloat16" and _device(args.device).type != "cuda":
-        return "--dtype bfloat16 runs on CUDA only (autocast); use float32 on the CPU"
+    if args.dtype == "bfloat16" and not args.device.startswith(("cuda", "auto")):
+        return BF16_NEEDS_CUDA
     error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
     if error is not None:
         return error
     return out_error(args.out, OUTPUTS)
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _model(args: argparse.Namespace, variant: str, max_len: int):
-    """A fresh Llama for ``variant`` (same seed for all)."""
-    transformers = optional("transformers", PROG)
-    from ...integrations.transformers import register, swap_position_encoding
-
-    register()
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=args.dim, intermediate_size=int(8 * args.dim / 3 + 63) // 64 * 64,
-        num_hidden_layers=args.depth, num_attention_heads=args.heads, num_key_value_heads=args.heads,
-        max_position_embeddings=max_len, pad_token_id=0, bos_token_id=0, eos_token_id=None, tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(args.seed)
-    model = transformers.LlamaForCausalLM(config)
-    if variant != REFERENCE:
-        swap_position_encoding(model, variant)
-    return model
-
-
-def _train(model, args, train_text: str, device: torch.device, progress: Progress) -> tuple[float, float]:
-    """``(tokens per second, final loss)`` of ``--steps`` AdamW steps on random windows."""
-    from ...seq.data import ByteWindows
-
-    windows = ByteWindows(train_text, args.train_len)
-    generator = torch.Generator().manual_seed(args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    model.train()
-    autocast = args.dtype == "bfloat16"
-    timed_tokens, timed_s, loss_value = 0, 0.0, float("nan")
-    for step in range(args.steps):
-        idx = torch.randint(len(windows), (args.batch_size,), generator=generator).tolist()
-        x = torch.stack([windows[i][0] for i in idx]).to(device)
-        y = torch.stack([windows[i][1] for i in idx]).to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=x, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        _sync(device)
-        if step >= min(3, args.steps - 1):  # the first steps warm the allocator and kernels up
-            timed_s += time.perf_counter() - t0
-            timed_tokens += x.numel()
-        loss_value = loss.item()
-        progress.update(note=f"loss {loss_value:.3f}")
-    return timed_tokens / max(timed_s, 1e-9), loss_value
-
-
-@torch.no_grad()
-def _bits_per_byte(model, text: str, length: int, tokens: int, device: torch.device, batch: int) -> float:
-    from ...seq.data import eval_windows
-
-    x, y = eval_windows(text, length, tokens)
-    total, count = 0.0, 0
-    for i in range(0, x.shape[0], batch):
-        logits = model(input_ids=x[i:i + batch].to(device), use_cache=False).logits.float()
-        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y[i:i + batch].to(device).flatten(),
-                                                   reduction="sum").item()
-        count += y[i:i + batch].numel()
-    return total / count / math.log(2)
-
-
-@torch.no_grad()
-def _generation_speed(model, args, text: str, device: torch.device) -> float:
-    """New tokens per second of cached greedy generation from ``--gen-batch`` prompts."""
-    from ...seq.data import eval_windows
-
-    prompts, _ = eval_windows(text, min(32, args.train_len), args.gen_batch * min(32, args.train_len))
-    prompts = prompts[: args.gen_batch].to(device)
-    config = dict(max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens, do_sample=False, use_cache=True,
-                  pad_token_id=0)
-    model.generate(prompts, **{**config, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
-    _sync(device)
-    t0 = time.perf_counter()
-    out = model.generate(prompts, **config)
-    _sync(device)
-    return (out.shape[1] - prompts.shape[1]) * prompts.shape[0] / (time.perf_counter() - t0)
-
-
-def _one(args: argparse.Namespace, variant: str, train_text: str, valid_text: str, device: torch.device) -> dict:
-    lengths = [f * args.train_len for f in args.eval_factors]
-    model = _model(args, variant, max(lengths)).to(device)
-    progress = Progress(args.steps, f"{variant}", enabled=not args.no_progress)
-    train_tps, loss = _train(model, args, train_text, device, progress)
-    progress.close()
-    model.eval()
-    bpb = {str(n): round(_bits_per_byte(model, valid_text, n, args.eval_tokens, device, args.batch_size), 4)
-           for n in lengths}
-    gen_tps = _generation_speed(model, args, valid_text, device)
-    return {"variant": variant, "attn_implementation": model.config._attn_implementation,
-            "train_tokens_per_s": round(train_tps, 1), "generate_tokens_per_s": round(gen_tps, 1),
-            "train_loss": round(loss, 4), "bits_per_byte": bpb}
 
 
 def _table(rows: list[dict], lengths: list[int]) -> str:
@@ -281,18 +186,22 @@ def _plot(rows: list[dict], lengths: list[int], args: argparse.Namespace) -> byt
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train and measure every variant, print the table, write the outputs: 0, or 2 on bad input."""
     error = _resolve(args)
     if error is not None:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, error)
     optional("transformers", PROG)
     from ...seq.data import pydoc_corpus, split_text
+    from .hf_variants import device_of, measure_variant
 
-    device = _device(args.device)
+    device = device_of(args.device)
+    if args.dtype == "bfloat16" and device.type != "cuda":  # --device auto found no GPU
+        return usage_error(PROG, BF16_NEEDS_CUDA)
     train_text, valid_text = split_text(pydoc_corpus())
     lengths = [f * args.train_len for f in args.eval_factors]
     start = time.perf_counter()
-    rows = [_one(args, variant, train_text, valid_text, device) for variant in args.variants]
+    rows = [measure_variant(args, variant, train_text, valid_text, device, swap=variant != REFERENCE)
+            for variant in args.variants]
     table = _table(rows, lengths)
     what = (f"Hugging Face Llama ({args.depth} layers, {args.dim} wide, {args.heads} heads) on pydoc bytes, "
             f"{args.steps} steps at {args.train_len}, {device.type}, {args.dtype}; 'vs hf' is the slowdown against "
@@ -315,4 +224,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_VARIANTS", "add_arguments", "run"]
+__all__ = ["DEFAULT_VARIANTS", "add_arguments", "estimate", "run", "variant_error"]

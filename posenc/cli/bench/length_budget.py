@@ -24,8 +24,7 @@ def estimate(args: argparse.Namespace, *, budget: tuple[int, int, int], small_mo
     ``lm_encodings`` lists). ``budget``: (task steps under ``uniform``, LM steps, LM batch);
     ``small_model``: the LM rows' model; ``lm_eval_lens``: the default scoring lengths (the
     bench's, by ``--full``)."""
-    from ...seq.length_tasks import length_suite
-    from .length_settings import task_settings
+    from .length_settings import TASK_SIZES, task_settings
 
     flags = {"train_len": args.train_len, "dim": args.dim, "depth": args.depth, "heads": args.heads,
              "steps": args.steps, "lr": args.lr, "batch_size": args.batch_size}
@@ -34,7 +33,7 @@ def estimate(args: argparse.Namespace, *, budget: tuple[int, int, int], small_mo
         flags = {**flags, **small, "steps": args.steps or budget[0]}
     work = Work()
     for name in args.tasks:
-        s = task_settings(args.scale, name, default_len=length_suite(name).train_max, overrides=flags)
+        s = task_settings(args.scale, name, default_len=TASK_SIZES[name][0], overrides=flags)
         longest = 4 * (2 * s.train_len + 2)  # the 4x split, question and answer (two tokens an item at most)
         train = transformer(s.batch_size, 2 * s.train_len + 2, s.dim, s.depth, vocab=TASK_VOCAB, steps=s.steps)
         tests = transformer(args.eval_examples, longest, s.dim, s.depth, vocab=TASK_VOCAB, train=False) * SPLITS

@@ -46,44 +46,27 @@ results do not depend on ``N`` (up to the float summation order of the thread co
 Outputs (with ``--out``): ``length_generalization.txt`` (the settings, a table per task, the
 in-distribution table, the LM table, the claims with their rule), ``length_generalization.json``,
 ``length_generalization.png`` (heat map: encodings x tasks, mean OOD exact match) and ``units.jsonl``.
+
+This module is the command: its arguments, their checks (names, sizes, outputs) and the size
+estimate, all before torch is imported; :mod:`.length_train` builds the task suites and trains and
+scores the units, :mod:`.length_report` writes the tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-import torch
-
 from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
+from ..errors import unknown_name, usage_error
 from ..outputs import out_error, write_file, write_json_file
 from ..sizes import add_allow_large, defaults_of, size_error
-from ...training.report import format_table
 from . import length_budget
-from .length_report import aggregate, plot_heat_map, render
-from .length_settings import SCALES, encoding_options, settings_rows, task_rows, task_settings
-from .length_units import check_line, check_planned
-from .unit_log import UnitLog, UnitLogError, config_key
+from .length_settings import ENCODINGS, LENGTH_TASKS, SCALES, TASK_SIZES, task_settings
 
 PROG = "posenc bench length-generalization"
-
-# label -> (registered name, constructor options): every registered sequence encoding that runs in
-# a causal LM with softmax attention (the SPE encodings need linear attention; the RoPE context
-# extensions are ``posenc bench context-extension``'s subject).
-ENCODINGS: dict[str, tuple[str, dict]] = {
-    "nope": ("nope", {}), "sinusoidal": ("sinusoidal", {}), "learned": ("learned", {}), "rope": ("rope", {}),
-    "xpos": ("xpos", {}), "alibi": ("alibi", {}), "t5": ("t5", {}), "kerple": ("kerple", {"variant": "log"}),
-    "kerple_power": ("kerple", {"variant": "power"}), "fire": ("fire", {}),
-    "cape_alibi": ("cape", {"base": "alibi"}), "cape_kerple": ("cape", {"base": "kerple"}),
-    "cape_fire": ("cape", {"base": "fire"}), "cope": ("cope", {}), "shaw": ("shaw", {}),
-    "transformer_xl": ("transformer_xl", {}), "tupe": ("tupe", {}), "deberta": ("deberta", {}), "peg1d": ("peg1d", {}),
-    "fox": ("fox", {}), "fox_alibi": ("fox", {"gate_init": "alibi"}),
-}
-TABLE_ENCODINGS = frozenset({"learned", "tupe"})  # built with rows up to the longest test sequence
 
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "rope", "alibi", "t5", "cope")
 DEFAULT_TASKS = ("copy", "summation", "flipflop", "counting")
@@ -106,8 +89,6 @@ def _labels(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...seq.length_tasks import LENGTH_TASKS
-
     parser.description = (
         "Train one small causal LM per (encoding, task, seed) on the NoPE and CoPE papers' length-generalisation "
         "tasks and score exact match at 1x, 2x and 4x the training size (and flip-flop's and selective copy's "
@@ -167,34 +148,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_allow_large(parser)
 
 
-def _choose(given: list[str] | None, default: tuple[str, ...], full: tuple[str, ...], choices, flag: str,
-            allow_none: bool = False) -> list[str]:
-    """The names a list flag selects; ValueError naming the flag on an unknown or repeated name."""
+def _choose(given: list[str] | None, default: tuple[str, ...], full: tuple[str, ...] | None, choices, flag: str,
+            what: str, allow_none: bool = False) -> list[str]:
+    """The names a list flag selects; ValueError naming the flag, the name and the closest ones on an
+    unknown or repeated name."""
     if given is None:
         return list(full if full is not None else default)
     if given == ["all"]:
         return list(choices)
     if allow_none and given == ["none"]:
         return []
-    unknown = [n for n in given if n not in choices]
-    if unknown:
-        raise ValueError(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}"
-                         + (" (or 'all', 'none')" if allow_none else " (or 'all')"))
+    for name in given:
+        if name not in choices:
+            words = ("all", "none") if allow_none else ("all",)
+            raise ValueError(f"{flag}: {unknown_name(what, name, [*choices, *words])}")
     if len(set(given)) != len(given):
         raise ValueError(f"{flag}: a name is repeated in {','.join(given)}")
     return list(given)
 
 
-def _resolve(args: argparse.Namespace) -> None:
-    """Fill the defaults that depend on ``--full``; ValueError with one line on bad input."""
-    from ...seq.length_tasks import LENGTH_TASKS, length_suite
-
+def check(args: argparse.Namespace) -> str | None:
+    """Fill the defaults that depend on ``--full`` and each task's settings; what is wrong with the
+    arguments (one line), or None. Decided from the flags and the tables alone: torch is not imported."""
     full = args.full
-    args.encodings = _choose(args.encodings, DEFAULT_ENCODINGS, tuple(ENCODINGS) if full else None, ENCODINGS,
-                             "--encodings")
-    args.tasks = _choose(args.tasks, DEFAULT_TASKS, LENGTH_TASKS if full else None, LENGTH_TASKS, "--tasks")
-    args.lm_encodings = _choose(args.lm_encodings, DEFAULT_LM_ENCODINGS, FULL_LM_ENCODINGS if full else None,
-                                ENCODINGS, "--lm-encodings", allow_none=True)
+    try:
+        args.encodings = _choose(args.encodings, DEFAULT_ENCODINGS, tuple(ENCODINGS) if full else None, ENCODINGS,
+                                 "--encodings", "encoding")
+        args.tasks = _choose(args.tasks, DEFAULT_TASKS, LENGTH_TASKS if full else None, LENGTH_TASKS, "--tasks", "task")
+        args.lm_encodings = _choose(args.lm_encodings, DEFAULT_LM_ENCODINGS, FULL_LM_ENCODINGS if full else None,
+                                    ENCODINGS, "--lm-encodings", "encoding", allow_none=True)
+    except ValueError as exc:
+        return str(exc)
     budget = FULL_BUDGET if full else DEFAULT_BUDGET
     args.lm_steps = args.lm_steps or budget[1]
     args.lm_batch_size = args.lm_batch_size or budget[2]
@@ -206,25 +190,19 @@ def _resolve(args: argparse.Namespace) -> None:
     args.lm_model = {k: small[k] for k in ("dim", "depth", "heads", "lr")}  # the byte LM rows' model
     if args.scale == "uniform":
         flags = {**flags, **small, "steps": args.steps or budget[0]}
-    args.settings, args.suites = {}, {}
+    args.settings = {}
     for name in args.tasks:
-        default_len = length_suite(name).train_max
+        default_len, smallest = TASK_SIZES[name]
         s = task_settings(args.scale, name, default_len=default_len, overrides=flags)
         if s.dim % s.heads:
-            raise ValueError(f"--dim ({s.dim}) must be divisible by --heads ({s.heads})"
-                             + ("" if args.dim and args.heads else f" (task {name} at --scale {args.scale})"))
-        try:
-            args.suites[name] = length_suite(name, s.train_len, dict(s.options))
-        except ValueError as exc:
-            raise ValueError(f"--train-len {s.train_len}: {exc}") from None
+            return (f"--dim ({s.dim}) must be divisible by --heads ({s.heads})"
+                    + ("" if args.dim and args.heads else f" (task {name} at --scale {args.scale})"))
+        if s.train_len < smallest:
+            return f"--train-len {s.train_len}: task {name} trains at sizes from {smallest}; give at least {smallest}"
         args.settings[name] = s
     if args.lm_model["dim"] % args.lm_model["heads"]:
-        raise ValueError(f"--dim ({args.lm_model['dim']}) must be divisible by --heads ({args.lm_model['heads']})")
-    if args.lm_encodings:
-        _check_lm_memory(args)
-    error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
-    if error is not None:
-        raise ValueError(error)
+        return f"--dim ({args.lm_model['dim']}) must be divisible by --heads ({args.lm_model['heads']})"
+    return size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
 
 
 SIZE_FLAGS = length_budget.SIZE_FLAGS
@@ -238,260 +216,15 @@ def estimate(args: argparse.Namespace):
                                   lm_eval_lens=FULL_LM_EVAL_LENS if full else DEFAULT_LM_EVAL_LENS)
 
 
-def _check_lm_memory(args: argparse.Namespace) -> None:
-    """Refuse LM scoring lengths whose attention scores (CAPE: its MLP's input and hidden layer too)
-    could not fit, before anything trains."""
-    from ...common.checks import check_allocation
+def _resolve(args: argparse.Namespace) -> None:
+    """:func:`check`, then the task suites (:func:`.length_train.prepare`, which imports torch);
+    ValueError with one line on bad input."""
+    error = check(args)
+    if error is not None:
+        raise ValueError(error)
+    from .length_train import prepare
 
-    device = "cpu" if args.device == "auto" and not torch.cuda.is_available() else (
-        "cuda" if args.device == "auto" else args.device)
-    n = max(args.lm_eval_lens)
-    windows = max(1, 4096 // n)  # the slice bits_per_byte_at scores at once
-    check_allocation(f"--lm-eval-lens {n}: attention scores", (windows, args.lm_model["heads"], n, n), torch.float32,
-                     device)
-    if any(ENCODINGS[e][0] == "cape" for e in args.lm_encodings):
-        check_allocation(f"--lm-eval-lens {n}: CAPE's MLP over [scores; bias]", (windows, n, n, 2 * args.lm_model["heads"] + 32),
-                         torch.float32, device)
-
-
-# ---------------------------------------------------------------------------------------------
-# units
-
-
-def _encoding_key(args: argparse.Namespace, label: str, length: int) -> dict:
-    """The options of ``label``'s encoding at training length ``length`` (nothing under ``uniform``:
-    the registry defaults, as in the runs before the settings table)."""
-    if args.scale == "uniform":
-        return {}
-    return {"scale": args.scale, "encoding": [ENCODINGS[label][0], _options(args, label, length)]}
-
-
-def _task_key(args: argparse.Namespace, suite, label: str) -> str:
-    """The configuration of one task unit of encoding ``label`` (another key: another unit)."""
-    s = args.settings[suite.name]
-    if args.scale == "uniform":  # the key of the runs before the settings table
-        return config_key({
-            "kind": "task", "task": suite.name, "train": [suite.train_min, suite.train_max],
-            "splits": [sp.label for sp in suite.splits], "steps": s.steps, "batch_size": s.batch_size, "lr": s.lr,
-            "dim": s.dim, "depth": s.depth, "heads": s.heads, "eval_examples": args.eval_examples,
-        })
-    return config_key({
-        "kind": "task", "task": suite.name, "train_min": suite.train_min, "splits": [sp.label for sp in suite.splits],
-        **s.key(), "eval_examples": args.eval_examples, **_encoding_key(args, label, suite.max_total_length()),
-    })
-
-
-def _lm_key(args: argparse.Namespace, label: str) -> str:
-    """The configuration of the byte LM unit of encoding ``label``."""
-    m = args.lm_model
-    return config_key({
-        "kind": "lm", "train_len": args.lm_train_len, "eval_lens": sorted(args.lm_eval_lens), "steps": args.lm_steps,
-        "batch_size": args.lm_batch_size, "lr": m["lr"], "dim": m["dim"], "depth": m["depth"], "heads": m["heads"],
-        "eval_tokens": args.eval_tokens, **_encoding_key(args, label, args.lm_train_len),
-    })
-
-
-def _options(args: argparse.Namespace, label: str, length: int) -> dict:
-    """The constructor options of ``label`` for a model trained at ``length`` tokens."""
-    base = ENCODINGS[label][1]
-    return dict(base) if args.scale == "uniform" else encoding_options(label, base, length)
-
-
-def _model(args: argparse.Namespace, label: str, vocab: int, max_len: int, length: int, model: dict):
-    """A causal LM with encoding ``label`` trained at ``length`` tokens (``max_len``: the table
-    length of learned positions); ``model``: its ``dim``, ``depth`` and ``heads``."""
-    from ...seq.models import CausalLM
-
-    options = _options(args, label, length)
-    return CausalLM(vocab, model["dim"], model["depth"], model["heads"], encoding=ENCODINGS[label][0],
-                    encoding_options=options or None, max_len=max_len)
-
-
-def run_task_unit(args: argparse.Namespace, suite, label: str, seed: int) -> dict:
-    """Train one model on ``suite``'s task and score every split -> the unit's result."""
-    from ...seq.evaluation import task_eval_set, task_exact_match
-    from ...seq.length_tasks import eval_seed
-    from ...seq.tasks import train_on_task
-
-    s = args.settings[suite.name]
-    torch.manual_seed(seed)
-    max_len = suite.max_total_length(tested=label in TABLE_ENCODINGS)
-    model = _model(args, label, suite.vocab_size, max_len, suite.max_total_length(), s.__dict__)
-    t0 = time.perf_counter()
-    loss = train_on_task(model, suite.train_task, suite.train_max, min_length=suite.train_min, steps=s.steps,
-                         batch_size=s.batch_size, lr=s.lr, seed=seed, device=args.device, progress=False,
-                         curriculum=s.curriculum)
-    train_s = time.perf_counter() - t0
-    model.eval()
-    scores = {}
-    for split in suite.splits:
-        batch = task_eval_set(split.task, split.size, args.eval_examples, seed=eval_seed(suite.name, split.label, seed))
-        scores[split.label] = task_exact_match(model, batch)
-    return {"train_loss": round(loss, 4), "train_s": round(train_s, 2),
-            "eval_s": round(time.perf_counter() - t0 - train_s, 2), "exact_match": scores}
-
-
-def run_lm_unit(args: argparse.Namespace, label: str, seed: int, texts: tuple[str, str]) -> dict:
-    """Train one byte LM at ``--lm-train-len`` and score bits per byte at every ``--lm-eval-lens``."""
-    from ...seq.byte_lm import bits_per_byte_at, train_on_bytes
-
-    train_text, valid_text = texts
-    torch.manual_seed(seed)
-    max_len = max(args.lm_eval_lens + [args.lm_train_len]) if label in TABLE_ENCODINGS else args.lm_train_len
-    model = _model(args, label, 256, max_len, args.lm_train_len, args.lm_model)
-    t0 = time.perf_counter()
-    loss = train_on_bytes(model, train_text, args.lm_train_len, steps=args.lm_steps, batch_size=args.lm_batch_size,
-                          lr=args.lm_model["lr"], seed=seed, device=args.device, progress=False)
-    train_s = time.perf_counter() - t0
-    bpb = bits_per_byte_at(model, valid_text, sorted(args.lm_eval_lens), args.eval_tokens)
-    return {"train_loss": round(loss, 4), "train_s": round(train_s, 2),
-            "eval_s": round(time.perf_counter() - t0 - train_s, 2), "bpb": {str(n): v for n, v in bpb.items()}}
-
-
-_TEXTS: tuple[str, str] | None = None  # the byte-LM corpus, read once per process
-
-
-def run_unit(args: argparse.Namespace, spec: dict) -> dict:
-    """One unit of :func:`_plan` -> its result (in this process or a worker)."""
-    global _TEXTS
-    if spec["kind"] == "task":
-        return run_task_unit(args, spec["suite"], spec["encoding"], spec["seed"])
-    if _TEXTS is None:
-        from ...seq.data import pydoc_corpus, split_text
-
-        _TEXTS = split_text(pydoc_corpus())
-    return run_lm_unit(args, spec["encoding"], spec["seed"], _TEXTS)
-
-
-def _timed_unit(args: argparse.Namespace, spec: dict) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    return run_unit(args, spec), time.perf_counter() - t0
-
-
-def _worker_init(threads: int) -> None:
-    torch.set_num_threads(threads)
-
-
-def _run_in_workers(args: argparse.Namespace, todo: list, finish) -> None:
-    """``--jobs``: at most ``args.jobs`` units in flight, handed out in plan order (so a stopped run
-    has the first seeds first); each result is logged by this process as it arrives."""
-    threads = max(1, torch.get_num_threads() // args.jobs)
-    # spawn, not fork: a forked copy of a process that has run torch's thread pools can hang
-    pool = ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(threads,))
-    pending = iter(todo)
-    running: dict = {}
-    try:
-        for unit in pending:
-            running[pool.submit(_timed_unit, args, unit[2])] = unit
-            if len(running) == args.jobs:
-                break
-        while running:
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                uid, key, spec = running.pop(future)
-                result, seconds = future.result()
-                finish(uid, key, spec, result, seconds)
-                unit = next(pending, None)
-                if unit is not None:
-                    running[pool.submit(_timed_unit, args, unit[2])] = unit
-    except BaseException:
-        # Ctrl-C or a failed unit: the units still training are lost either way, so stop them now
-        # rather than wait for them (what is logged stays logged)
-        for process in list((pool._processes or {}).values()):  # no public terminate before Python 3.14
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-
-
-def _plan(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
-    """Every unit of the run: ``(unit id, config key, spec)``, seed-major: every task model and
-    byte LM at the first seed, then at the next, so that a partial (long, ``--full``) run already
-    has every cell at its first seeds."""
-    seeds = [args.seed + k for k in range(args.seeds)]
-    suites = [(name, args.suites[name]) for name in args.tasks]
-    keys = {(name, label): _task_key(args, suite, label) for name, suite in suites for label in args.encodings}
-    lm_keys = {label: _lm_key(args, label) for label in args.lm_encodings}
-    units = []
-    for seed in seeds:
-        for name, suite in suites:
-            for label in args.encodings:
-                units.append((f"task/{name}/{label}/{seed}", keys[name, label],
-                              {"kind": "task", "suite": suite, "task": name, "encoding": label, "seed": seed}))
-        for label in args.lm_encodings:
-            units.append((f"lm/{label}/{seed}", lm_keys[label], {"kind": "lm", "encoding": label, "seed": seed}))
-    return units
-
-
-def _scored(args: argparse.Namespace, spec: dict) -> list[str]:
-    """The scores a unit's line must hold: its task's splits, or the LM's scoring lengths."""
-    if spec["kind"] == "task":
-        return [s.label for s in spec["suite"].splits]
-    return [str(n) for n in args.lm_eval_lens]
-
-
-def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tuple[list[dict], bool]:
-    """Run the units not yet in ``log`` (all of them without one), appending each as it finishes;
-    stop after ``--max-units`` new ones. Returns the results of this configuration's units (done
-    before and now, in plan order) and whether every unit is in."""
-    plan = _plan(args)
-    planned = {uid: key for uid, key, _ in plan}
-    done: dict[str, dict] = {}
-    if log is not None:
-        needed = {uid: _scored(args, spec) for uid, _, spec in plan}
-        for index, item in enumerate(log.lines):  # the last line of a unit wins
-            if planned.get(item["unit"]) == item["config"]:
-                problem = check_planned(item, needed[item["unit"]])
-                if problem is not None:  # a line the report would read a missing score from
-                    raise log.refuse(index, problem)
-                done[item["unit"]] = item
-        others = sum(1 for item in log.lines if planned.get(item["unit"]) != item["config"])
-        if others:
-            say(f"note: {others} line(s) of {log.path} belong to another configuration or selection; not used")
-    todo = [u for u in plan if u[0] not in done]
-    if done and todo:
-        say(f"resuming: {len(done)} of {len(plan)} units already in {log.path}")
-    if args.max_units is not None and len(todo) > args.max_units:
-        say(f"stopping after {args.max_units} new units (--max-units {args.max_units}); {len(todo) - args.max_units} "
-            "left: run the same command again to continue")
-        todo = todo[:args.max_units]
-
-    def finish(uid: str, key: str, spec: dict, result: dict, seconds: float) -> None:
-        item = {"unit": uid, "config": key, "kind": spec["kind"], "encoding": spec["encoding"], "seed": spec["seed"],
-                **({"task": spec["task"]} if spec["kind"] == "task" else {}), **result}
-        if log is not None:
-            log.append(item)
-        done[uid] = item
-        if not args.no_progress:
-            print(f"[{len(done)}/{len(plan)}] {uid}: {seconds:.1f} s", file=sys.stderr, flush=True)
-
-    if args.jobs == 1 or len(todo) <= 1:
-        for uid, key, spec in todo:
-            t0 = time.perf_counter()
-            finish(uid, key, spec, run_unit(args, spec), time.perf_counter() - t0)
-    else:
-        _run_in_workers(args, todo, finish)
-    results = [done[uid] for uid, _, _ in plan if uid in done]
-    return results, len(results) == len(plan)
-
-
-# ---------------------------------------------------------------------------------------------
-# report
-
-
-def settings_text(args: argparse.Namespace) -> str:
-    """The run's settings: per task, what the papers used and what runs here; and the encodings'
-    settings scaled to the training length (none under ``--scale uniform``)."""
-    headers, body = task_rows(args.scale, args.settings)
-    text = f"settings (--scale {args.scale})\n" + format_table(headers, body)
-    if args.scale == "uniform":
-        return text + "\n(encodings at their registry defaults: no setting scaled to the training length)"
-    lengths = {name: args.suites[name].max_total_length() for name in args.tasks}
-    if args.lm_encodings:
-        lengths = {"byte LM": args.lm_train_len, **lengths}
-    headers, body = settings_rows(lengths)
-    return text + "\n\nencodings at their papers' settings scaled to the training length\n" + format_table(headers, body)
+    prepare(args)
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -501,11 +234,17 @@ def _config(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the units not yet logged, print and write the report: 0, or 2 on bad input (the names,
+    sizes and outputs refused before torch is imported)."""
     try:
         _resolve(args)
     except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, str(exc))
+    from .length_report import aggregate, plot_heat_map, render, settings_text
+    from .length_train import execute
+    from .length_units import check_line
+    from .unit_log import UnitLog, UnitLogError
+
     out = None if args.out is None else Path(args.out)
     log = None
     if out is not None:
@@ -540,4 +279,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_ENCODINGS", "DEFAULT_TASKS", "ENCODINGS", "add_arguments", "execute", "run", "settings_text"]
+__all__ = ["DEFAULT_ENCODINGS", "DEFAULT_TASKS", "ENCODINGS", "add_arguments", "check", "estimate", "run"]

@@ -1,5 +1,5 @@
-"""``posenc bench length-generalization``'s report: means and spreads over seeds, the evidence the
-claims are judged on (:mod:`.length_claims`), the text tables and the heat map."""
+"""``posenc bench length-generalization``'s report: the settings of the run, means and spreads over
+seeds, the evidence the claims are judged on (:mod:`.length_claims`), the text tables and the heat map."""
 
 from __future__ import annotations
 
@@ -8,8 +8,24 @@ from pathlib import Path
 
 from ...training.report import format_table
 from .length_claims import CLAIMS, LEARNED_BPB, LEARNED_EXACT, RULE, judge, mean_sd
+from .length_settings import settings_rows, task_rows
 
 LM_ITEM = "byte LM"  # the one item of the LM scores
+
+
+def settings_text(args: argparse.Namespace) -> str:
+    """The run's settings: per task, what the papers used and what runs here; and the encodings'
+    settings scaled to the training length (none under ``--scale uniform``)."""
+    headers, body = task_rows(args.scale, args.settings)
+    text = f"settings (--scale {args.scale})\n" + format_table(headers, body)
+    if args.scale == "uniform":
+        return text + "\n(encodings at their registry defaults: no setting scaled to the training length)"
+    lengths = {name: args.suites[name].max_total_length() for name in args.tasks}
+    if args.lm_encodings:
+        lengths = {"byte LM": args.lm_train_len, **lengths}
+    headers, body = settings_rows(lengths)
+    return text + "\n\nencodings at their papers' settings scaled to the training length\n" + format_table(headers, body)
+
 
 
 def _stat(values: list[float]) -> dict:
@@ -172,4 +188,4 @@ def plot_heat_map(summary: dict, path: Path, order) -> bool:
     return True
 
 
-__all__ = ["LM_ITEM", "aggregate", "in_distribution_rows", "plot_heat_map", "render"]
+__all__ = ["LM_ITEM", "aggregate", "in_distribution_rows", "plot_heat_map", "render", "settings_text"]

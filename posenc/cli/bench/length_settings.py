@@ -15,6 +15,9 @@ settings scaled to the training length.
 **Encodings** (:data:`ENCODING_SETTINGS`): under ``cpu`` and ``paper``, the settings of FIRE,
 KERPLE, T5, CAPE and CoPE that depend on the training length are their papers' values scaled to
 the length a model is trained at (the longest training sequence in tokens; the byte LM's window).
+
+The tasks (:data:`TASK_SIZES`) and the bench's encoding labels (:data:`ENCODINGS`) are named here
+without torch: the command checks its flags against them before torch loads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,29 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 SCALES = ("cpu", "paper", "uniform")
+
+# The tasks of posenc.seq.length_tasks, named here without torch (the command checks its flags
+# before torch loads; the tests check they agree): name -> (the task's own largest training size,
+# the smallest size it trains at).
+TASK_SIZES: dict[str, tuple[int, int]] = {
+    "copy": (8, 1), "reverse": (8, 1), "sort": (8, 1), "addition": (4, 1), "summation": (8, 1), "parity": (8, 1),
+    "flipflop": (16, 2), "selective_copy": (8, 1), "counting": (16, 1),
+}
+LENGTH_TASKS = tuple(TASK_SIZES)
+
+# The bench's encodings: label -> (registered name, constructor options), every registered sequence
+# encoding that runs in a causal LM with softmax attention (the SPE encodings need linear
+# attention; the RoPE context extensions are ``posenc bench context-extension``'s subject).
+ENCODINGS: dict[str, tuple[str, dict]] = {
+    "nope": ("nope", {}), "sinusoidal": ("sinusoidal", {}), "learned": ("learned", {}), "rope": ("rope", {}),
+    "xpos": ("xpos", {}), "alibi": ("alibi", {}), "t5": ("t5", {}), "kerple": ("kerple", {"variant": "log"}),
+    "kerple_power": ("kerple", {"variant": "power"}), "fire": ("fire", {}),
+    "cape_alibi": ("cape", {"base": "alibi"}), "cape_kerple": ("cape", {"base": "kerple"}),
+    "cape_fire": ("cape", {"base": "fire"}), "cope": ("cope", {}), "shaw": ("shaw", {}),
+    "transformer_xl": ("transformer_xl", {}), "tupe": ("tupe", {}), "deberta": ("deberta", {}), "peg1d": ("peg1d", {}),
+    "fox": ("fox", {}), "fox_alibi": ("fox", {"gate_init": "alibi"}),
+}
+TABLE_ENCODINGS = frozenset({"learned", "tupe"})  # built with rows up to the longest test sequence
 
 
 @dataclass(frozen=True)
@@ -195,6 +221,6 @@ def task_rows(scale: str, settings: Mapping[str, TaskSettings]) -> tuple[list[st
 
 
 __all__ = [
-    "CPU", "ENCODING_SETTINGS", "PAPER", "PAPERS", "SCALES", "EncodingSetting", "TaskSettings", "encoding_options",
-    "settings_rows", "task_rows", "task_settings",
+    "CPU", "ENCODINGS", "ENCODING_SETTINGS", "LENGTH_TASKS", "PAPER", "PAPERS", "SCALES", "TASK_SIZES", "EncodingSetting",
+    "TABLE_ENCODINGS", "TaskSettings", "encoding_options", "settings_rows", "task_rows", "task_settings",
 ]

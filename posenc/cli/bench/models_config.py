@@ -1,0 +1,114 @@
+"""The settings of ``posenc bench models`` (see :mod:`.models`): the pairs, the encodings of the lm
+pair (read from the registry's snapshot, :mod:`posenc.cli.catalog`) and :class:`ModelsBenchConfig`,
+which checks a run's settings. No torch: the command checks its arguments with these before
+torch loads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..catalog import entries
+from ..errors import unknown_name
+from .devices import bench_device
+
+MODELS = ("lm", "vit", "gps", "convtran")
+DEFAULT_MODELS = ("lm", "vit", "gps")
+XT_LM = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}  # x-transformers' kwargs
+LM_ENCODINGS = tuple(XT_LM)  # the default lm rows: the encodings with an x-transformers peer
+LM_MODALITIES = ("seq", "timeseries")  # the encodings a CausalLM builds with
+ALL = "all"  # --lm-encodings all
+VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
+PROG = "posenc bench models"
+DTYPES = ("float32", "bfloat16")  # bfloat16: the forward pass and loss under torch.autocast
+
+
+@dataclass(frozen=True)
+class ModelsBenchConfig:
+    """Sizes of each pair and the run's settings."""
+
+    models: tuple[str, ...] = DEFAULT_MODELS
+    lm_encodings: tuple[str, ...] = LM_ENCODINGS
+    batch: int = 8
+    seq_len: int = 256
+    lm_dim: int = 256
+    lm_depth: int = 4
+    lm_heads: int = 4
+    vocab: int = 256
+    img_size: int = 32
+    patch: int = 4
+    vit_dim: int = 192
+    vit_depth: int = 6
+    vit_heads: int = 3
+    graphs: int = 16
+    nodes: int = 24
+    gps_dim: int = 64
+    gps_depth: int = 4
+    gps_heads: int = 4
+    rwse_steps: int = 8
+    series: int = 16  # ConvTran: series per step, their channels and length
+    series_channels: int = 3
+    series_len: int = 150
+    classes: int = 4
+    convtran_repo: str | None = None
+    repeats: int = 5
+    warmup: int = 1
+    compile: bool = True
+    seed: int = 0
+    background_processes: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        bench_device(self.device)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        bad = [m for m in self.models if m not in MODELS]
+        if not self.models or bad:
+            raise ValueError(f"models must be some of {', '.join(MODELS)}; got {', '.join(self.models) or 'none'}")
+        for name, value in asdict(self).items():
+            if isinstance(value, int) and not isinstance(value, bool) and name not in ("warmup", "seed", "background_processes"):
+                if value < 1:
+                    raise ValueError(f"{name} must be a positive integer; got {value}")
+        if self.warmup < 0 or self.background_processes < 0:
+            raise ValueError(f"warmup and background_processes must be >= 0; got {self.warmup}, {self.background_processes}")
+        for dim, heads, what in ((self.lm_dim, self.lm_heads, "lm"), (self.vit_dim, self.vit_heads, "vit"),
+                                 (self.gps_dim, self.gps_heads, "gps")):
+            if dim % heads:
+                raise ValueError(f"{what}: dim ({dim}) must be divisible by heads ({heads})")
+        if self.convtran_repo is not None and not (Path(self.convtran_repo) / "Models" / "model.py").is_file():
+            raise ValueError(f"convtran_repo must be a checkout of github.com/Navidfoumani/ConvTran (with "
+                             f"Models/model.py); got {self.convtran_repo!r}")
+        known = lm_encoding_names()
+        unknown = [e for e in self.lm_encodings if e not in known]
+        if not self.lm_encodings or unknown:
+            raise ValueError(f"lm_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
+        if self.img_size % self.patch:
+            raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
+
+
+def lm_encoding_names() -> tuple[str, ...]:
+    """``none`` and every registered sequence and time-series encoding of softmax attention
+    (a :class:`posenc.seq.CausalLM` builds with each; the SPE codes need linear attention), from
+    the registry's snapshot (:mod:`posenc.cli.catalog`): the names are checked before torch loads."""
+    return ("none", *(e.name for e in entries() if e.modality in LM_MODALITIES and not e.linear_only))
+
+
+def lm_encoding_error(name: str) -> str | None:
+    """Why ``name`` cannot be a row of the lm pair (one line, the closest names for a misspelt one), or None."""
+    known = lm_encoding_names()
+    if name in known:
+        return None
+    found = next((e for e in entries() if e.name == name), None)
+    if found is not None and found.linear_only:
+        return f"{name!r} runs on linear attention only, and the lm pair trains softmax attention"
+    if found is not None:
+        return (f"{name!r} is a {found.modality} encoding; the lm pair takes sequence and time-series encodings "
+                "(posenc list --modality seq)")
+    return unknown_name("encoding", name, known, listing="posenc list --modality seq")
+
+
+__all__ = [
+    "ALL", "DEFAULT_MODELS", "DTYPES", "LM_ENCODINGS", "MODELS", "PROG", "VIT_ENCODINGS", "XT_LM", "ModelsBenchConfig",
+    "lm_encoding_error", "lm_encoding_names",
+]
