@@ -140,6 +140,20 @@ def test_a_support_too_large_to_keep_is_refused_with_an_estimate(monkeypatch):
         rrwp(edges, n, 6, method="sparse")
 
 
+def test_the_estimate_counts_the_peak_of_two_copies(monkeypatch):
+    """At the end the pairs are held twice (the blocks and their concatenation, then it and its
+    sorted copy): RAM pretended to be 1.5 times one copy is refused, not run into the allocator."""
+    n, k = 600, 6
+    edges = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))
+    pairs, _ = rrwp(edges, n, k, method="sparse")
+    one_copy = pairs.shape[1] * (k + 4) * 4
+    monkeypatch.setattr("posenc.common.checks._device_memory", lambda device: int(1.5 * one_copy))
+    with pytest.raises(ValueError, match=r"twice at the peak"):
+        rrwp(edges, n, k, method="sparse")
+    monkeypatch.setattr("posenc.common.checks._device_memory", lambda device: int(2.5 * one_copy))
+    assert torch.equal(rrwp(edges, n, k, method="sparse")[0], pairs)
+
+
 # ---- the encoding --------------------------------------------------------------------------------
 
 B_GRAPHS = [(torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]]), 4), (torch.tensor([[0, 1, 2, 3], [1, 2, 0, 0]]), 5)]

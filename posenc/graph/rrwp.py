@@ -117,13 +117,15 @@ def _refuse_huge(what: str, num_nodes: int, walk_length: int, device) -> None:
 
 def _check_growth(what: str, done_sources: int, all_sources: int, pairs: int, walk_length: int, device) -> None:
     """Refuse, with the estimate, a support that will not fit: ``pairs`` found for the first
-    ``done_sources`` of ``all_sources`` sources, extrapolated."""
+    ``done_sources`` of ``all_sources`` sources, extrapolated. A pair is two int64 ids and ``K``
+    float32 values (``K + 4`` floats), held twice at the peak where the blocks come out of order
+    (a batch: the support and its sorted copy); counted twice always, as the order is known late."""
     if done_sources == 0:
         return
     expected = pairs * all_sources // done_sources
     check_allocation(f"{what}: the pairs within {walk_length - 1} hops (about {expected} of them, extrapolated from "
-                     f"{done_sources} of {all_sources} sources) [P, K + 4]", (expected, walk_length + 4), torch.float32,
-                     device)
+                     f"{done_sources} of {all_sources} sources), twice at the peak [2, P, K + 4]",
+                     (2, expected, walk_length + 4), torch.float32, device)
 
 
 def rrwp(
@@ -227,11 +229,27 @@ def _rrwp_parts(
                 done += tasks[i][1]
                 pairs += result[0].numel()
             _check_growth(what, done, num_nodes, pairs, walk_length, device)
-        src = torch.cat([f[0] for f in found]) if found else torch.zeros(0, dtype=torch.long, device=device)
-        dst = torch.cat([f[1] for f in found]) if found else torch.zeros(0, dtype=torch.long, device=device)
-        values = torch.cat([f[2] for f in found]) if found else torch.zeros(0, walk_length, device=device)
-        key = torch.argsort(src * max(num_nodes, 1) + dst)
-    return torch.stack([src[key], dst[key]]), values[key]
+        pairs, values = _assemble(found, walk_length, device)
+        code = pairs[0] * max(num_nodes, 1) + pairs[1]
+        if code.numel() > 1 and not bool((code[1:] >= code[:-1]).all()):  # (one large graph's blocks come in order)
+            key = torch.argsort(code)
+            pairs, values = pairs[:, key], values[key]
+    return pairs, values
+
+
+def _assemble(found: list, walk_length: int, device) -> tuple[Tensor, Tensor]:
+    """The blocks' pairs ``[2, P]`` and values ``[P, K]`` in block order, each block copied in and
+    released at once: the peak is one copy of the support, not the blocks beside their concatenation."""
+    total = sum(int(f[0].numel()) for f in found)
+    pairs = torch.empty(2, total, dtype=torch.long, device=device)
+    values = torch.empty(total, walk_length, dtype=found[0][2].dtype if found else torch.float32, device=device)
+    at = 0
+    for i, (src, dst, vals) in enumerate(found):
+        n = src.numel()
+        pairs[0, at: at + n], pairs[1, at: at + n], values[at: at + n] = src, dst, vals
+        at += n
+        found[i] = None  # type: ignore[call-overload]
+    return pairs, values
 
 
 def _dense_part(split, p: int, w: Tensor, deg: Tensor, nodes: Tensor, walk_length: int) -> tuple[Tensor, Tensor, Tensor]:
