@@ -10,8 +10,9 @@ Run it on a quiet machine (the lead's timing runs); it prints one line per row::
 
 ``--large-graph random`` (default) is the graph of ``posenc bench graph-pe``: uniform random edges,
 mean degree 10, so every pair lies within a few hops and the support of K = 20 is every pair
-(about N^2 (K + 4) float32: 24 GB at N = 10,000), which rrwp refuses with its estimate on a machine
-without that much memory; ``grid`` is a 100 x 100 grid with its diagonals (about 40,000 edges),
+(N^2 pairs of two int64 ids and K float32 values: 9.6 GB at N = 10,000, about twice that at the
+peak: 19.5 GB resident measured on a 24 GiB machine), which rrwp refuses with its estimate on a
+machine without that much memory; ``grid`` is a 100 x 100 grid with its diagonals (about 40,000 edges),
 whose 19-hop balls hold about 1,500 nodes.
 """
 
