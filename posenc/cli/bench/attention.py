@@ -79,6 +79,7 @@ from .caveats import falling_growth, few_rounds, print_warnings, short_timing
 from .devices import bench_device, device_arg, require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
+from .peers import versions
 from .timing import error_text, paired_ratio, synchronize, time_interleaved
 
 if TYPE_CHECKING:  # torch is imported when a row is built: --help and argument errors answer without it
@@ -354,13 +355,7 @@ def _checked_step(unit: nn.Module, row: Row, x: Tensor, grad_out: Tensor) -> Non
 
 
 def _peer_versions() -> dict[str, str]:
-    versions = {}
-    for impl, (_, dist) in PEERS.items():
-        try:
-            versions[impl] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
+    return versions({impl: dist for impl, (_, dist) in PEERS.items()})
 
 
 def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:

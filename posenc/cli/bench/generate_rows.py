@@ -5,7 +5,6 @@ the rows at each context and batch. Imported when the command runs, after its ar
 from __future__ import annotations
 
 import gc
-import importlib.metadata
 import os
 import platform
 import statistics
@@ -22,6 +21,7 @@ from .devices import require_available
 from .generate_config import HF_ROW, LONG_CONTEXT, PEERS, XT_ENCODINGS, GenerateBenchConfig, causal_encodings
 from .generate_report import Cell, GenerateResult, Row
 from .load import background_load, describe, load_average
+from .peers import installed, versions
 from .timing import error_text
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -144,24 +144,16 @@ class Candidate:
     factory: Callable[[], Decoder]
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 def candidates(config: GenerateBenchConfig, notes: list[str]) -> list[Candidate]:
     """The rows: the posenc encodings, then the peers that are installed (missing ones noted)."""
     out = [Candidate(name, "posenc", lambda name=name: build_posenc(config, name)) for name in config.rows]
     if not config.peers:
         return out
-    if _installed("transformers"):
+    if installed("transformers"):
         out.append(Candidate(HF_ROW, "transformers", lambda: build_llama(config)))
     else:
         notes.append("transformers is not installed: no Hugging Face Llama row (pip install 'posenc[hf]')")
-    if _installed("x-transformers"):
+    if installed("x-transformers"):
         out += [Candidate(f"x-transformers ({e})", "x-transformers", lambda e=e: build_x_transformers(config, e))
                 for e in XT_ENCODINGS]
     else:
@@ -283,13 +275,7 @@ def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, conf
 
 
 def _peer_versions() -> dict[str, str]:
-    out = {}
-    for impl, dist in PEERS.items():
-        try:
-            out[impl] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
+    return versions(PEERS)
 
 
 def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:

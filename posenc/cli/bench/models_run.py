@@ -4,7 +4,6 @@ breaks and the compiled rounds; the table of the result."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,8 @@ from .devices import require_available
 from .load import background_load, describe, format_load_average, load_average
 from .memory import MB, peak_memory_bytes
 from .models_config import ModelsBenchConfig
-from .models_units import Unit, candidates, installed
+from .models_units import Unit, candidates
+from .peers import versions
 from .timing import error_text, paired_ratio, time_interleaved
 
 PEER_DISTS = {"x-transformers": "x-transformers", "timm": "timm", "torch_geometric": "torch_geometric"}
@@ -156,8 +156,7 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
         torch=torch.__version__, threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
         machine=platform.processor() or platform.machine(), background_load=describe(cfg.background_processes),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        load_average=load_average(), peer_versions={k: importlib.metadata.version(v) for k, v in PEER_DISTS.items()
-                                                    if installed(v)},
+        load_average=load_average(), peer_versions=versions(PEER_DISTS),
         timing="training step (AdamW) median of repeats after warmup; the rows of a pair round robin",
     )
     return ModelsResult(config, rows, notes)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import code_notice
 from .models_config import PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig
+from .peers import installed
 
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
 
@@ -207,14 +208,6 @@ def authors_convtran(cfg: ModelsBenchConfig) -> Unit:
     model = model_module.ConvTran(config, num_classes=cfg.classes)
     x, y = _series(cfg)
     return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
-
-
-def installed(dist: str) -> bool:
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
