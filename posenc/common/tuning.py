@@ -57,10 +57,12 @@ def _tuned(path: str, stamp: tuple[int, int], key: str) -> BiasBackward | None:
     """The choice measured for ``key`` in the tune file at ``path`` (read again when it changes)."""
     try:
         record = json.loads(Path(path).read_text()[:1_000_000])
-        entry = record["machines"][key] if isinstance(record, dict) and isinstance(record.get("machines"), dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("machines"), dict):
         warnings.warn(f"{path}: not a posenc tune file; ignored (run `posenc tune` again, or delete it)", stacklevel=3)
         return None
+    entry = record["machines"].get(key)  # another machine's (or thread count's) measurement: not this one's
     choice = entry.get("constant_bias_backward") if isinstance(entry, dict) else None
     return choice if choice in BIAS_BACKWARDS else None
 
