@@ -24,7 +24,7 @@ def _misuses(tmp: str) -> list[tuple[list[str], str]]:
         (["train", "seq", "--encoding", "rope", "--out", os.path.join(tmp, "a_file")], "exists and is not a directory"),
         (["train", "seq", "--encoding", "rope", "--out", full], "already holds files"),
         (["train", "seq", "--encoding", "rope", "--seed", "-1"], "argument --seed: expected a seed in [0, 2**32)"),
-        (["train", "seq", "--encoding", "rope", "--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N"),
+        (["train", "seq", "--encoding", "rope", "--device", "bogus"], "argument --device: expected auto, cpu, cuda, cuda:N, mps or xpu, got 'bogus'"),
         (["train", "vision", "--encoding", "erpe"], "'erpe' is a timeseries encoding; a ViT takes vision or seq encodings"),
         (["train", "vision", "--encoding", "alibi"], "'alibi' is defined for causal attention only; a ViT attends both ways"),
         (["train", "graph", "--dataset", "csl", "--encoding", "rope"], "'rope' is a seq encoding; the GPS graph transformer"),

@@ -54,6 +54,8 @@ MISTAKES = [
     (["bench", "resolution", "--encodings", "pge"], "(did you mean 'peg'?)"),
     (["bench", "timeseries", "--datasets", "JapaneseVowel"], "(did you mean 'JapaneseVowels'?)"),
     (["bench", "spline", "--models", "spline,alibj"], "(did you mean 'alibi'?)"),
+    (["train", "seq", "--encoding", "rope", "--device", "cuda:x"], "argument --device: expected auto, cpu, cuda, cuda:N"),
+    (["bench", "hf", "--device", "cpu", "--variants", "alibj"], "unknown variant 'alibj'"),
     # the benches whose modules import torch only when they run (generate, hf, models, length-generalization)
     (["bench", "generate", "--encodings", "rop"], "--encodings: unknown encoding 'rop' (did you mean 'rope'"),
     (["bench", "generate", "--encodings", "rope,rope_longrope"], "'rope_longrope' refuses a KV cache"),

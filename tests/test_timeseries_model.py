@@ -130,7 +130,7 @@ def test_training_learns_a_toy_task_and_checkpoints(tmp_path):
         (["train", "timeseries", "--encoding", "erpe", "--encoding-option", "bogus=1"], "--encoding-option: 'erpe' takes no option 'bogus'; it takes"),
         (["train", "timeseries", "--encoding-option", "variant=vector"], "name the part (tape.variant=...)"),
         (["train", "timeseries", "--seed", "-1"], "argument --seed: expected a seed in [0, 2**32), got '-1'"),
-        (["train", "timeseries", "--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N"),
+        (["train", "timeseries", "--device", "bogus"], "argument --device: expected auto, cpu, cuda, cuda:N, mps or xpu, got 'bogus'"),
         (["bench", "timeseries", "--seeds", "a,b"], "argument --seeds: expected comma-separated integers"),
         (["bench", "timeseries", "--encodings", "tape+bogus"], "--encodings: unknown encoding 'bogus'"),
         (["bench", "timeseries", "--datasets", "Nope"], "--datasets: unknown dataset 'Nope'; choose from"),

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 from typing import Callable
 
 from ..common.checks import check_int, check_number
@@ -74,16 +75,12 @@ def seed_value(text: str) -> int:
 
 
 def device_name(text: str) -> str:
-    """``auto`` or a torch device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
-    if text == "auto":
+    """``auto`` or a device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``), read as text:
+    parsing an argument never imports torch (whether the device is there is asked when the
+    command runs)."""
+    if text == "auto" or re.fullmatch(r"cpu|(cuda|mps|xpu)(:[0-9]+)?", text):
         return text
-    import torch
-
-    try:
-        torch.device(text)
-    except (RuntimeError, TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}") from None
-    return text
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N, mps or xpu, got {text!r}")
 
 
 def key_value(text: str) -> tuple[str, object]:
