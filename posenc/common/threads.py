@@ -82,8 +82,8 @@ def set_threads(threads: int | None = None) -> int | None:
 
     Args:
         threads: a positive count (at most the usable cores); ``None`` (the default) for
-            :func:`default_threads`, one fewer than the usable cores, which keeps its speed when
-            another process shares the machine; ``0`` to leave torch's own default (a thread per
+            :func:`default_threads`, the usable cores other processes leave free now, which
+            keeps its speed when another process shares the machine; ``0`` to leave torch's own default (a thread per
             core) untouched.
 
     Returns the count set (None for ``0``). Sets ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and
