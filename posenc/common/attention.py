@@ -52,9 +52,11 @@ def prepare(call: AttentionCall) -> PreparedCall:
     if call.mask is not None and call.feature_map is None:  # (linear attention zeroes its key features itself)
         k, v = call.mask.zero_padding(k, v)  # padded keys never reach a real row, NaN included
     if own.score_bias and q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        # On CPU a score bias runs on the dense or math path, and both compact q and k for their
-        # backward. Compacted before the bias is built, a bias that keeps q or k for its own
-        # gradient (DeBERTa, Shaw) holds those same copies, not strided views beside them.
+        # On CPU a score bias mostly runs on the dense or math path, and both compact q and k for
+        # their backward. Compacted before the bias is built, a bias that keeps q or k for its own
+        # gradient (DeBERTa, Shaw) holds those same copies, not strided views beside them. (The
+        # plan needs the built bias, so this comes first; the key-column path widens q and k by a
+        # copy of its own anyway.)
         q, k = q.contiguous(), k.contiguous()
     ready = replace(call, q=q, k=k, v=v, qk_transformed=call.qk_transformed or own.qk)
     inputs = _plan_inputs(ready)

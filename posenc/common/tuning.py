@@ -68,6 +68,11 @@ def _tuned(path: str, stamp: tuple[int, int], key: str) -> BiasBackward | None:
 
 
 def constant_bias_backward() -> tuple[BiasBackward, str]:
+    """The backward of the chunked ``dense`` path for a constant bias on CPU, and where the choice
+    comes from. SDPA's CPU flash backward with a bias or the written-out one: which is faster
+    depends on the CPU, so: :data:`BIAS_BACKWARD_VARIABLE` where set (``flash`` or ``explicit``),
+    else what ``posenc tune`` measured on this machine (:func:`tune_file`, :func:`machine_key`),
+    else :data:`DEFAULT_CONSTANT_BIAS_BACKWARD`. ``posenc bench attention --plans`` prints it."""
     # Under torch.compile the choice is read once at trace time and baked into the graph: the
     # file's stat is not traceable, and a recompile after `posenc tune` is not worth a guard.
     if torch.compiler.is_compiling():
@@ -76,11 +81,7 @@ def constant_bias_backward() -> tuple[BiasBackward, str]:
 
 
 def _constant_bias_backward() -> tuple[BiasBackward, str]:
-    """The backward of the chunked ``dense`` path for a constant bias on CPU, and where the choice
-    comes from. SDPA's CPU flash backward with a bias or the written-out one: which is faster
-    depends on the CPU, so: :data:`BIAS_BACKWARD_VARIABLE` where set (``flash`` or ``explicit``),
-    else what ``posenc tune`` measured on this machine (:func:`tune_file`, :func:`machine_key`),
-    else :data:`DEFAULT_CONSTANT_BIAS_BACKWARD`. ``posenc bench attention --plans`` prints it."""
+    """:func:`constant_bias_backward` outside a trace."""
     value = os.environ.get(BIAS_BACKWARD_VARIABLE, "").strip()
     if value:
         if value not in BIAS_BACKWARDS:

@@ -354,10 +354,6 @@ def _checked_step(unit: nn.Module, row: Row, x: Tensor, grad_out: Tensor) -> Non
 # --- the run ---------------------------------------------------------------------------------
 
 
-def _peer_versions() -> dict[str, str]:
-    return versions({impl: dist for impl, (_, dist) in PEERS.items()})
-
-
 def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:
     import torch
 
@@ -373,7 +369,7 @@ def _config_json(config: AttentionBenchConfig, device: torch.device) -> dict:
     out["background_load"] = describe(config.background_processes)
     out["load_average"] = load_average()  # at the end of the run (1, 5, 15 min)
     if config.peers:
-        out["peer_versions"] = _peer_versions()
+        out["peer_versions"] = versions({impl: dist for impl, (_, dist) in PEERS.items()})
     return out
 
 

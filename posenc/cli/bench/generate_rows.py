@@ -274,10 +274,6 @@ def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, conf
     return {name: cell if cell.error else finish_cell(cell) for name, cell in cells.items()}
 
 
-def _peer_versions() -> dict[str, str]:
-    return versions(PEERS)
-
-
 def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
     dtype, device = DTYPES[config.dtype], require_available(config.device)
     notes: list[str] = []
@@ -342,7 +338,7 @@ def _measure(config: GenerateBenchConfig, *, progress: bool) -> GenerateResult:
                f"{LONG_CONTEXT} tokens); decode: median ms per step of repeats rounds after warmup",
     )
     if config.peers:
-        cfg["peer_versions"] = _peer_versions()
+        cfg["peer_versions"] = versions(PEERS)
     return GenerateResult(cfg, rows, notes)
 
 
