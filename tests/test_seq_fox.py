@@ -260,6 +260,16 @@ def test_the_plan_carries_the_gates_as_a_key_column_where_it_can():
         posenc.plan(q, k, v, q_pos=pos, kv_pos=pos, encoding=ALiBi(H), mask=causal, backend="sdpa")
 
 
+def test_a_key_term_of_the_wrong_shape_is_one_clear_line():
+    from posenc.common import kernels
+
+    q, k, v = torch.zeros(2, 4, 3, 8), torch.zeros(2, 4, 5, 8), torch.zeros(2, 4, 5, 8)
+    for bad in (torch.zeros(2, 4, 4), torch.zeros(3, 4, 5), torch.zeros(2, 4, 5, 1), torch.zeros(2, 4, 5, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"key_term must be a float tensor \[2 or 1, 4 or 1, 5\]"):
+            kernels.key_column_path(q, k, v, None, 0.5, bad)
+    assert kernels.key_column_path(q, k, v, None, 0.5, torch.zeros(1, 1, 5)).shape == (2, 4, 3, 8)
+
+
 def test_a_long_float32_sequence_keeps_the_dense_paths_precision():
     """Over 2048 tokens with gates near 0.2 the sums reach about -3300; the key column (centred per
     head) loses about what the dense path loses to float32 rounding, against float64."""

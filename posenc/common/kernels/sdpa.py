@@ -58,6 +58,10 @@ def key_column_path(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | None,
     run it and their key gradient carries the bias's. ``[B, Hq, Tq, Dv]``."""
     batch, heads, q_len, qk_dim = q.shape
     kv_len, v_dim = k.shape[2], v.shape[-1]
+    if (key_term.dim() != 3 or key_term.shape[0] not in (1, batch) or key_term.shape[1] not in (1, heads)
+            or key_term.shape[2] != kv_len or not key_term.is_floating_point()):
+        raise ValueError(f"key_term must be a float tensor [{batch} or 1, {heads} or 1, {kv_len}] (batch, query heads, "
+                         f"keys); got {tuple(key_term.shape)} {key_term.dtype}")
     if k.shape[1] != heads:  # the key term is per query head: the key heads are spread to them
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
