@@ -189,7 +189,7 @@ def test_bench_models_convtran_peer_comes_from_a_named_checkout(tmp_path, capsys
     capsys.readouterr()
     assert cli.main(["bench", "models", "--models", "convtran", "--convtran-repo", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "error: convtran_repo must be a checkout" in err[0] and "nowhere" in err[0]
+    assert len(err) == 1 and "error: --convtran-repo: convtran_repo must be a checkout" in err[0] and "nowhere" in err[0]
 
 
 def test_bench_models_bfloat16_runs_under_autocast_and_refuses_a_missing_device(tmp_path, capsys, monkeypatch):

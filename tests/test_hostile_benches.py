@@ -364,3 +364,73 @@ def test_a_dataset_module_is_announced_before_its_code_runs(tmp_path, capsys, mo
     assert err[0] == ("posenc train graph: note: --dataset-module: importing and running the Python code of module "
                       "'my_graphs_issue51'")
     assert err[1] == "user code ran" and len(task.graphs) == 6
+
+
+# ---- round three's audit (scripts/hostile_audit.py): what it found ----------------------------------
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--length", "100000"], "--length 100000: a task setting (the largest training size), but no --task is given"),
+    (["--num-symbols", "9"], "--num-symbols 9: a task setting"),
+    (["--eval-examples", "7"], "--eval-examples 7: a task setting"),
+    (["--task", "copy", "--seq-len", "100000"], "--seq-len 100000: a text setting (the training window in bytes), but "
+                                                "--task copy trains on a synthetic task"),
+    (["--task", "copy", "--eval-tokens", "99"], "--eval-tokens 99: a text setting"),
+])
+def test_train_seq_refuses_a_flag_its_data_does_not_read(argv, fragment, capsys):
+    """``--length 100000`` without --task was ignored without a word: the default text run trained."""
+    one_line(["train", "seq", "--encoding", "rope", *argv], capsys, fragment)
+
+
+def test_train_seq_takes_each_datas_own_flags():
+    from posenc.cli.train import seq
+
+    for argv in (["--task", "copy", "--length", "8", "--num-symbols", "9", "--eval-examples", "7"],
+                 ["--seq-len", "64", "--eval-tokens", "512"]):
+        assert seq._other_data_error(_parsed(["train", "seq", "--encoding", "rope", *argv])) is None
+
+
+def test_length_generalization_sizes_its_jobs_by_their_processes(monkeypatch, capsys):
+    """``--jobs 1000000`` started a worker process (torch and a model each) for every unit at once."""
+    monkeypatch.setattr(sizes, "_physical_memory", lambda: 8 * 2**30)
+    err = one_line(["bench", "length-generalization", "--jobs", "1000000", "--device", "cpu"], capsys,
+                   "--jobs 1000000: the run would need about", "GiB of memory", "--allow-large")
+    bound = int(err.split("at most about ")[1].split(" fit")[0])
+    assert 1 <= bound < 20, err
+    from posenc.cli.bench import length_budget
+
+    args = _parsed(["bench", "length-generalization", "--tasks", "copy", "--encodings", "rope", "--lm-encodings", "none",
+                    "--seeds", "2", "--jobs", "1000000"])
+    args.device = "cpu"
+    importlib.import_module("posenc.cli.bench.length_generalization")._resolve(args)
+    alone = length_budget.estimate(argparse.Namespace(**{**vars(args), "jobs": 1}), budget=(250, 200, 16),
+                                   small_model={"dim": 64, "depth": 2, "heads": 4, "lr": 1e-3}, lm_eval_lens=(128,))
+    many = length_budget.estimate(args, budget=(250, 200, 16), small_model={"dim": 64, "depth": 2, "heads": 4, "lr": 1e-3},
+                                  lm_eval_lens=(128,))
+    # two units: two workers whatever --jobs says, each with its process and its unit's peak
+    assert many.bytes == 2 * (length_budget.WORKER_BYTES + alone.bytes) and many.flops == alone.flops
+
+
+@pytest.mark.parametrize("words", [("bench", "generate"), ("bench", "attention")])
+def test_long_repeats_is_a_cap_that_asks_for_no_more_work(words):
+    mod = _module_of(list(words))
+    capped = _parsed([*words, "--long-repeats", "1000000000"])
+    at_repeats = _parsed([*words, "--long-repeats", str(capped.repeats)])  # the most it can ask: --repeats rounds
+    assert mod.estimate(capped) == mod.estimate(at_repeats)
+    assert sizes.size_error(capped, mod.SIZE_FLAGS, mod.estimate, sizes.defaults_of(mod.add_arguments),
+                            device="cpu") is None
+
+
+def test_a_missing_convtran_repo_is_named_by_its_flag(tmp_path, capsys):
+    (tmp_path / "Models").mkdir()  # a directory without Models/model.py
+    for repo in (tmp_path / "nowhere", tmp_path):
+        one_line(["bench", "models", "--models", "convtran", "--convtran-repo", str(repo)], capsys,
+                 "--convtran-repo: convtran_repo must be a checkout", str(repo))
+
+
+def test_a_dataset_module_that_cannot_be_imported_is_named_by_its_flag(capsys):
+    code = cli.main(["train", "graph", "--dataset-module", "no_such_module_issue51:graphs", "--encoding", "lap"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 2 and ": note: --dataset-module:" in err[0], err
+    assert err[1].startswith("posenc train graph: error: --dataset-module no_such_module_issue51:graphs: dataset entry "
+                             "point 'no_such_module_issue51:graphs': module 'no_such_module_issue51' cannot be imported"), err

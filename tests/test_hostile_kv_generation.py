@@ -76,7 +76,7 @@ def test_a_cache_of_another_batch_is_refused_and_left_as_it_was():
     with torch.no_grad():
         model(PROMPT, cache=cache)
         lengths = [layer.length for layer in cache.layers]
-        with pytest.raises(ValueError, match="do not match"):
+        with pytest.raises(ValueError, match="must match the cached keys .* in batch"):
             model(torch.tensor([[1], [2], [3]]), cache=cache)
     assert [layer.length for layer in cache.layers] == lengths
 

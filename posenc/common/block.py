@@ -167,8 +167,11 @@ class TransformerEncoder(nn.Module):
         mask: AttentionMask | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a posenc KVCache (model.new_cache()) or None; got {type(cache).__name__}")
         if cache is not None and len(cache) != len(self.blocks):
-            raise ValueError(f"cache has {len(cache)} layers; this stack has {len(self.blocks)}")
+            raise ValueError(f"cache must hold one layer a block: this stack has {len(self.blocks)} blocks, the cache "
+                             f"{len(cache)} layers (a cache of another model? model.new_cache() makes one)")
         if positions is None and cache is not None:
             positions = cache.next_positions(x.shape[1], device=x.device)
         positions = normalize_positions(positions, x.shape[1], x.shape[0], "positions", device=x.device)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .checks import check_int
+
 
 class LayerKVCache:
     """Keys (after the encoding's q/k transform: each transformed once, at its own position),
@@ -58,7 +60,8 @@ class LayerKVCache:
     def _check_new(self, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         """The cached positions and ``pos`` with one batch size."""
         if k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]:
-            raise ValueError(f"cached keys are {tuple(self.k.shape)}; new keys {tuple(k.shape)} do not match")
+            raise ValueError(f"new keys {tuple(k.shape)} must match the cached keys {tuple(self.k.shape)} in batch, "
+                             "key heads and head_dim (a cache of another batch or model?)")
         old = self.pos
         if pos.shape[0] != old.shape[0]:
             b = max(pos.shape[0], old.shape[0])
@@ -171,8 +174,7 @@ class KVCache:
     conditional modules between blocks read (:meth:`rows`)."""
 
     def __init__(self, num_layers: int) -> None:
-        if num_layers <= 0:
-            raise ValueError(f"num_layers must be positive, got {num_layers}")
+        num_layers = check_int("num_layers", num_layers, minimum=1)  # True was one layer, "2" a TypeError of <=
         self.layers = [LayerKVCache() for _ in range(num_layers)]
         self._rows: dict[int, TokenRows] = {}
 

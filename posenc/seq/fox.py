@@ -76,13 +76,21 @@ def fox_log_gates(k: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def fox_bias(log_gates: Tensor, q_len: int | None = None) -> Tensor:
-    """The dense FoX bias ``[B, H, Tq, Tk]`` from ``log_gates [B, H, Tk]`` (:func:`fox_log_gates`):
+    """The dense FoX bias ``[B, H, Tq, Tk]`` from ``log_gates [B, H, Tk]`` (:func:`fox_log_gates`;
+    finite and <= 0, else a ValueError):
     ``F_i' - F_j`` for the keys ``j <= i' = i + Tk - Tq`` of query ``i`` and ``-inf`` after it, a
     complete float mask for ``F.scaled_dot_product_attention(q, k, v, attn_mask=bias)``.
     ``q_len``: the queries, the last ``Tq`` tokens (default all ``Tk``)."""
     if log_gates.dim() != 3 or not log_gates.is_floating_point():
         raise ValueError(f"log_gates must be a float tensor [batch, heads, keys]; got {tuple(log_gates.shape)} "
                          f"{log_gates.dtype}")
+    if log_gates.numel() and not torch.compiler.is_compiling():
+        # a log forget gate is finite and <= 0 (logsigmoid of a finite logit): NaN, -inf (the running
+        # sums then meet as -inf - -inf) or a gate above 1 would make rows of the bias NaN or growing
+        bad = ~torch.isfinite(log_gates) | (log_gates > 0)
+        if bool(bad.any()):
+            raise ValueError(f"log_gates must be log forget gates, finite and <= 0 (logsigmoid of the gate logits, as "
+                             f"fox_log_gates gives); got {log_gates[bad][0].item()}")
     batch, heads, kv_len = log_gates.shape
     q_len = kv_len if q_len is None else check_int("q_len", q_len, minimum=0, maximum=kv_len)
     check_allocation(f"fox_bias(q_len={q_len}): the bias [B, H, Tq, Tk]", (batch, heads, q_len, kv_len),

@@ -79,6 +79,8 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
     check_bool("greedy", greedy)
+    if use_cache is not None:
+        check_bool("use_cache", use_cache)  # "no" is truthy: it would decode with a cache
     if not greedy:
         if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0):
             raise ValueError(f"temperature must be positive (or use greedy=True), got {temperature}")

@@ -21,7 +21,7 @@ from ..common.masks import AttentionMask
 from ..common.registry import ModelDims
 from ..training.pretrained import PretrainedMixin
 from .context import load_rope_scaling_state, rope_scaling_state
-from .generation import generate as _generate
+from .generation import check_token_ids, generate as _generate
 from .model_encodings import (  # the layers' encodings; their names stay importable from here
     SHARED_IN_PAPER,
     build_layer_encodings,
@@ -176,7 +176,11 @@ class CausalLM(nn.Module, PretrainedMixin):
             raise ValueError(f"tokens must be a [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
         if cache is not None:
             self._check_cache_allowed()
-        x = self.embed(tokens) * self.embed_scale
+        try:
+            x = self.embed(tokens) * self.embed_scale
+        except IndexError:  # the embedding names no id; name it (read only then: no check on every step)
+            check_token_ids(tokens, self.vocab_size)
+            raise
         h = self.encoder(x, positions=positions, mask=AttentionMask(causal=True), cache=cache)
         return self.head(h)
 
@@ -335,7 +339,11 @@ class SequenceEncoder(nn.Module, PretrainedMixin):
         b, t = x.shape[:2]
         if key_valid is not None and (key_valid.dtype != torch.bool or tuple(key_valid.shape) != (b, t)):
             raise ValueError(f"key_valid must be a [batch={b}, length={t}] bool tensor; got {tuple(key_valid.shape)} {key_valid.dtype}")
-        h = self.embed(x) * self.embed_scale
+        try:
+            h = self.embed(x) * self.embed_scale
+        except IndexError:  # a token id past the vocabulary, named as CausalLM.forward names it
+            check_token_ids(x, self.vocab_size, "x")
+            raise
         if positions is None:
             positions = torch.arange(t, device=x.device).unsqueeze(0)
             if self.cls_token is not None:

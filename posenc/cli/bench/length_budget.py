@@ -13,9 +13,10 @@ from ..sizes import Work, scoring, sequence, transformer
 
 # the size flags of the policy
 SIZE_FLAGS = ("seeds", "steps", "batch_size", "train_len", "dim", "depth", "eval_examples", "lm_steps", "lm_batch_size",
-              "lm_train_len", "lm_eval_lens", "eval_tokens")
+              "lm_train_len", "lm_eval_lens", "eval_tokens", "jobs")
 SPLITS = 5  # 1x, 2x, 4x and a task's variants (flip-flop's sparse and dense), at most
 TASK_VOCAB = 64
+WORKER_BYTES = 2**29  # a --jobs worker process: Python and torch, before its unit's model, about
 
 
 def estimate(args: argparse.Namespace, *, budget: tuple[int, int, int], small_model: Mapping[str, object],
@@ -44,7 +45,12 @@ def estimate(args: argparse.Namespace, *, budget: tuple[int, int, int], small_mo
                             steps=args.lm_steps or budget[1])
         scored = sequence([scoring(args.eval_tokens, n, small["dim"], small["depth"]) for n in lens])
         work = work + (train + scored) * len(args.lm_encodings)
-    return work * args.seeds
+    work = work * args.seeds
+    units = args.seeds * (len(args.tasks) * len(args.encodings) + len(args.lm_encodings or ()))
+    workers = min(getattr(args, "jobs", 1), units)
+    if workers > 1:  # a worker process a unit in flight, each with torch and its unit (--jobs 1000000 spawned them)
+        work = Work(work.flops, work.calls, workers * (WORKER_BYTES + work.bytes))
+    return work
 
 
 __all__ = ["SIZE_FLAGS", "estimate"]

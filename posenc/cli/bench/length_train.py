@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 import torch
 
 from .length_settings import ENCODINGS, TABLE_ENCODINGS, encoding_options
-from .length_units import check_planned
+from .length_units import check_planned, check_repeat
 from .unit_log import UnitLog, config_key
 
 
@@ -236,11 +236,16 @@ def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tupl
     done: dict[str, dict] = {}
     if log is not None:
         needed = {uid: _scored(args, spec) for uid, _, spec in plan}
-        for index, item in enumerate(log.lines):  # the last line of a unit wins
+        first: dict[str, int] = {}  # unit -> the index of its first line
+        for index, item in enumerate(log.lines):  # a unit's lines agree but for timings; the last one wins
             if planned.get(item["unit"]) == item["config"]:
-                problem = check_planned(item, needed[item["unit"]])
-                if problem is not None:  # a line the report would read a missing score from
+                problem = check_planned(item, needed[item["unit"]])  # a score the report would miss
+                if problem is None and item["unit"] in first:
+                    earlier = first[item["unit"]]
+                    problem = check_repeat(log.lines[earlier], item, log.numbers[earlier])
+                if problem is not None:
                     raise log.refuse(index, problem)
+                first.setdefault(item["unit"], index)
                 done[item["unit"]] = item
         others = sum(1 for item in log.lines if planned.get(item["unit"]) != item["config"])
         if others:

@@ -68,6 +68,21 @@ def check_line(item: Mapping[str, Any]) -> str | None:
     return problem
 
 
+# what two lines of one unit and configuration may disagree on: the time it took (a unit run twice,
+# as by two runs sharing one --out); a score that differs makes the report's choice silent
+TIMINGS = ("train_s", "eval_s")
+
+
+def check_repeat(earlier: Mapping[str, Any], item: Mapping[str, Any], earlier_line: int) -> str | None:
+    """What ``item`` says otherwise than ``earlier`` (line ``earlier_line``), a line of the same
+    unit and configuration, other than its timings; or None."""
+    for key in sorted(set(earlier) | set(item), key=str):
+        if key not in TIMINGS and earlier.get(key) != item.get(key):
+            return (f"{key} is {item.get(key)!r} but line {earlier_line} of the same unit and configuration says "
+                    f"{earlier.get(key)!r} (two runs of one unit must agree)")
+    return None
+
+
 def check_planned(item: Mapping[str, Any], needed: Iterable[str]) -> str | None:
     """What the report would miss in a line of a planned unit: the splits (task) or scoring lengths
     (LM) ``needed``, as keys of its scores; None when all are there."""
@@ -78,4 +93,4 @@ def check_planned(item: Mapping[str, Any], needed: Iterable[str]) -> str | None:
     return None
 
 
-__all__ = ["check_line", "check_planned"]
+__all__ = ["TIMINGS", "check_line", "check_planned", "check_repeat"]

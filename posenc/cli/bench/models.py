@@ -62,8 +62,8 @@ from ..outputs import out_error, write_file, write_json_file
 from ..sizes import CALL_SECONDS, Work, add_allow_large, defaults_of, size_error, transformer
 from .devices import device_arg, require_available
 from .models_config import (
-    ALL, DEFAULT_MODELS, DTYPES, LM_ENCODINGS, MODELS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig, lm_encoding_error,
-    lm_encoding_names,
+    ALL, DEFAULT_MODELS, DTYPES, LM_ENCODINGS, MODELS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig, convtran_repo_error,
+    lm_encoding_error, lm_encoding_names,
 )
 
 
@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
     if error is None:
         error = out_error(args.out, ["models.txt", "models.json"])
+    if error is None and convtran_repo_error(args.convtran_repo) is not None:  # named by its flag
+        error = f"--convtran-repo: {convtran_repo_error(args.convtran_repo)}"
     if error is not None:
         return usage_error(PROG, error)
     try:

@@ -76,15 +76,23 @@ class ModelsBenchConfig:
                                  (self.gps_dim, self.gps_heads, "gps")):
             if dim % heads:
                 raise ValueError(f"{what}: dim ({dim}) must be divisible by heads ({heads})")
-        if self.convtran_repo is not None and not (Path(self.convtran_repo) / "Models" / "model.py").is_file():
-            raise ValueError(f"convtran_repo must be a checkout of github.com/Navidfoumani/ConvTran (with "
-                             f"Models/model.py); got {self.convtran_repo!r}")
+        problem = convtran_repo_error(self.convtran_repo)
+        if problem is not None:
+            raise ValueError(problem)
         known = lm_encoding_names()
         unknown = [e for e in self.lm_encodings if e not in known]
         if not self.lm_encodings or unknown:
             raise ValueError(f"lm_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
         if self.img_size % self.patch:
             raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
+
+
+def convtran_repo_error(repo: str | None) -> str | None:
+    """Why ``repo`` is no checkout of the authors' ConvTran (its ``Models/model.py`` is what runs), or None."""
+    if repo is not None and not (Path(repo) / "Models" / "model.py").is_file():
+        return (f"convtran_repo must be a checkout of github.com/Navidfoumani/ConvTran (with Models/model.py); got "
+                f"{repo!r}")
+    return None
 
 
 def lm_encoding_names() -> tuple[str, ...]:
@@ -110,5 +118,5 @@ def lm_encoding_error(name: str) -> str | None:
 
 __all__ = [
     "ALL", "DEFAULT_MODELS", "DTYPES", "LM_ENCODINGS", "MODELS", "PROG", "VIT_ENCODINGS", "XT_LM", "ModelsBenchConfig",
-    "lm_encoding_error", "lm_encoding_names",
+    "convtran_repo_error", "lm_encoding_error", "lm_encoding_names",
 ]

@@ -195,7 +195,10 @@ def load_task(args: argparse.Namespace) -> GraphTask:
         from ..errors import code_notice
 
         code_notice(PROG, "--dataset-module", f"module {args.dataset_module.partition(':')[0]!r}")
-        graphs = gd.load_user_dataset(args.dataset_module, entry_point=True)
+        try:
+            graphs = gd.load_user_dataset(args.dataset_module, entry_point=True)
+        except (ValueError, TypeError) as exc:  # the library names the entry point; the user typed a flag
+            raise type(exc)(f"--dataset-module {args.dataset_module}: {exc}") from None
         return _user_task(args.dataset_module, graphs, args.task, args.seed)
     graphs = gd.load_user_dataset(args.dataset)
     return _user_task(args.dataset, graphs, args.task, args.seed)

@@ -103,6 +103,9 @@ def check(args: argparse.Namespace) -> str | None:
         return error
     if args.task is not None and args.sample_tokens:
         return "--sample-tokens is for text; a task run reports exact match instead"
+    error = _other_data_error(args)
+    if error is not None:
+        return error
     if args.task is not None:
         from ...seq.tasks import make_task
 
@@ -131,6 +134,29 @@ def _schedule_error(args: argparse.Namespace) -> str | None:
     unknown = sorted({key for key, _ in args.schedule_option} - set(keys))
     if unknown:
         return f"--schedule-option {', '.join(unknown)}: {args.layer_schedule} takes {', '.join(keys)}"
+    return None
+
+
+# flags read for one kind of data only: given with the other kind they were ignored without a word
+# (--length 100000 without --task trained the default text run), so they are refused
+TASK_ONLY = {"length": "the largest training size", "num_symbols": "the symbol alphabet",
+             "eval_examples": "examples per evaluation length"}
+TEXT_ONLY = {"seq_len": "the training window in bytes", "eval_tokens": "tokens scored per evaluation length"}
+
+
+def _other_data_error(args: argparse.Namespace) -> str | None:
+    """A task flag set without --task, or a text flag set with it, in one line; or None."""
+    defaults = defaults_of(add_arguments)
+    for dest, what in (TEXT_ONLY if args.task is not None else TASK_ONLY).items():
+        value = getattr(args, dest)
+        if value == defaults(dest):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if args.task is not None:
+            return (f"{flag} {value}: a text setting ({what}), but --task {args.task} trains on a synthetic task, "
+                    f"which does not read it (drop {flag}; a task's size is --length)")
+        return (f"{flag} {value}: a task setting ({what}), but no --task is given and a text run does not read it "
+                f"(add --task NAME, or drop {flag}; text takes --seq-len)")
     return None
 
 

@@ -72,7 +72,8 @@ def swap_position_encoding(model: nn.Module, encoding: str, *, options: Mapping[
     opts = check_options(options)
     if family.is_swapped(base) or getattr(model.config, CONFIG_KEY, None) is not None:
         raise ValueError(f"this model already carries a posenc swap (config.{CONFIG_KEY}="
-                         f"{getattr(model.config, CONFIG_KEY, None)!r}); swap the original model")
+                         f"{getattr(model.config, CONFIG_KEY, None)!r}); swap_position_encoding needs the original, "
+                         "unswapped model")
     register()
     install(model, encoding, opts, copy_tables=True)
     setattr(model.config, CONFIG_KEY, record(encoding, opts))

@@ -86,10 +86,13 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     if fixed:
         raise ValueError(f"options: {fixed[0]} comes from the model's config and cannot be set; got {fixed[0]}="
                          f"{options[fixed[0]]!r}")
-    try:
-        json.dumps(dict(options), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"options must be plain JSON values (they are saved in model.config.{CONFIG_KEY}); {exc}") from None
+    for key, value in options.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):  # json's own message names neither the key nor the value
+            raise ValueError(f"options[{key!r}] must be one of the plain JSON values options hold (saved in "
+                             f"model.config.{CONFIG_KEY}: finite numbers, strings, bools, lists, dicts); got {value!r}"
+                             ) from None
     return dict(options)
 
 
