@@ -382,3 +382,20 @@ def test_cuda_paths_match_the_float64_reference(case, backend):
     for name, g, w in zip(["q", "k", "v", "weight", "bias"], got, want):
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g.double().cpu(), w, rtol=5e-3, atol=5e-3, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_log_gates_equal_logsigmoid_across_the_range_with_finite_gradients():
+    """The gates' log-sigmoid (log sigmoid x, faster than aten's logsigmoid on CPU) equals
+    F.logsigmoid to float64 rounding from deep in the tail to saturation, and its gradient is
+    finite where sigmoid would underflow."""
+    from posenc.seq.fox import _log_sigmoid
+
+    x = torch.linspace(-200.0, 60.0, 26001, dtype=torch.float64, requires_grad=True)
+    ours = _log_sigmoid(x)
+    (grad,) = torch.autograd.grad(ours.sum(), x)
+    ref = torch.nn.functional.logsigmoid(x)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), x)
+    assert (ours - ref).abs().max().item() < 1e-13
+    assert torch.isfinite(grad).all() and (grad - ref_grad).abs().max().item() < 1e-13
+    x32 = x.detach().float()
+    assert (_log_sigmoid(x32).double() - ref.detach()).abs().max().item() < 1e-5  # float32's own rounding of x
