@@ -35,6 +35,7 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the library cases beside the commands: one thread each
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # the repository: the cases reuse the tests' fixtures (tests.*)
 CLI_TIMEOUT = 20  # seconds a command may run before it counts as running for ever
 # words of a message that says what was expected (or what to do instead)
 EXPECTED = re.compile(r"must|expected|expects|needs?\b|should|at most|over the limit|is not|not a|only|choose|"

@@ -12,17 +12,7 @@ import torch
 import posenc
 from hostile_audit_library import PyCase, _close, _tmp
 
-VOCAB = 61
-
-
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
-                         eos_token_id=VOCAB - 1, bos_token_id=1)
-    return LlamaForCausalLM(config).to(torch.float64).eval()
+from tests.test_integration_hf_hostile import _llama  # the tests' tiny Llama
 
 
 def _saved(encoding: str, edit_config=None, edit_weights=None):

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import textwrap
 from pathlib import Path
 
 from hostile_audit import CLI_TIMEOUT, CliCase
@@ -173,19 +172,7 @@ def output_cases() -> list[CliCase]:
 
 # ---- code from a user-given path -----------------------------------------------------------------
 
-CONVTRAN = textwrap.dedent("""\
-    import sys
-    import torch
-    print("user code ran", file=sys.stderr)
-
-    class ConvTran(torch.nn.Module):
-        def __init__(self, config, num_classes):
-            super().__init__()
-            self.head = torch.nn.Linear(config["Data_shape"][1] * config["Data_shape"][2], num_classes)
-
-        def forward(self, x):
-            return self.head(x.flatten(1))
-    """)
+from tests.test_hostile_benches import CONVTRAN  # noqa: E402  (the tests' stand-in checkout)
 
 
 def _repo(directory: Path) -> None:

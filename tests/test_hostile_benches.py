@@ -316,25 +316,29 @@ def test_out_error_names_what_is_wrong(tmp_path):
 # ---- code from a user-given path -----------------------------------------------------------------
 
 
+# a stand-in for the authors' ConvTran checkout's Models/model.py (scripts/hostile_audit_cli.py uses it too)
+CONVTRAN = textwrap.dedent("""\
+    import sys
+    import torch
+    print("user code ran", file=sys.stderr)
+
+    class ConvTran(torch.nn.Module):
+        def __init__(self, config, num_classes):
+            super().__init__()
+            self.head = torch.nn.Linear(config["Data_shape"][1] * config["Data_shape"][2], num_classes)
+
+        def forward(self, x):
+            return self.head(x.flatten(1))
+    """)
+
+
 def test_the_convtran_repo_is_announced_before_its_code_runs(tmp_path, capsys):
     from posenc.cli.bench.models import ModelsBenchConfig
     from posenc.cli.bench.models_units import authors_convtran
 
     (tmp_path / "Models").mkdir()
     (tmp_path / "Models" / "__init__.py").write_text("")
-    (tmp_path / "Models" / "model.py").write_text(textwrap.dedent("""\
-        import sys
-        import torch
-        print("user code ran", file=sys.stderr)
-
-        class ConvTran(torch.nn.Module):
-            def __init__(self, config, num_classes):
-                super().__init__()
-                self.head = torch.nn.Linear(config["Data_shape"][1] * config["Data_shape"][2], num_classes)
-
-            def forward(self, x):
-                return self.head(x.flatten(1))
-        """))
+    (tmp_path / "Models" / "model.py").write_text(CONVTRAN)
     cfg = ModelsBenchConfig(models=("convtran",), convtran_repo=str(tmp_path), series=2, series_len=8)
     unit = authors_convtran(cfg)
     err = capsys.readouterr().err.splitlines()

@@ -4,11 +4,9 @@ or call is one ValueError or TypeError naming the argument; a missing extra is o
 from __future__ import annotations
 
 import importlib
-import inspect
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +16,6 @@ pytest.importorskip("attention_smithy")
 from attention_smithy.numeric_embeddings import ALiBiPositionEmbedding  # noqa: E402
 
 import posenc  # noqa: E402
-from posenc.common.registry import get  # noqa: E402
 from posenc.integrations.attention_smithy import (  # noqa: E402
     PosencAttentionMethod,
     PosencBiasStrategy,
@@ -28,16 +25,7 @@ from posenc.integrations.attention_smithy import (  # noqa: E402
 )
 from posenc.training.report import MissingExtra  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-B, H, D = 2, 2, 16
-C = H * D
-MAX_LEN = 16
-
-
-def _build(name: str, **options) -> posenc.PositionEncoding:
-    params = inspect.signature(get(name).cls.__init__).parameters
-    sizes = {"dim": C, "num_heads": H, "head_dim": D, "max_len": MAX_LEN}
-    return posenc.build(name, **{k: v for k, v in sizes.items() if k in params}, **options)
+from .test_integration_smithy import B, C, D, H, ROOT, _build  # noqa: E402  (one tiny model's sizes)
 
 
 @pytest.mark.parametrize("call, error, match", [
