@@ -64,11 +64,14 @@ def cache_layout(attention_mask: Tensor | None, q_len: int, kv_len: int) -> Cach
     * one query: every key slot is visible, the query last.
 
     None for a mask that carries none (made inside ``torch.compile``, where the mask function
-    records nothing, or by a caller): the mask itself then says where each row's last query sits
-    (:func:`last_query_slots`).
+    records nothing, or by a caller), and for any mask while ``torch.compile`` traces (a layout
+    read then would be a constant of the graph, one step's offsets, and each step would compile
+    again): the mask itself then says where each row's last query sits (:func:`last_query_slots`).
     """
     if attention_mask is None:
         return CacheLayout(0, 0) if q_len > 1 else CacheLayout(max(kv_len - 1, 0), 0)
+    if torch.compiler.is_compiling():
+        return None
     layout = getattr(attention_mask, _LAYOUT, None)
     if layout is not None and q_len <= layout.filled(q_len) <= kv_len:
         return layout
