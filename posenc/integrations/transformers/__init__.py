@@ -20,7 +20,7 @@ the checkpoint in one line that says to call :func:`register` (it never loads as
 
 The parts, one module each: :mod:`.attention` (the attention function), :mod:`.masks` (masks and
 cache layouts), :mod:`.families` (the supported architectures: Llama, Qwen2, Mistral, SmolLM3, Gemma 3, Llama 4
-text, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), :mod:`.axes` (M-RoPE's ``(t, h, w)`` positions
+(text and multimodal), Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), :mod:`.axes` (M-RoPE's ``(t, h, w)`` positions
 from a Qwen-VL model's rotary to the attention function, kept with the cache), :mod:`.swap`
 (building and installing the encodings, the saved record), :mod:`.registration` (:func:`register`,
 the swap entry point, the checks on load).

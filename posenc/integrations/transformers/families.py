@@ -1,13 +1,14 @@
 """The Hugging Face architectures a swap supports, and the modules that replace their own positions.
 
-The Llama family (Llama, Qwen2, Mistral, SmolLM3, Gemma 3, Llama 4 text, and the text models of
+The Llama family (Llama, Qwen2, Mistral, SmolLM3, Gemma 3, Llama 4, and the text models of
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL) keeps a rotary embedding on its text model, replaced by
 :class:`NoRotary` (cos = 1, sin = 0) or its variants: :class:`NoComplexRotary` for Llama 4, whose
 rotary is a complex product, and :class:`~.axes.AxisRotary` for the Qwen-VL models, whose rotary
 is the only place that sees M-RoPE's ``(t, h, w)`` positions. GPT-2 (``wpe``) and BERT
 (``position_embeddings``) keep a learned table (replaced by :class:`PositionInput`). Each swapped
 attention module carries its posenc encoding as the submodule :data:`ATTACHED`, run only by the
-``"posenc"`` attention function. A multimodal model's text model is its ``language_model``.
+``"posenc"`` attention function. A multimodal model's text model is its ``language_model`` (or, for
+Llama 4's, the ``model`` of that causal LM); its vision tower keeps its own positions.
 """
 
 from __future__ import annotations
@@ -127,9 +128,11 @@ class Family:
 
     def text_model(self, base: nn.Module) -> nn.Module:
         """The module holding the decoder layers: the base model, a multimodal model's
-        ``language_model``, or the ``model`` of a causal LM that is its own base (Llama 4's)."""
+        ``language_model``, or the ``model`` of a causal LM that is its own base (Llama 4's), also
+        as the ``language_model`` of a multimodal model (Llama4ForConditionalGeneration's)."""
         if self.name == "llama":
-            for owner in (base, getattr(base, "language_model", None), getattr(base, "model", None)):
+            language = getattr(base, "language_model", None)
+            for owner in (base, language, getattr(base, "model", None), getattr(language, "model", None)):
                 if isinstance(owner, nn.Module) and hasattr(owner, "layers"):
                     return owner
         return base
@@ -163,8 +166,8 @@ _LLAMA = Family("llama", "rope")
 _QWEN_VL = Family("llama", "rope", rotary="axes")
 _LLAMA4 = Family("llama", "rope", rotary="complex", switches=(("use_rope", False), ("attn_temperature_tuning", False)))
 FAMILIES = {"llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "smollm3": _LLAMA, "gemma3_text": _LLAMA,
-            "gemma3": _LLAMA, "llama4_text": _LLAMA4, "qwen2_vl": _QWEN_VL, "qwen2_vl_text": _QWEN_VL,
-            "qwen2_5_vl": _QWEN_VL, "qwen2_5_vl_text": _QWEN_VL, "qwen3_vl": _QWEN_VL, "qwen3_vl_text": _QWEN_VL,
+            "gemma3": _LLAMA, "llama4_text": _LLAMA4, "llama4": _LLAMA4, "qwen2_vl": _QWEN_VL,
+            "qwen2_vl_text": _QWEN_VL, "qwen2_5_vl": _QWEN_VL, "qwen2_5_vl_text": _QWEN_VL, "qwen3_vl": _QWEN_VL, "qwen3_vl_text": _QWEN_VL,
             "gpt2": Family("gpt2", "table"), "bert": Family("bert", "table")}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

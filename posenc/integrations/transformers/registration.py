@@ -53,7 +53,7 @@ def swap_position_encoding(model: nn.Module, encoding: str, *, options: Mapping[
     Args:
         model: a Hugging Face ``PreTrainedModel`` of a supported type
             (:data:`~.families.SUPPORTED_MODEL_TYPES`: Llama, Qwen2, Mistral, SmolLM3, Gemma 3,
-            Llama 4 text, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), any head.
+            Llama 4 (text, and multimodal), Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GPT-2, BERT), any head.
         encoding: a registered sequence encoding (``posenc.available("seq")``, in every layer) or
             ``"identity"`` (the model's own encoding in posenc, layer by layer as
             :func:`posenc.seq.hf_layer_encodings` reads the config: RoPE, local and global bases,
