@@ -114,6 +114,34 @@ def test_the_batch_equals_the_per_graph_features():
         start += n
 
 
+def test_csl_classes_get_different_values_and_every_part_learns():
+    """CSL's graphs are vertex-transitive: SPE is one value per graph, the same for every labelling
+    of a class, and it must differ between all ten classes (issue 48: SPE scored chance on CSL; the
+    cause was BatchNorm's running statistics in the task script, see results/graph-tasks/README.md).
+    The smallest gap between classes is small beside the encoding, but far above the float noise."""
+    from posenc.graph.datasets import CSL_SKIPS, csl_graph
+
+    enc = _stable_pe(k=32)
+
+    def spe(label: int, seed: int) -> torch.Tensor:
+        g = csl_graph(label, seed=seed)
+        vecs, vals = stable_pe_features(g.edge_index, g.num_nodes, enc.k)
+        pos = stable_pe_positions(torch.zeros(g.num_nodes, dtype=torch.long), vecs, vals[None]).double()
+        return enc.encode_input(torch.zeros(1, g.num_nodes, enc.dim, dtype=torch.float64), pos)[0]
+
+    outs = [spe(c, seed=c) for c in range(len(CSL_SKIPS))]
+    noise = max(max((o - o[0]).abs().max().item() for o in outs),  # over the nodes of one graph
+                (spe(3, seed=99)[0] - outs[3][0]).abs().max().item())  # over two labellings of a class
+    gaps = [(outs[a][0] - outs[b][0]).abs().max().item() for a in range(10) for b in range(a)]
+    print(f"CSL: smallest gap between classes {min(gaps):.2e}, largest {max(gaps):.2e}, noise {noise:.2e}")
+    assert min(gaps) > 100 * noise
+    outs[0][0].square().sum().backward(retain_graph=True)
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in enc.parameters())
+    enc.zero_grad()
+    (outs[0][0] - outs[5][0]).square().sum().backward()  # the gap between skips 2 and 9 moves phi
+    assert all(p.grad.abs().max() > 0 for p in enc.phi.parameters())
+
+
 def test_hostile_input():
     vecs, vals = stable_pe_features(torch.zeros(2, 0, dtype=torch.long), 3, 2)  # no edges: L = I, all tied
     assert vecs.abs().max() == 0 and vals.abs().max() == 0  # the eigenspace of 1 is cut by k: dropped
