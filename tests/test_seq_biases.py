@@ -199,7 +199,9 @@ def test_kv_cache_decoding_equals_full_forward(name):
 @pytest.mark.parametrize("name", ["kerple", "fire", "t5"])
 def test_frozen_or_no_grad_bias_is_a_constant_for_the_fused_kernel(name, monkeypatch):
     """At inference (no grad, or frozen parameters while q/k/v train) the bias carries no learned
-    tensors, so the dense path uses the flash kernel's backward, never the explicit one."""
+    tensors, so the plan's choice for a constant bias holds: asked for the flash kernel's backward
+    (the default is the written-out one, see posenc.common.tuning), the explicit one never runs."""
+    monkeypatch.setenv("POSENC_BIAS_BACKWARD", "flash")
     torch.manual_seed(0)
     enc = posenc.build(name, dims=DIMS)
     q = torch.randn(2, 4, 9, 8, requires_grad=True)
