@@ -147,6 +147,17 @@ def test_beam_search_with_an_image_equals_sdpa(family, returned):
     torch.testing.assert_close(torch.stack(b.scores), torch.stack(a.scores), atol=TIGHT, rtol=0)
 
 
+def _greedy_steps_agree(want, got, caches, rows, token, steps: int = 2) -> None:
+    """``steps`` cached steps from ``token`` on: posenc's logits equal sdpa's (``want``, its own
+    cache) and the uncached forward of the rows so far, each step feeding the greedy token."""
+    for _ in range(steps):
+        _, want_logits = _step(want, rows, token, caches[0])
+        rows, got_logits = _step(got, rows, token, caches[1])
+        torch.testing.assert_close(got_logits, want_logits, atol=TIGHT, rtol=0)
+        torch.testing.assert_close(got_logits, _whole(got, rows), atol=TIGHT, rtol=0)
+        token = got_logits.argmax(-1, keepdim=True)
+
+
 @pytest.mark.parametrize("operation", ["reorder_cache", "batch_select_indices", "batch_repeat_interleave"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_cache_row_operations_move_the_positions(family, operation):
@@ -164,13 +175,7 @@ def test_the_cache_row_operations_move_the_positions(family, operation):
             getattr(cache, operation)(argument)
         assert getattr(caches[1], CACHE_ATTR).positions.shape[0] == len(index)
         rows = _rows(inputs, index)
-        token = torch.arange(3, 3 + len(index)).unsqueeze(1)
-        for _ in range(2):
-            _, want_logits = _step(want, rows, token, caches[0])
-            rows, got_logits = _step(got, rows, token, caches[1])
-            torch.testing.assert_close(got_logits, want_logits, atol=TIGHT, rtol=0)
-            torch.testing.assert_close(got_logits, _whole(got, rows), atol=TIGHT, rtol=0)
-            token = want_logits.argmax(-1, keepdim=True)
+        _greedy_steps_agree(want, got, caches, rows, torch.arange(3, 3 + len(index)).unsqueeze(1))
 
 
 @pytest.mark.parametrize("cache_class", ["dynamic", "static"])
@@ -201,13 +206,7 @@ def test_a_cache_cropped_back_decodes_as_the_uncropped_path(family, cache_class)
         rows = history[-3]
         assert caches[1].get_seq_length() == rows["input_ids"].shape[1]
         assert getattr(caches[1], CACHE_ATTR).positions.shape[1] == rows["input_ids"].shape[1]
-        token = torch.full((3, 1), 7)
-        for _ in range(2):
-            _, want_logits = _step(want, rows, token, caches[0])
-            rows, got_logits = _step(got, rows, token, caches[1])
-            torch.testing.assert_close(got_logits, want_logits, atol=TIGHT, rtol=0)
-            torch.testing.assert_close(got_logits, _whole(got, rows), atol=TIGHT, rtol=0)
-            token = got_logits.argmax(-1, keepdim=True)
+        _greedy_steps_agree(want, got, caches, rows, torch.full((3, 1), 7))
 
 
 def test_prompt_lookup_decoding_crops_the_cache_and_equals_sdpa():
