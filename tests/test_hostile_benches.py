@@ -407,10 +407,10 @@ def test_length_generalization_sizes_its_jobs_by_their_processes(monkeypatch, ca
                     "--seeds", "2", "--jobs", "1000000"])
     args.device = "cpu"
     importlib.import_module("posenc.cli.bench.length_generalization")._resolve(args)
-    alone = length_budget.estimate(argparse.Namespace(**{**vars(args), "jobs": 1}), budget=(250, 200, 16),
-                                   small_model={"dim": 64, "depth": 2, "heads": 4, "lr": 1e-3}, lm_eval_lens=(128,))
-    many = length_budget.estimate(args, budget=(250, 200, 16), small_model={"dim": 64, "depth": 2, "heads": 4, "lr": 1e-3},
-                                  lm_eval_lens=(128,))
+    sizes_given = dict(budget=(250, 200, 16), small_model={"dim": 64, "depth": 2, "heads": 4, "lr": 1e-3},
+                       lm_eval_lens=(128,))
+    alone = length_budget.estimate(argparse.Namespace(**{**vars(args), "jobs": 1}), **sizes_given)
+    many = length_budget.estimate(args, **sizes_given)
     # two units: two workers whatever --jobs says, each with its process and its unit's peak
     assert many.bytes == 2 * (length_budget.WORKER_BYTES + alone.bytes) and many.flops == alone.flops
 

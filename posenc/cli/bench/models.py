@@ -157,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     error = size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments))
     if error is None:
         error = out_error(args.out, ["models.txt", "models.json"])
-    if error is None and convtran_repo_error(args.convtran_repo) is not None:  # named by its flag
-        error = f"--convtran-repo: {convtran_repo_error(args.convtran_repo)}"
+    if error is None:
+        problem = convtran_repo_error(args.convtran_repo)
+        error = None if problem is None else f"--convtran-repo: {problem}"  # named by its flag
     if error is not None:
         return usage_error(PROG, error)
     try:

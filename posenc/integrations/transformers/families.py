@@ -167,7 +167,8 @@ _QWEN_VL = Family("llama", "rope", rotary="axes")
 _LLAMA4 = Family("llama", "rope", rotary="complex", switches=(("use_rope", False), ("attn_temperature_tuning", False)))
 FAMILIES = {"llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "smollm3": _LLAMA, "gemma3_text": _LLAMA,
             "gemma3": _LLAMA, "llama4_text": _LLAMA4, "llama4": _LLAMA4, "qwen2_vl": _QWEN_VL,
-            "qwen2_vl_text": _QWEN_VL, "qwen2_5_vl": _QWEN_VL, "qwen2_5_vl_text": _QWEN_VL, "qwen3_vl": _QWEN_VL, "qwen3_vl_text": _QWEN_VL,
+            "qwen2_vl_text": _QWEN_VL, "qwen2_5_vl": _QWEN_VL, "qwen2_5_vl_text": _QWEN_VL, "qwen3_vl": _QWEN_VL,
+            "qwen3_vl_text": _QWEN_VL,
             "gpt2": Family("gpt2", "table"), "bert": Family("bert", "table")}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
