@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.seq import CausalLM
+from posenc.seq import CausalLM, SequenceEncoder
 from posenc.seq.generation import check_token_ids
 
 VOCAB = 11
@@ -37,6 +37,7 @@ GENERATE = [
     (dict(temperature=float("nan")), ValueError, "temperature must be positive"),
     (dict(top_k=True), TypeError, "top_k must be an int; got True"),
     (dict(greedy="yes"), TypeError, "greedy must be True or False"),
+    (dict(use_cache="no"), TypeError, "use_cache must be True or False; got 'no'"),
 ]
 
 
@@ -86,6 +87,23 @@ def test_a_cache_of_another_depth_is_refused():
     with pytest.raises(ValueError, match="cache") as info:
         model(PROMPT, cache=posenc.KVCache(1))
     assert "\n" not in str(info.value)
+
+
+def test_a_cache_that_is_no_kv_cache_and_a_bad_layer_count_are_one_line():
+    with pytest.raises(TypeError, match=r"cache must be a posenc KVCache \(model.new_cache\(\)\) or None; got list"):
+        _lm()(PROMPT, cache=[1, 2])
+    for layers in (True, "2"):
+        with pytest.raises(TypeError, match="num_layers must be an int"):
+            posenc.KVCache(layers)
+
+
+def test_a_forward_names_a_token_id_past_the_vocabulary():
+    """The embedding's own IndexError says "index out of range in self"; the models name the id."""
+    with pytest.raises(ValueError, match=rf"tokens must hold token ids in \[0, {VOCAB}\) .*got {VOCAB}"):
+        _lm()(torch.tensor([[1, VOCAB]]))
+    encoder = SequenceEncoder(VOCAB, 16, 1, 2, encoding="rope")
+    with pytest.raises(ValueError, match=rf"x must hold token ids in \[0, {VOCAB}\) .*got {VOCAB + 1}"):
+        encoder(torch.tensor([[1, VOCAB + 1]]))
 
 
 def test_a_learned_table_refuses_decoding_past_its_rows_naming_them():

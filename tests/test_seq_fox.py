@@ -346,6 +346,9 @@ def test_bad_input_gets_one_clear_line():
         PF.fox_bias(torch.zeros(1, 2, 4), q_len=5)
     with pytest.raises(ValueError, match=r"log_gates must be a float tensor \[batch, heads, keys\]"):
         PF.fox_bias(torch.zeros(2, 4))
+    for bad, shown in ((float("nan"), "nan"), (float("-inf"), "-inf"), (0.5, "0.5")):  # a gate log is finite, <= 0
+        with pytest.raises(ValueError, match=f"log_gates must be log forget gates, finite and <= 0 .*got {shown}"):
+            PF.fox_bias(torch.tensor([[[0.0, bad, -0.1]]]))
     with pytest.raises(ValueError, match="6 gate heads must be a multiple of the 4 key heads"):
         PF.fox_log_gates(torch.zeros(1, 4, 3, 8), torch.zeros(6, 8), torch.zeros(6))
     with pytest.raises(ValueError, match="fox_bias.*would need"):
