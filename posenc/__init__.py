@@ -22,7 +22,7 @@ MODALITY_PACKAGES = ("seq", "vision", "graph", "timeseries")
 
 # the names re-exported from posenc.common, read on first use
 _COMMON_EXPORTS = (
-    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims",
+    "BACKENDS", "AttentionMask", "DecodingState", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims",
     "MultiheadAttention", "PairwiseBias", "Plan", "PositionEncoding", "TransformerBlock",
     "TransformerEncoder", "attend", "available", "build", "linear_attention", "plan", "register",
 )
@@ -65,7 +65,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "BACKENDS", "AttentionMask", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims", "MultiheadAttention",
+    "BACKENDS", "AttentionMask", "DecodingState", "EluFeatureMap", "FavorFeatureMap", "Hook", "KVCache", "ModelDims",
+    "MultiheadAttention",
     "PairwiseBias", "Plan", "PositionEncoding", "TorchMultiheadAttention", "TransformerBlock", "TransformerEncoder",
     "attend", "available", "build",
     "linear_attention", "load", "plan", "register", "set_threads",

@@ -71,5 +71,7 @@ def test_the_cache_holds_keys_values_and_positions_only():
         for k, v, pos in _steps(4):
             cache.append(k, v, pos)
     cache.crop(3)
-    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length"}
+    # and the bookkeeping of its appends (ints: which entries a mark still names), no tensor beside
+    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length", "_id", "_appends", "_stamps", "_ends"}
+    assert all(isinstance(n, int) for n in (cache._id, cache._appends, *cache._stamps, *cache._ends))
     assert cache.k.shape[2] == cache.v.shape[2] == cache.pos.shape[1] == 3

@@ -85,8 +85,10 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds, decode: bool) -> E
     if own.score_bias or call.attn_bias is not None:
         mine = None
         if own.score_bias:
-            hook = enc.decode_score_bias if decode else enc.score_bias
-            mine = hook(call.q, call.k, q_pos, kv_pos)
+            if decode:
+                mine = enc.decode_score_bias(call.q, call.k, q_pos, kv_pos, call.decoding_state)
+            else:
+                mine = enc.score_bias(call.q, call.k, q_pos, kv_pos)
         bias = sum_of_biases(mine, None if call.attn_bias is None else dense_bias(call.attn_bias))
     score_transform = value_term = transform_softmax_backward = None
     if own.score_transform:

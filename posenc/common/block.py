@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from .multihead import MultiheadAttention
 from .call import normalize_positions
 from .encoding import Hook, PositionEncoding, attention_part
+from .decoding_state import DecodingState
 from .kv_cache import KVCache
 from .linear_attention import make_feature_map
 from .masks import AttentionMask
@@ -82,8 +83,10 @@ class TransformerBlock(nn.Module):
         positions: Tensor | None = None,
         mask: AttentionMask | None = None,
         cache=None,
+        decoding_state=None,
     ) -> Tensor:
-        x = x + _dropout(self.drop, self.attn(self.norm1(x), q_pos=positions, mask=mask, cache=cache))
+        attn = self.attn(self.norm1(x), q_pos=positions, mask=mask, cache=cache, decoding_state=decoding_state)
+        x = x + _dropout(self.drop, attn)
         return x + _dropout(self.drop, self.mlp(self.norm2(x)))
 
 
@@ -166,7 +169,18 @@ class TransformerEncoder(nn.Module):
         positions: Tensor | None = None,
         mask: AttentionMask | None = None,
         cache: KVCache | None = None,
+        decoding_state: DecodingState | None = None,
     ) -> Tensor:
+        """``decoding_state``: what encodings keep between cached decoding steps (with ``cache``;
+        optional: without it they recompute it from the cached keys)."""
+        if decoding_state is not None:
+            if not isinstance(decoding_state, DecodingState):
+                raise TypeError(f"decoding_state must be a posenc DecodingState (DecodingState(len(cache))) or None; "
+                                f"got {type(decoding_state).__name__}")
+            if cache is None or len(decoding_state) != len(self.blocks):
+                raise ValueError(f"decoding_state goes with a KV cache, one layer a block: this stack has "
+                                 f"{len(self.blocks)} blocks, the state {len(decoding_state)} layers"
+                                 + ("" if cache is not None else ", and no cache was passed"))
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a posenc KVCache (model.new_cache()) or None; got {type(cache).__name__}")
         if cache is not None and len(cache) != len(self.blocks):
@@ -179,7 +193,8 @@ class TransformerEncoder(nn.Module):
             x = self.encoding.encode_input(x, positions)
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
-            x = block(x, positions=positions, mask=mask, cache=layer_cache)
+            layer_state = None if decoding_state is None else decoding_state[i]
+            x = block(x, positions=positions, mask=mask, cache=layer_cache, decoding_state=layer_state)
             if str(i) in self.conditional:
                 rows = None if cache is None else cache.rows(i)
                 x = x + self.conditional[str(i)](x, positions, mask=mask, cache=rows)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_number, check_positions, check_tensor
+from .decoding_state import LayerDecodingState
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
@@ -101,6 +102,7 @@ class AttentionCall:
     qk_transformed: bool = False
     feature_map: FeatureMap | None = None
     attn_bias: Tensor | None = None
+    decoding_state: LayerDecodingState | None = None  # read by a decoding step's hook only
 
     @classmethod
     def checked(

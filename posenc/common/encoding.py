@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor, nn
 
 from .pairwise import PairwiseBias
+
+if TYPE_CHECKING:
+    from .decoding_state import LayerDecodingState
 
 
 class Hook(str, enum.Enum):
@@ -102,10 +105,13 @@ class PositionEncoding(nn.Module):
         """Additive pre-softmax bias. ``q`` and ``k`` are given for content-dependent biases."""
         raise TypeError(f"{type(self).__name__} has no score-bias hook")
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: :meth:`score_bias` for a decoding step
         (:func:`~posenc.common.planning.decoding_step`), with the same values; an override computes
-        a few rows against the whole KV cache another way (docs/architecture.md, "Add an encoding
+        a few rows against the whole KV cache another way, and may keep what it computed from the
+        cached keys in ``state`` (the layer's :class:`~posenc.common.decoding_state.LayerDecodingState`,
+        when the caller passed one) to extend it next step (docs/architecture.md, "Add an encoding
         with a decoding hook"). Default: :meth:`score_bias`."""
         return self.score_bias(q, k, q_pos, kv_pos)
 

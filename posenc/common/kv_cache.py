@@ -5,10 +5,15 @@ cache")."""
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_right
+
 import torch
 from torch import Tensor
 
 from .checks import check_int
+
+_CACHES = itertools.count(1)  # a number per LayerKVCache ever made: marks of another cache match nothing
 
 
 class LayerKVCache:
@@ -26,6 +31,11 @@ class LayerKVCache:
         self._v: Tensor | None = None  # [B, Hkv, capacity, Dv]
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
         self._length = 0
+        # every append still held, oldest first: its stamp (counting the appends of this cache's life)
+        # and the length after it; crop cuts this history as it cuts the keys (see mark())
+        self._id, self._appends = next(_CACHES), 0
+        self._stamps: list[int] = []
+        self._ends: list[int] = []
 
     @property
     def length(self) -> int:
@@ -44,6 +54,22 @@ class LayerKVCache:
     def pos(self) -> Tensor | None:
         """The cached key positions ``[B or 1, length(, C)]`` (a view), or None when empty."""
         return None if self._pos is None else self._pos[:, : self._length]
+
+    def mark(self) -> tuple[int, int, int]:
+        """Which entries the cache holds now, for :meth:`unchanged_prefix` to compare with later."""
+        return self._id, self._stamps[-1] if self._stamps else 0, self._length
+
+    def unchanged_prefix(self, mark: tuple[int, int, int] | None) -> int:
+        """How many of the oldest entries are the very ones held when ``mark`` was taken (by
+        :meth:`mark` of this cache; 0 for None or another cache's mark): appends leave them as they
+        were, a crop below them does not. A :class:`~posenc.common.decoding_state.LayerDecodingState`
+        reads it to know which of its values still belong to the cached keys."""
+        if mark is None or mark[0] != self._id:
+            return 0
+        # the appends made by the mark's time that are still held (stamps grow with time); the
+        # newest of them may have been cut by a crop, and later appends are not the mark's
+        held = bisect_right(self._stamps, mark[1])
+        return min(self._ends[held - 1], mark[2]) if held else 0
 
     def next_positions(self, length: int, device=None) -> Tensor:
         """Default positions of ``length`` new tokens: they continue after the last cached position
@@ -88,6 +114,7 @@ class LayerKVCache:
             else:
                 self._k, self._v, self._pos = k_all.clone(), v_all.clone(), pos_all.clone()
             self._length = k_all.shape[2]
+            self._record_append()
             return self.k, self.v, self.pos
         old, pos = self._check_new(k, pos)
         n, t = self._length, k.shape[2]
@@ -97,7 +124,13 @@ class LayerKVCache:
         self._v[:, :, n: n + t] = v
         self._pos[:, n: n + t] = pos
         self._length = n + t
+        self._record_append()
         return self.k, self.v, self.pos
+
+    def _record_append(self) -> None:
+        self._appends += 1
+        self._stamps.append(self._appends)
+        self._ends.append(self._length)
 
     def _grow(self, capacity: int, old_pos: Tensor) -> None:
         """New buffers of ``capacity`` entries holding the history (positions at ``old_pos``'s batch)."""
@@ -119,8 +152,16 @@ class LayerKVCache:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"length must be an int in [0, {self._length}] (the cached entries); got {length!r}")
         self._length = length
+        while self._ends and self._ends[-1] > length:  # the appends cut (wholly, or the newest in part)
+            if len(self._ends) > 1 and self._ends[-2] >= length:
+                self._stamps.pop()
+                self._ends.pop()
+            else:
+                self._ends[-1] = length
         if length == 0:
             self._k = self._v = self._pos = None
+            self._stamps.clear()
+            self._ends.clear()
 
 
 class TokenRows:

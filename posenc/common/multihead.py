@@ -14,6 +14,7 @@ from .call import AttentionCall, check_attention_args, check_encoding, normalize
 from .checks import check_bool, check_int, check_number
 from .derived import tracked_edits_only
 from .encoding import PositionEncoding
+from .decoding_state import LayerDecodingState
 from .kv_cache import LayerKVCache
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
@@ -103,6 +104,7 @@ class MultiheadAttention(nn.Module):
         mask: AttentionMask | None,
         cache: LayerKVCache | None,
         grow_cache: bool,
+        decoding_state: LayerDecodingState | None = None,
     ) -> AttentionCall:
         """The inputs checked once, then projected into the :class:`AttentionCall` of this
         forward; with ``cache`` and ``grow_cache`` the new keys are appended to it."""
@@ -110,6 +112,11 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"x must be [batch, tokens, dim={self.dim}]; got {tuple(x.shape)}")
         if context is not None and cache is not None:
             raise ValueError("a KV cache is for self-attention; pass either context or cache, not both")
+        if decoding_state is not None and not isinstance(decoding_state, LayerDecodingState):
+            raise TypeError(f"decoding_state must be a posenc LayerDecodingState (DecodingState(depth)[i]) or None; "
+                            f"got {type(decoding_state).__name__}")
+        if decoding_state is not None and cache is None:
+            raise ValueError("decoding_state goes with a KV cache (it keeps values of the cached keys); pass cache too")
         src = x if context is None else context
         if src.dim() != 3 or src.shape[0] != x.shape[0] or src.shape[-1] != self.kv_dim:
             what = "context" if context is not None else "x (self-attention: kv_dim must equal dim)"
@@ -140,9 +147,13 @@ class MultiheadAttention(nn.Module):
                 qk_transformed = True
             # the cached keys and values before the new ones: [B, Hkv, past + Tk, D], positions [B or 1, past + Tk]
             k, v, new_kv_pos = (cache.append if grow_cache else cache.peek)(k, v, new_kv_pos)
+            if decoding_state is not None and grow_cache:
+                decoding_state.follow(cache)
+            else:
+                decoding_state = None  # a plan reads the cache without growing it: nothing to keep
         # Every argument was checked above (the shapes by construction): the call is built as is.
         return AttentionCall(q, k, v, q_pos, new_kv_pos, enc, mask, self.scale, self.backend, qk_transformed,
-                             self.feature_map)
+                             self.feature_map, decoding_state=decoding_state)
 
     def forward(
         self,
@@ -153,6 +164,7 @@ class MultiheadAttention(nn.Module):
         kv_pos: Tensor | None = None,
         mask: AttentionMask | None = None,
         cache: LayerKVCache | None = None,
+        decoding_state: LayerDecodingState | None = None,
     ) -> Tensor:
         """Attend from ``x`` to itself (with ``cache``: to the cached keys and itself) or to ``context``.
 
@@ -164,7 +176,8 @@ class MultiheadAttention(nn.Module):
         # (Traced code keeps no table.)
         decoding = cache is not None and cache.length > 0 and not torch.compiler.is_compiling()
         with tracked_edits_only() if decoding else contextlib.nullcontext():
-            out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True))  # [B, H, Tq, D]
+            out = _attend(self._call(x, context, q_pos, kv_pos, mask, cache, grow_cache=True,
+                                     decoding_state=decoding_state))  # [B, H, Tq, D]
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
     def plan(

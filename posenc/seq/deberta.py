@@ -46,6 +46,7 @@ from ..common.checks import (
     check_sequence_positions,
 )
 from ..common.derived import DerivedTensors
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -182,7 +183,8 @@ class DeBERTa(PositionEncoding):
             raise ValueError(f"q has head dim {q.shape[-1]}; this encoding was built for head_dim={self.head_dim}")
         return q * (1 / math.sqrt(3)), k
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: on CPU over one run of positions without log buckets, the whole
         ``[B, H, rows, Tk]`` bias at once from where the buckets clip (:func:`_few_rows_linear`),
         small beside the keys. One row's keys before the span share ``Qr[0]``: that product goes

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
 from ..common.derived import DerivedTensors, doubling_length
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -111,7 +112,8 @@ class FIRE(PositionEncoding):
             return out.squeeze(1).movedim(-1, 1)
         return torch.take_along_dim(out, h.long().unsqueeze(-1), dim=-1).squeeze(-1)
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: the MLP on the step's few pairs directly, which costs less than
         building its piecewise-linear form. One query without a batch of positions has a bias that
         is a function of the key's offset, evaluated once as a row the kernel cuts its block from,

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_allocation, check_choice, check_int, check_number, check_sequence_positions
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather
 from ..common.registry import register
@@ -169,9 +170,30 @@ class ForgettingGate(PositionEncoding):
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
         check_sequence_positions(q_pos, kv_pos)
-        q_len, kv_len = q.shape[2], k.shape[2]
-        cum = self.log_gates(k).cumsum(-1)  # F [B, H, Tk]
-        shift = kv_len - q_len  # query i is the token of key i + shift
+        return self._bias(self.log_gates(k).cumsum(-1), q.shape[2])  # F [B, H, Tk]
+
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
+        """:meth:`score_bias`, with ``F`` of the cached keys kept in ``state`` between steps: a step
+        computes the gates of its new keys only (else every step reads every cached key once more).
+        Kept under this module's parameters' versions: an edited gate recomputes ``F``."""
+        check_sequence_positions(q_pos, kv_pos)
+        if state is None:
+            return self._bias(self.log_gates(k).cumsum(-1), q.shape[2])
+        key = (id(self), self.weight._version, self.bias._version, self.weight.dtype, k.shape[:2])
+        kept = state.kept("fox", key)  # F [B, H, n] of the oldest n cached keys, or None
+        if kept is None:
+            cum = self.log_gates(k).cumsum(-1)
+        else:
+            # F continues from the last kept sum: F_t = F_n-1 + sum of the new log gates up to t
+            new = self.log_gates(k[:, :, kept.shape[-1]:]).cumsum(-1) + kept[..., -1:]
+            cum = torch.cat((kept, new), dim=-1)
+        state.keep("fox", key, cum)
+        return self._bias(cum, q.shape[2])
+
+    def _bias(self, cum: Tensor, q_len: int) -> PairwiseBias:
+        """The bias of the last ``q_len`` tokens as queries against every key, from ``F [B, H, Tk]``."""
+        shift = cum.shape[-1] - q_len  # query i is the token of key i + shift
 
         def bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             # F at the query's own token minus F at the key. A dense block: [B, H, rows, 1] minus

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_number
+from ..common.decoding_state import DecodingState
 
 
 def check_token_ids(tokens: Tensor, vocab_size: int, name: str = "tokens") -> None:
@@ -97,12 +98,13 @@ def generate(
         return out
     if use_cache:
         cache = model.new_cache()  # refuses clearly when an encoding does not support a cache
-        logits = model(tokens, cache=cache)[:, -1]
+        state = DecodingState(len(cache))
+        logits = model(tokens, cache=cache, decoding_state=state)[:, -1]
         for step in range(max_new_tokens):
             nxt = sample_next(logits, temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
             out = torch.cat((out, nxt), dim=1)
             if step + 1 < max_new_tokens:
-                logits = model(nxt, cache=cache)[:, -1]
+                logits = model(nxt, cache=cache, decoding_state=state)[:, -1]
         return out
     for _ in range(max_new_tokens):
         logits = model(out)[:, -1]

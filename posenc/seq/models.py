@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..common.block import TransformerEncoder
 from ..common.checks import check_bool, check_build, check_int, check_number
 from ..common.encoding import PositionEncoding
+from ..common.decoding_state import DecodingState
 from ..common.kv_cache import KVCache
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims
@@ -165,12 +166,16 @@ class CausalLM(nn.Module, PretrainedMixin):
                 "forward pass); decode with use_cache=False, which recomputes the whole prefix at each step"
             )
 
-    def forward(self, tokens: Tensor, *, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, *, positions: Tensor | None = None, cache: KVCache | None = None,
+                decoding_state: DecodingState | None = None) -> Tensor:
         """Logits ``[B, T, V]`` of ``tokens [B, T]``.
 
         Args:
             positions: ``[B or 1, T]``; default ``0 .. T-1``, or continuing after the cache.
             cache: a :class:`~posenc.KVCache` of ``depth`` layers, filled as a side effect.
+            decoding_state: with ``cache``, a :class:`~posenc.DecodingState` of ``depth`` layers, the
+                same at every step: what encodings keep between steps instead of recomputing it
+                from the cached keys (FoX's running gate sums); it changes no result.
         """
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
@@ -181,7 +186,8 @@ class CausalLM(nn.Module, PretrainedMixin):
         except IndexError:  # the embedding names no id; name it (read only then: no check on every step)
             check_token_ids(tokens, self.vocab_size)
             raise
-        h = self.encoder(x, positions=positions, mask=AttentionMask(causal=True), cache=cache)
+        h = self.encoder(x, positions=positions, mask=AttentionMask(causal=True), cache=cache,
+                         decoding_state=decoding_state)
         return self.head(h)
 
     def pretrained_state(self) -> dict:

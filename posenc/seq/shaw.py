@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_bool, check_int, check_sequence_positions
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -86,7 +87,8 @@ class ShawRelative(PositionEncoding):
             raise ValueError(f"ShawRelative was built for head_dim={self.head_dim}; q has {q.shape[-1]}")
         return torch.matmul(q, self.key_table.to(q.dtype).t()) * self.head_dim ** -0.5
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: the whole bias ``[B, H, rows, Tk]`` at once, by one gather at the
         pairs' slots (the per-block gathers through the positions cost more than the bias); the
         offset value term reads its last keys from it."""

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_int, check_sequence_positions
 from ..common.derived import DerivedTensors
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -131,7 +132,8 @@ class TransformerXLRelative(PositionEncoding):
             wr = self.r_proj(self._sinusoids(lo, hi, q.device)).view(-1, h, d).transpose(0, 1).to(q.dtype)  # [H, R, d]
         return qv, wr, lo, offset
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: over one run of positions, row ``i`` reads the distances ``i -
         offset`` down to ``i - offset - Tk + 1``, one slice of the table read backwards: the whole
         ``[B, H, rows, Tk]`` bias by a product and a flip per row, no index tensor."""

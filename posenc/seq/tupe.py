@@ -37,6 +37,7 @@ from ..common.checks import (
     check_number,
     check_positions,
 )
+from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
     PairwiseBias,
@@ -163,7 +164,8 @@ class TUPE(PositionEncoding):
         pq = torch.matmul(pq, uk.to(pq.dtype))  # [B or 1, H, Tq, C]
         return pq, self._positions(kv_pos).unsqueeze(1)  # pk [B or 1, 1, Tk, C]: one row for every head
 
-    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
+    def decode_score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                          state: LayerDecodingState | None = None) -> PairwiseBias:
         """The decoding hook: the whole term ``[B or 1, H, rows, Tk]`` at once by one matmul,
         small beside the keys; the kernel takes it as it is, with none of the per-block reads."""
         term = _position_products(*self._position_sides(q_pos, kv_pos))

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from ...common.decoding_state import DecodingState
 from ...training.report import Progress
 from .devices import require_available
 from .generate_config import HF_ROW, LONG_CONTEXT, PEERS, XT_ENCODINGS, GenerateBenchConfig, causal_encodings
@@ -51,18 +52,21 @@ class Decoder:
 
 
 class PosencDecoder(Decoder):
-    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache`, rewound by ``crop`` (the
-    conditional modules' token rows included)."""
+    """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache` and
+    :class:`~posenc.DecodingState`, as ``generate`` runs it, rewound by the cache's ``crop`` (the
+    conditional modules' token rows included; the state keeps what the crop left)."""
 
     def prefill(self, tokens: Tensor):
         cache = self.model.new_cache()
-        return cache, self.model(tokens, cache=cache)[:, -1]
+        state = DecodingState(len(cache))
+        return (cache, state), self.model(tokens, cache=cache, decoding_state=state)[:, -1]
 
     def step(self, token: Tensor, cache):
-        return cache, self.model(token, cache=cache)[:, -1]
+        kv, state = cache
+        return cache, self.model(token, cache=kv, decoding_state=state)[:, -1]
 
     def rewind(self, cache, length: int):
-        cache.crop(length)
+        cache[0].crop(length)
         return cache
 
 
