@@ -8,7 +8,8 @@ here instead, per layer, and extend it by the new keys only. A kept value is onl
 cached entries that are still the ones it was computed from (:meth:`LayerKVCache.unchanged_prefix`:
 a crop, or a state passed with another cache, cuts or drops it), and under the key its owner gives
 (for example the versions of the parameters it was computed from); anything else is recomputed,
-so a state changes no result, only how much is recomputed.
+so a state changes how much is recomputed, and the values only within rounding (a running sum
+extended step by step adds in another order than one sum over all keys).
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ is computed from the token's key ``k_t = W_k x_t`` of the head's key group (grou
 head ``h`` reads key head ``h // (Hq / Hkv)``): ``w_h . k_t = (W_k^T w_h) . x_t``, the paper's gate
 with ``w`` restricted to the row space of the key projection. The reason is the KV cache: it holds
 keys, values and positions only, and the gate of every cached token must be known at each decoding
-step. From the key it is recomputed exactly, from the cached keys, with no state beside the cache
-(the authors' cache stores ``log f`` per token; an ``x``-gate would need that, or the layer input,
-which an attention hook never sees). A decoding step therefore gives the same bias as the full
-forward, and padded or packed batches need nothing either: a packed segment's ``F_i - F_j`` only
+step. From the key it is recomputed exactly, from the cached keys, with no state needed beside the
+cache (the authors' cache stores ``log f`` per token; an ``x``-gate would need that, or the layer
+input, which an attention hook never sees). A decoding step therefore gives the same bias as the
+full forward; with a :class:`~posenc.common.decoding_state.DecodingState` the step keeps the
+running sums ``F`` there and computes its new keys' gates only (:meth:`decode_score_bias`), and padded or packed batches need nothing either: a packed segment's ``F_i - F_j`` only
 sums gates inside the segment, and left padding lies before every real key.
 
 Parameters: ``weight [H, D]`` (``N(0, init_std^2)``, the authors' 0.02) and ``bias [H]``:

@@ -175,7 +175,7 @@ class CausalLM(nn.Module, PretrainedMixin):
             cache: a :class:`~posenc.KVCache` of ``depth`` layers, filled as a side effect.
             decoding_state: with ``cache``, a :class:`~posenc.DecodingState` of ``depth`` layers, the
                 same at every step: what encodings keep between steps instead of recomputing it
-                from the cached keys (FoX's running gate sums); it changes no result.
+                from the cached keys (FoX's running gate sums); the result is the same within rounding.
         """
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a [batch, length] long tensor; got {tuple(tokens.shape)} {tokens.dtype}")
