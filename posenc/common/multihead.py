@@ -170,6 +170,8 @@ class MultiheadAttention(nn.Module):
 
         Positions default to ``0 .. T-1``; with a cache, the new queries continue after the last
         cached position. Pass them explicitly for packed sequences, float or 2D positions.
+        ``decoding_state``: with ``cache``, this layer's
+        :class:`~posenc.common.decoding_state.LayerDecodingState`, the same at every step (optional).
         """
         # A step over a non-empty KV cache already takes the parameters as they were when the cache
         # was filled: tables kept from them are checked by version counters, not bit by bit.
