@@ -72,7 +72,8 @@ if [[ $dev == cuda ]]; then
   # -v: a line per test as it ends, so a run cut off by the cap still names what passed and failed
   # (606 tests, most of them a flex compile: 240 s on 8 workers reached 11% on the first run)
   section cuda_tests 240 "$py" -m pytest -v --tb=line -p no:cacheprovider -n 12 --timeout 120 \
-    tests/test_kernel_paths.py tests/test_vision_encodings.py tests/test_seq_fox.py -k "cuda" &
+    tests/test_kernel_paths.py tests/test_vision_encodings.py tests/test_seq_fox.py tests/test_decoding_state.py \
+    -k "cuda" &
   tests_pid=$!
 fi
 checks=(plans linear_spe round_2026_12 generation bridges autocast_backward issue47)
@@ -93,7 +94,7 @@ fi
 # took more than 120 s on the first run, most of it compiling
 section generate_bf16 150 "$py" -m posenc.cli bench generate --device "$dev" --dtype "$dtype" --contexts "$ctx" \
   --batches "$bat" --repeats 2 --no-progress --out "$out/generate" \
-  --encodings rope,alibi,t5,kerple,fire,deberta,transformer_xl,cope,cape
+  --encodings rope,alibi,t5,kerple,fire,deberta,transformer_xl,cope,cape,fox
 section profile_generate 60 "$py" scripts/gpu_checks/profile_generate.py
 section models_bf16 90 "$py" -m posenc.cli bench models --device "$dev" --dtype "$dtype" --models lm,vit,gps \
   --repeats "$reps" --no-compile --no-progress --out "$out/models"

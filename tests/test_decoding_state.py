@@ -173,3 +173,15 @@ def test_misuse_is_one_clear_line():
     layer.follow(cache)
     with pytest.raises(ValueError, match=r"one entry per cached key \(3\); got \(2, 4\)"):
         layer.keep("x", 0, torch.zeros(2, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fox_decoding_with_a_state_equals_the_full_forward():
+    model = _fox_model().float().cuda()
+    tokens = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(7)).cuda()
+    with torch.no_grad():
+        full = model(tokens)
+        cache, state = model.new_cache(), DecodingState(model.depth)
+        prefix = model(tokens[:, :12], cache=cache, decoding_state=state)
+        steps = _decode(model, tokens, cache, state, 12)
+    torch.testing.assert_close(torch.cat((prefix, steps), dim=1), full, rtol=1e-4, atol=1e-4)
