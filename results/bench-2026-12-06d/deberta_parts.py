@@ -5,8 +5,8 @@ kbuf=torch.randn(B,H,1024,d); keys=kbuf[:,:,:n]
 rows=torch.randn(B,H,1,d); kr_by_dim=torch.randn(H,d,2*k); qr=torch.randn(H,2*k,d)
 from posenc.seq.deberta import _few_rows_linear
 from posenc.common.pairwise import rows_times_table
-shift = (n-1) - (n-1) + k  # offset + span, offset = kv_pos[0]-q_pos = -(n-1)
-shift = -(n-1) + k
+
+shift = -(n - 1) + k  # offset + span: the query is the newest of n tokens
 def t(f, *a, **kw):
     for _ in range(5): f(*a, **kw)
     t0=time.perf_counter()
