@@ -180,10 +180,6 @@ class AttentionCall:
         needs = self.encoding.attention_needs() if self.encoding is not None else NO_NEEDS
         return replace(needs, score_bias=True) if self.attn_bias is not None else needs
 
-    def with_tensors(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionCall:
-        """The same call on other (already checked) q, k, v, e.g. after the q/k transform."""
-        return replace(self, q=q, k=k, v=v)
-
     def __repr__(self) -> str:
         enc = "None" if self.encoding is None else type(self.encoding).__name__
         parts = [
