@@ -139,6 +139,23 @@ def test_an_edited_gate_or_another_cache_recomputes_the_sums():
         torch.testing.assert_close(steps, model(other)[:, 8:], rtol=1e-10, atol=1e-12)
 
 
+def test_a_layer_given_another_gate_between_steps_reads_nothing_kept_by_the_old_one():
+    model = _fox_model()
+    tokens = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        cache, state = model.new_cache(), DecodingState(model.depth)
+        model(tokens[:, :5], cache=cache, decoding_state=state)
+        _decode(model, tokens[:, :8], cache, state, 5)
+        # the last layer's: the cached keys of every layer stay those the new gate would give
+        attn = model.encoder.blocks[-1].attn
+        fresh = ForgettingGate(H, attn.head_dim).double()
+        fresh.weight.normal_(0, 0.3)  # its parameters' versions now those of the old gate's: only the module differs
+        assert (fresh.weight._version, fresh.bias._version) == (attn.encoding.weight._version, attn.encoding.bias._version)
+        attn.encoding = fresh
+        steps = _decode(model, tokens, cache, state, 8)
+        torch.testing.assert_close(steps, model(tokens)[:, 8:], rtol=1e-10, atol=1e-12)
+
+
 def test_generate_gives_the_same_tokens_as_recomputing():
     model = _fox_model().float()
     prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(6))

@@ -42,6 +42,8 @@ Functional form: :func:`fox_log_gates`, :func:`fox_bias`.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor, nn
 
@@ -181,7 +183,9 @@ class ForgettingGate(PositionEncoding):
         check_sequence_positions(q_pos, kv_pos)
         if state is None:
             return self._bias(self.log_gates(k).cumsum(-1), q.shape[2])
-        key = (id(self), self.weight._version, self.bias._version, self.weight.dtype, k.shape[:2])
+        # this module (a weak reference: a new module at a freed address is another key), its
+        # parameters' versions (an in-place edit changes the gates), dtype and the batch of keys
+        key = (weakref.ref(self), self.weight._version, self.bias._version, self.weight.dtype, k.shape[:2])
         kept = state.kept("fox", key)  # F [B, H, n] of the oldest n cached keys, or None
         if kept is None:
             cum = self.log_gates(k).cumsum(-1)
