@@ -240,6 +240,27 @@ def test_a_killed_run_continues_without_redoing_units(tmp_path, monkeypatch, cap
     assert data["complete"] and tasks == tasks_whole and lm == lm_whole
 
 
+def test_max_units_0_rewrites_the_report_of_a_run_in_progress_without_training(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    assert _bench(out, "--max-units", "3") == 0
+    log = (out / "units.jsonl").read_text()
+    (out / "length_generalization.txt").unlink()
+
+    def no_training(*a, **k):
+        raise AssertionError("--max-units 0 trained a unit")
+
+    monkeypatch.setattr(length_train, "run_task_unit", no_training)
+    monkeypatch.setattr(length_train, "run_lm_unit", no_training)
+    assert _bench(out, "--max-units", "0") == 0
+    assert (out / "units.jsonl").read_text() == log  # read, not written
+    assert "PARTIAL" in (out / "length_generalization.txt").read_text()
+    assert "no unit trained; the report is rewritten from 3 of 10 units" in capsys.readouterr().out
+    for argv, why in [([], "no --out was given"), (["--out", str(tmp_path / "empty")], "units.jsonl does not exist")]:
+        assert cli.main(["bench", "length-generalization", *TINY, "--max-units", "0", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--max-units 0 rewrites the report" in err and why in err and len(err.splitlines()) == 1
+
+
 def test_another_configuration_is_not_reused(tmp_path, capsys):
     out = tmp_path / "run"
     assert _bench(out, "--max-units", "2") == 0

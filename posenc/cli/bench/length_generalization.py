@@ -35,8 +35,9 @@ length are never trained, as in a model whose position table is longer than its 
 
 **Resuming**: with ``--out``, every finished unit is appended to ``units.jsonl`` there at once;
 running the same command again skips the units already in it (of the same configuration) and
-continues; ``--max-units N`` stops after N new units (a run in pieces). The tables, heat map,
-JSON and claims are rewritten from the log after every run, marked partial until all units are in.
+continues; ``--max-units N`` stops after N new units (a run in pieces), ``--max-units 0`` trains
+none (the report of a run in progress). The tables, heat map, JSON and claims are rewritten from
+the log after every run, marked partial until all units are in.
 
 **Parallel units**: ``--jobs N`` trains N units at once in worker processes (each with 1/N of
 this process's torch threads); this process alone writes the log, a line per unit as it
@@ -59,7 +60,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..argtypes import device_name, int_list, positive_float, positive_int, seed_value
+from ..argtypes import device_name, int_list, nonnegative_int, positive_float, positive_int, seed_value
 from ..errors import unknown_name, usage_error
 from ..outputs import out_error, write_file, write_json_file
 from ..sizes import add_allow_large, defaults_of, size_error
@@ -137,8 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-eval-lens", type=int_list(minimum=1), default=None,
                         help="byte-LM scoring lengths (default 128,256,512,1024; --full adds 2048)")
     parser.add_argument("--eval-tokens", type=positive_int, default=4096, help="byte LM: tokens scored per length")
-    parser.add_argument("--max-units", type=positive_int, default=None,
-                        help="stop after this many new units (rerun the same command to continue)")
+    parser.add_argument("--max-units", type=nonnegative_int, default=None,
+                        help="stop after this many new units (rerun the same command to continue); 0: train none, "
+                             "rewrite the tables, JSON and claims from --out's units.jsonl (a run still in progress)")
     parser.add_argument("--jobs", type=positive_int, default=1,
                         help="units trained at once in worker processes, each with 1/N of the torch threads "
                              "(default 1: in this process)")
@@ -202,6 +204,9 @@ def check(args: argparse.Namespace) -> str | None:
         args.settings[name] = s
     if args.lm_model["dim"] % args.lm_model["heads"]:
         return f"--dim ({args.lm_model['dim']}) must be divisible by --heads ({args.lm_model['heads']})"
+    if args.max_units == 0 and (args.out is None or not (Path(args.out) / "units.jsonl").is_file()):
+        where = "no --out was given" if args.out is None else f"{Path(args.out) / 'units.jsonl'} does not exist"
+        return f"--max-units 0 rewrites the report from the log of a run (--out DIR/units.jsonl); {where}"
     return size_error(args, SIZE_FLAGS, estimate, defaults_of(add_arguments)) or out_error(args.out, OUTPUTS)
 
 

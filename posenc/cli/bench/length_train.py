@@ -253,7 +253,10 @@ def execute(args: argparse.Namespace, log: UnitLog | None, *, say=print) -> tupl
     todo = [u for u in plan if u[0] not in done]
     if done and todo:
         say(f"resuming: {len(done)} of {len(plan)} units already in {log.path}")
-    if args.max_units is not None and len(todo) > args.max_units:
+    if args.max_units == 0:
+        say(f"--max-units 0: no unit trained; the report is rewritten from {len(done)} of {len(plan)} units")
+        todo = []
+    elif args.max_units is not None and len(todo) > args.max_units:
         say(f"stopping after {args.max_units} new units (--max-units {args.max_units}); {len(todo) - args.max_units} "
             "left: run the same command again to continue")
         todo = todo[:args.max_units]
