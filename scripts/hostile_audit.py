@@ -30,13 +30,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the library cases beside the commands: one thread each
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # the repository: the cases reuse the tests' fixtures (tests.*)
-CLI_TIMEOUT = 20  # seconds a command may run before it counts as running for ever
+from hostile_audit_cli import CLI_TIMEOUT, CliCase, cli_cases  # noqa: E402 (after the path)
 # words of a message that says what was expected (or what to do instead)
 EXPECTED = re.compile(r"must|expected|expects|needs?\b|should|at most|over the limit|is not|not a|only|choose|"
                       r"instead|give|refus|lower|remove|neither|but the unit|did you mean|cannot|is a |are not|"
@@ -80,17 +79,6 @@ def judge_message(message: str, names: tuple[str, ...]) -> str | None:
 
 
 # ---- command-line cases --------------------------------------------------------------------------
-
-
-@dataclass
-class CliCase:
-    surface: str
-    case: str
-    argv: list[str]  # "{dir}" is the case's own directory
-    names: tuple[str, ...] = ()
-    setup: Callable[[Path], None] | None = None  # prepares the case's directory
-    after: Callable[[Path], str | None] | None = None  # what the run must have left alone: None, or why not
-    right: Callable[[Path, str, str], str | None] | None = None  # (dir, stdout, stderr) of a run meant to succeed
 
 
 def _is_notice(line: str) -> bool:
@@ -182,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="command-line cases run at once")
     parser.add_argument("--json", default=None, help="also write the outcomes as JSON to this file")
     args = parser.parse_args(argv)
-    from hostile_audit_cli import cli_cases
     from hostile_audit_library import attention_cases, functional_cases, kv_cases, log_cases, policy_cases
 
     root = Path(tempfile.mkdtemp(prefix="posenc-audit-"))

@@ -13,9 +13,23 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from hostile_audit import CLI_TIMEOUT, CliCase
+CLI_TIMEOUT = 20  # seconds a command may run before it counts as running for ever
+
+
+@dataclass
+class CliCase:
+    surface: str
+    case: str
+    argv: list[str]  # "{dir}" is the case's own directory
+    names: tuple[str, ...] = ()
+    setup: Callable[[Path], None] | None = None  # prepares the case's directory
+    after: Callable[[Path], str | None] | None = None  # what the run must have left alone: None, or why not
+    right: Callable[[Path, str, str], str | None] | None = None  # (dir, stdout, stderr) of a run meant to succeed
+
 
 # ---- absurd sizes --------------------------------------------------------------------------------
 
