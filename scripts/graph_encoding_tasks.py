@@ -40,6 +40,7 @@ from posenc.graph import (
 )
 from posenc.graph import datasets as gd
 from posenc.graph.directed_tasks import dag_depth_dataset
+from posenc.graph.norm_stats import recompute_batch_norm_statistics
 from torch_geometric.data import Batch
 
 TASKS = ("csl", "molecules", "dag_depth")
@@ -77,22 +78,6 @@ def score(model: GPS, graphs: list, kind: str) -> float:
     return (out.argmax(-1) == data.y).float().mean().item()
 
 
-def recompute_norm_statistics(model: GPS, graphs: list, batch_size: int) -> None:
-    """Replace every BatchNorm's running mean and variance by their average over ``graphs`` (in
-    batches, no gradient) at the current weights; the momenta are restored after."""
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    momenta = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average
-    model.train()
-    with torch.no_grad():
-        for i in range(0, len(graphs), batch_size):
-            model.forward_data(Batch.from_data_list(graphs[i: i + batch_size]))
-    for m, momentum in zip(norms, momenta):
-        m.momentum = momentum
-
-
 def run(task: str, encoding: str, seed: int, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     graphs, splits, in_dim, edge_dim, out_dim, kind = load(task, seed, args.molecules)
@@ -121,7 +106,7 @@ def run(task: str, encoding: str, seed: int, args: argparse.Namespace) -> dict:
         loss.backward()
         optimizer.step()
     if args.bn_stats == "recomputed":
-        recompute_norm_statistics(model, train, args.batch_size)
+        recompute_batch_norm_statistics(model, train, batch_size=args.batch_size)
     test = score(model, [graphs[i] for i in splits["test"]], kind)
     row = {"task": task, "encoding": encoding, "seed": seed, "test": test, "seconds": time.perf_counter() - start}
     if args.bn_stats != "running":

@@ -66,6 +66,22 @@ def test_tiny_csl_run_checkpoints_and_resumes(tmp_path, capsys):
     assert "final evaluation, accuracy" in capsys.readouterr().out
 
 
+def test_recomputed_batch_norm_statistics_score_a_copy(tmp_path, capsys):
+    base = ["train", "graph", "--dataset", "csl", "--encoding", "none", "--csl-per-class", "3", "--csl-test-per-class",
+            "1", "--batch-size", "4", "--steps", "4", "--eval-every", "2", *TINY]
+    assert main([*base, "--out", str(tmp_path / "running")]) == 0
+    assert "final evaluation, accuracy" in capsys.readouterr().out
+    assert main([*base, "--bn-stats", "recomputed", "--out", str(tmp_path / "recomputed")]) == 0
+    assert "final evaluation, BatchNorm statistics recomputed over the training graphs" in capsys.readouterr().out
+    running, recomputed = (torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"]
+                           for name in ("running", "recomputed"))
+    # the same training: scoring (twice during it, once at the end) left the model's statistics alone
+    assert running.keys() == recomputed.keys() and all(torch.equal(running[k], recomputed[k]) for k in running)
+    assert any(k.endswith("running_mean") for k in running)
+    results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("running", "recomputed")}
+    assert results["running"]["bn_stats"] == "running" and results["recomputed"]["bn_stats"] == "recomputed"
+
+
 def test_tiny_molecule_run_reports_mae(tmp_path, capsys):
     argv = ["train", "graph", "--dataset", "molecules", "--encoding", "lap", "--lap-k", "3", "--molecules-limit", "40",
             "--cache-dir", str(tmp_path / "cache"), "--batch-size", "8", "--steps", "2", "--out", str(tmp_path / "run"), *TINY]
