@@ -121,13 +121,20 @@ def test_a_crop_and_other_tokens_give_the_full_forward_of_the_new_sequence(monke
     torch.testing.assert_close(steps, expected, rtol=1e-10, atol=1e-12)
 
 
-def test_an_edited_gate_or_another_cache_recomputes_the_sums():
+def _decoded_to_8(seed: int):
+    """A FoX model, 10 tokens, and the cache and state after a prompt of 5 and 3 steps."""
     model = _fox_model()
-    tokens = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(4))
+    tokens = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(seed))
+    cache, state = model.new_cache(), DecodingState(model.depth)
     with torch.no_grad():
-        cache, state = model.new_cache(), DecodingState(model.depth)
         model(tokens[:, :5], cache=cache, decoding_state=state)
         _decode(model, tokens[:, :8], cache, state, 5)
+    return model, tokens, cache, state
+
+
+def test_an_edited_gate_or_another_cache_recomputes_the_sums():
+    model, tokens, cache, state = _decoded_to_8(seed=4)
+    with torch.no_grad():
         model.encodings[1].bias.add_(-2.0)  # an in-place edit: the kept sums are of the old gates
         steps = _decode(model, tokens, cache, state, 8)
         torch.testing.assert_close(steps, model(tokens)[:, 8:], rtol=1e-10, atol=1e-12)
@@ -140,12 +147,8 @@ def test_an_edited_gate_or_another_cache_recomputes_the_sums():
 
 
 def test_a_layer_given_another_gate_between_steps_reads_nothing_kept_by_the_old_one():
-    model = _fox_model()
-    tokens = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(8))
+    model, tokens, cache, state = _decoded_to_8(seed=8)
     with torch.no_grad():
-        cache, state = model.new_cache(), DecodingState(model.depth)
-        model(tokens[:, :5], cache=cache, decoding_state=state)
-        _decode(model, tokens[:, :8], cache, state, 5)
         # the last layer's: the cached keys of every layer stay those the new gate would give
         attn = model.encoder.blocks[-1].attn
         fresh = ForgettingGate(H, attn.head_dim).double()
