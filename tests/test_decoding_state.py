@@ -193,6 +193,13 @@ def test_misuse_is_one_clear_line():
     layer.follow(cache)
     with pytest.raises(ValueError, match=r"one entry per cached key \(3\); got \(2, 4\)"):
         layer.keep("x", 0, torch.zeros(2, 4))
+    with pytest.raises(TypeError, match="takes a str name and a tensor value; got int, Tensor"):
+        layer.keep(1, 0, torch.zeros(3))
+    with pytest.raises(TypeError, match="takes a str name and a tensor value; got str, list"):
+        layer.keep("x", 0, [0.0, 0.0, 0.0])
+    for mark in ("abc", (1, 2), (1, 2, 3.0), [1, 2, 3]):
+        with pytest.raises(TypeError, match=r"mark must be what LayerKVCache.mark\(\) returned"):
+            cache.unchanged_prefix(mark)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

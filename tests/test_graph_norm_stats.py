@@ -94,5 +94,11 @@ def test_bad_arguments_are_one_clear_line():
         recompute_batch_norm_statistics(model, _graphs(), batch_size=0)
     with pytest.raises(ValueError, match="graphs must hold at least one graph"):
         recompute_batch_norm_statistics(model, [], batch_size=2)
+    with pytest.raises(TypeError, match="graphs must be a sequence of PyG graphs.*got NoneType"):
+        recompute_batch_norm_statistics(model, None, batch_size=2)
+    with pytest.raises(TypeError, match="graphs must be a sequence of PyG graphs.*got str"):
+        recompute_batch_norm_statistics(model, "graphs.pt", batch_size=2)
+    with pytest.raises(TypeError, match="collate must be callable.*got int"):
+        recompute_batch_norm_statistics(model, _graphs(), batch_size=2, collate=3)
     with pytest.raises(TypeError, match=r"forward_data\(batch\).*got BatchNorm1d"):
         recompute_batch_norm_statistics(nn.BatchNorm1d(3), _graphs(), batch_size=2)

@@ -48,6 +48,9 @@ class LayerDecodingState:
 
     def keep(self, name: str, key: Hashable, value: Tensor) -> None:
         """Keep ``value`` (its last axis: one entry per key the cache holds now) under ``name``."""
+        if not isinstance(name, str) or not isinstance(value, Tensor):
+            raise TypeError(f"keep(name, key, value) takes a str name and a tensor value; got {type(name).__name__}, "
+                            f"{type(value).__name__}")
         if self._cache is None:
             raise RuntimeError("keep() before follow(): the layer names its cache first")
         if value.shape[-1] != self._cache.length:

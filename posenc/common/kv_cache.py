@@ -64,7 +64,11 @@ class LayerKVCache:
         :meth:`mark` of this cache; 0 for None or another cache's mark): appends leave them as they
         were, a crop below them does not. A :class:`~posenc.common.decoding_state.LayerDecodingState`
         reads it to know which of its values still belong to the cached keys."""
-        if mark is None or mark[0] != self._id:
+        if mark is None:
+            return 0
+        if not (isinstance(mark, tuple) and len(mark) == 3 and all(type(m) is int for m in mark)):
+            raise TypeError(f"mark must be what LayerKVCache.mark() returned (three ints) or None; got {mark!r:.80}")
+        if mark[0] != self._id:
             return 0
         # the appends made by the mark's time that are still held (stamps grow with time); the
         # newest of them may have been cut by a crop, and later appends are not the mark's

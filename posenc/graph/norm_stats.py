@@ -31,6 +31,10 @@ def recompute_batch_norm_statistics(
 
     ``collate`` defaults to PyG's ``Batch.from_data_list``."""
     batch_size = check_int("batch_size", batch_size, minimum=1)
+    if not (hasattr(graphs, "__len__") and hasattr(graphs, "__getitem__")) or isinstance(graphs, (str, bytes)):
+        raise TypeError(f"graphs must be a sequence of PyG graphs (a list or a dataset); got {type(graphs).__name__}")
+    if collate is not None and not callable(collate):
+        raise TypeError(f"collate must be callable (graphs -> a PyG batch) or None; got {type(collate).__name__}")
     if len(graphs) == 0:
         raise ValueError("graphs must hold at least one graph (the statistics are averaged over them)")
     if not hasattr(model, "forward_data"):

@@ -19,9 +19,10 @@ keys, values and positions only, and the gate of every cached token must be know
 step. From the key it is recomputed exactly, from the cached keys, with no state needed beside the
 cache (the authors' cache stores ``log f`` per token; an ``x``-gate would need that, or the layer
 input, which an attention hook never sees). A decoding step therefore gives the same bias as the
-full forward; with a :class:`~posenc.common.decoding_state.DecodingState` the step keeps the
-running sums ``F`` there and computes its new keys' gates only (:meth:`decode_score_bias`), and padded or packed batches need nothing either: a packed segment's ``F_i - F_j`` only
-sums gates inside the segment, and left padding lies before every real key.
+full forward (with a :class:`~posenc.common.decoding_state.DecodingState` the step keeps the
+running sums ``F`` there and computes its new keys' gates only: :meth:`decode_score_bias`), and
+padded or packed batches need nothing either: a packed segment's ``F_i - F_j`` only sums gates
+inside the segment, and left padding lies before every real key.
 
 Parameters: ``weight [H, D]`` (``N(0, init_std^2)``, the authors' 0.02) and ``bias [H]``:
 ``gate_init="zero"`` starts every gate at ``sigmoid(0) = 1/2`` as the authors' data-dependent gate;
@@ -180,9 +181,9 @@ class ForgettingGate(PositionEncoding):
         """:meth:`score_bias`, with ``F`` of the cached keys kept in ``state`` between steps: a step
         computes the gates of its new keys only (else every step reads every cached key once more).
         Kept under this module's parameters' versions: an edited gate recomputes ``F``."""
-        check_sequence_positions(q_pos, kv_pos)
         if state is None:
-            return self._bias(self.log_gates(k).cumsum(-1), q.shape[2])
+            return self.score_bias(q, k, q_pos, kv_pos)
+        check_sequence_positions(q_pos, kv_pos)
         # this module (a weak reference: a new module at a freed address is another key), its
         # parameters' versions (an in-place edit changes the gates), dtype and the batch of keys
         key = (weakref.ref(self), self.weight._version, self.bias._version, self.weight.dtype, k.shape[:2])

@@ -379,15 +379,16 @@ def _train(args: argparse.Namespace) -> int:
     }
     torch.manual_seed(args.seed)
     model = GPS(**model_config)
+    train_graphs = task.subset("train")
     eval_sets = {s: task.subset(s) for s in ("val", "test") if task.splits[s]}
 
     def evaluate(m) -> dict[str, float]:
         if args.bn_stats == "recomputed":
-            m = with_recomputed_batch_norm(m, task.subset("train"), batch_size=batch_size, collate=collate)
+            m = with_recomputed_batch_norm(m, train_graphs, batch_size=batch_size, collate=collate)
         return {f"{s}_{task.metric}": evaluate_split(m, graphs, task) for s, graphs in eval_sets.items()}
 
     config = train_config(args, steps=steps, batch_size=batch_size)
-    trainer = Trainer(model, task.subset("train"), make_loss(task), config, eval_fn=evaluate,
+    trainer = Trainer(model, train_graphs, make_loss(task), config, eval_fn=evaluate,
                       collate_fn=collate, model_config=model_config)
     metrics = trainer.fit()
     if not trainer.is_main:
