@@ -61,8 +61,8 @@ alone does not.
 
 from __future__ import annotations
 
-from .common.rotary import PAIRINGS, apply_rotary, rotary_angles, rotary_cos_sin
-from .common.sinusoid import sinusoid_frequencies, sinusoid_table
+from .primitives.rotary import PAIRINGS, apply_rotary, rotary_angles, rotary_cos_sin
+from .primitives.sinusoid import sinusoid_frequencies, sinusoid_table
 from .seq.alibi import alibi_bias, alibi_penalty, alibi_slopes
 from .seq.fox import fox_bias, fox_log_gates
 from .seq.mrope import apply_mrope, mrope_cos_sin
@@ -81,7 +81,12 @@ from .seq.rope_scaling import (
     rope_scaling_from_dict,
 )
 from .seq.t5 import t5_bias, t5_relative_buckets
-from .vision.rope_dinov3 import apply_dinov3_rope, dinov3_augment_coords, dinov3_patch_coords, dinov3_rope_angles
+from .vision.rope_dinov3 import (
+    apply_dinov3_rope,
+    dinov3_augment_coords,
+    dinov3_patch_coords,
+    dinov3_rope_angles,
+)
 from .vision.sincos2d import sincos2d_grid, sincos2d_table
 
 __all__ = [

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from posenc.common.derived import DerivedTensors, tracked_edits_only
+from posenc.common.decoding_state import tracked_edits_only
+from posenc.primitives.derived import DerivedTensors
 from posenc.seq.deberta import DeBERTa
 
 
@@ -288,7 +289,7 @@ def test_cape_decoding_reads_its_static_bias_from_a_kept_table(base):
 
 
 def test_doubling_length_known_values_and_bad_input():
-    from posenc.common.derived import doubling_length
+    from posenc.primitives.derived import doubling_length
 
     assert [doubling_length(n) for n in (0, 1, 255, 256, 700, 1023, 1024)] == [256, 256, 256, 512, 1024, 1024, 2048]
     for bad in (-1, 2.0, True, None):

@@ -8,14 +8,13 @@ import pytest
 import torch
 
 import posenc
-from posenc.common.rotary import apply_rotary, rotary_angles
+from posenc.primitives.rotary import apply_rotary, rotary_angles
 from posenc.seq.alibi import ALiBi, alibi_slopes
 from posenc.seq.rope import RotaryEncoding, rope_inv_freq
 from posenc.seq.sinusoidal import SinusoidalEncoding
 from posenc.timeseries.erpe import ERPE
 
 from . import reference as ref
-
 
 # ---- RoPE -----------------------------------------------------------------------------------
 

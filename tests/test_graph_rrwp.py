@@ -10,7 +10,14 @@ import torch
 
 import posenc
 from posenc.common.attention import attend
-from posenc.graph import RRWPBias, random_walk_se, rrwp, rrwp_batch, rrwp_diagonal, rrwp_positions
+from posenc.graph import (
+    RRWPBias,
+    random_walk_se,
+    rrwp,
+    rrwp_batch,
+    rrwp_diagonal,
+    rrwp_positions,
+)
 
 from . import reference as ref
 
@@ -133,7 +140,7 @@ def test_hostile_graphs():
 def test_a_support_too_large_to_keep_is_refused_with_an_estimate(monkeypatch):
     """The pairs are counted as the blocks come; a support that cannot fit is refused early, with
     the extrapolated count (here RAM is pretended to be 1 MB)."""
-    monkeypatch.setattr("posenc.common.checks._device_memory", lambda device: 1 << 20)
+    monkeypatch.setattr("posenc.primitives.budget._device_memory", lambda device: 1 << 20)
     n = 600
     edges = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"the pairs within 5 hops \(about \d+ of them, extrapolated"):
@@ -147,10 +154,10 @@ def test_the_estimate_counts_the_peak_of_two_copies(monkeypatch):
     edges = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))
     pairs, _ = rrwp(edges, n, k, method="sparse")
     one_copy = pairs.shape[1] * (k + 4) * 4
-    monkeypatch.setattr("posenc.common.checks._device_memory", lambda device: int(1.5 * one_copy))
+    monkeypatch.setattr("posenc.primitives.budget._device_memory", lambda device: int(1.5 * one_copy))
     with pytest.raises(ValueError, match=r"twice at the peak"):
         rrwp(edges, n, k, method="sparse")
-    monkeypatch.setattr("posenc.common.checks._device_memory", lambda device: int(2.5 * one_copy))
+    monkeypatch.setattr("posenc.primitives.budget._device_memory", lambda device: int(2.5 * one_copy))
     assert torch.equal(rrwp(edges, n, k, method="sparse")[0], pairs)
 
 

@@ -22,12 +22,17 @@ from torch import nn
 import posenc
 from posenc.common import registry
 from posenc.common.attention import attend
-from posenc.common.multihead import MultiheadAttention
-from posenc.common.checks import check_allocation, check_number
+from posenc.common.checks import check_number
 from posenc.common.encoding import Hook
-from posenc.common.linear_attention import EluFeatureMap, FavorFeatureMap, linear_attention
+from posenc.common.linear_attention import (
+    EluFeatureMap,
+    FavorFeatureMap,
+    linear_attention,
+)
 from posenc.common.masks import AttentionMask
+from posenc.common.multihead import MultiheadAttention
 from posenc.common.registry import ModelDims, build
+from posenc.primitives.budget import check_allocation
 
 B, H, T, D = 2, 2, 8, 16
 PAD = 3  # the last PAD keys of every row are padding

@@ -1,5 +1,6 @@
-"""The house rules, read from the source: ``common`` and ``training`` import no modality, no
-modality imports another (shared primitives live in ``common``), the library never imports the
+"""The house rules, read from the source: ``common`` and ``training`` import no modality, the
+parts several modalities share live in ``primitives``, which imports only ``common`` (and ``common``
+never imports it), no modality imports another, the library never imports the
 command line (``posenc/cli``) or the integrations (``posenc/integrations``), and inside the command
 line ``train`` and ``bench`` never import each other."""
 
@@ -46,6 +47,14 @@ def test_the_core_and_the_trainer_import_no_modality(package):
         assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"
 
 
+def test_the_primitives_import_only_the_core_and_the_core_never_imports_them():
+    for path in sorted((ROOT / "primitives").rglob("*.py")):
+        bad = _posenc_imports(path) - {"common", "primitives"}
+        assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}"
+    for path in sorted((ROOT / "common").rglob("*.py")):
+        assert "primitives" not in _posenc_imports(path), f"{path.relative_to(ROOT.parent)} imports posenc.primitives"
+
+
 @pytest.mark.parametrize("modality", MODALITIES)
 def test_no_modality_imports_another(modality):
     for path in sorted((ROOT / modality).rglob("*.py")):
@@ -83,7 +92,7 @@ def test_train_and_bench_never_import_each_other(package, other):
         assert f"cli.{other}" not in imported, f"{path.relative_to(ROOT.parent)} imports posenc.cli.{other}"
 
 
-LIBRARY = ["common", "training", *MODALITIES, "functional.py", "loading.py", "torch_attention.py"]
+LIBRARY = ["common", "primitives", "training", *MODALITIES, "functional.py", "loading.py", "torch_attention.py"]
 
 
 def _library_files(part: str) -> list[Path]:
@@ -108,14 +117,16 @@ def test_the_package_root_holds_only_the_library_api():
     loose = sorted(p.name for p in ROOT.glob("*.py"))
     assert loose == ["__init__.py", "functional.py", "loading.py", "torch_attention.py"], loose
     folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert folders == sorted(["cli", "common", "integrations", "training", *MODALITIES]), folders
+    assert folders == sorted(["cli", "common", "integrations", "primitives", "training", *MODALITIES]), folders
 
 
 # the previous layout's paths, dropped in 0.1.0 (CHANGELOG.md) -> where each one lives now
 OLD_PATHS = {"posenc.bench": "posenc.cli.bench", "posenc.train": "posenc.cli.train", "posenc.demo": "posenc.cli.demo",
              "posenc.demo_parts": "posenc.cli.demo", "posenc.argtypes": "posenc.cli.argtypes",
              "posenc.options": "posenc.cli.options", "posenc.report": "posenc.training.report",
-             "posenc.common.report": "posenc.training.report", "posenc.common.plan": "posenc.common.planning"}
+             "posenc.common.report": "posenc.training.report", "posenc.common.plan": "posenc.common.planning",
+             **{f"posenc.common.{name}": f"posenc.primitives.{name}"
+                for name in ("rotary", "sinusoid", "spe", "shared_table", "derived")}}
 
 
 @pytest.mark.parametrize("old, new", OLD_PATHS.items())

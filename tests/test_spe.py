@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-import posenc.common.spe as spe_mod
+import posenc.primitives.spe as spe_mod
 from posenc import AttentionMask, EluFeatureMap, attend, linear_attention
-from posenc.common.spe import conv_cross_correlation, positional_noise
+from posenc.primitives.spe import conv_cross_correlation, positional_noise
 from posenc.seq import ConvSPE, SineSPE
 from posenc.seq.models import CausalLM
 from posenc.vision import ConvSPE2d

@@ -1,6 +1,7 @@
 """The shared attention core: hooks, masks, kernels, blocks and the registry.
 
-``common`` imports no modality; shared primitives (sinusoid tables, rotary application) live here.
+``common`` imports no modality and none of :mod:`posenc.primitives` (the parts encodings of
+several modalities share: rotary application, sinusoid tables, SPE).
 The names below are imported on first use (module ``__getattr__``), so that the torch-free parts
 (:mod:`.checks`, :mod:`.registry`'s tables) can be imported without torch: the command line
 (with :mod:`posenc.cli.catalog`) parses its arguments before anything imports torch.
@@ -27,8 +28,6 @@ _EXPORTS: dict[str, str] = {
     "AttentionCall": "call",
     **dict.fromkeys(("BACKENDS", "Plan", "PlanInputs", "decide"), "planning"),
     **dict.fromkeys(("EncodingInfo", "ModelDims", "available", "build", "register"), "registry"),
-    **dict.fromkeys(("apply_rotary", "rotary_angles"), "rotary"),
-    **dict.fromkeys(("sinusoid_frequencies", "sinusoid_table"), "sinusoid"),
 }
 
 
@@ -65,7 +64,6 @@ __all__ = [
     "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",
     "DecodingState", "LayerDecodingState",
-    "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "apply_rotary",
-    "rotary_angles", "sinusoid_frequencies", "sinusoid_table", "FeatureMap", "EluFeatureMap", "FavorFeatureMap",
+    "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "FeatureMap", "EluFeatureMap", "FavorFeatureMap",
     "linear_attention",
 ]

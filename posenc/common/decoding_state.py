@@ -14,12 +14,35 @@ extended step by step adds in another order than one sum over all keys).
 
 from __future__ import annotations
 
+import contextvars
 from typing import Hashable
 
 from torch import Tensor
 
 from .checks import check_int
 from .kv_cache import LayerKVCache
+
+_TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("posenc_tracked_edits_only", default=False)
+
+
+class tracked_edits_only:  # a context manager named as one: with tracked_edits_only(): ...
+    """Within this block, a kept value is checked against its sources by torch's version counters,
+    not bit by bit (an edit through ``.data``, which no counter sees, is not caught): for code whose
+    result already assumes unchanged parameters, as a step that reads a KV cache does. (A class,
+    not a generator: it is entered in every layer of every decoding step.)"""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _TRACKED_EDITS_ONLY.set(True)
+
+    def __exit__(self, *exc) -> None:
+        _TRACKED_EDITS_ONLY.reset(self._token)
+
+
+def edits_tracked_only() -> bool:
+    """Whether the caller is inside :class:`tracked_edits_only`."""
+    return _TRACKED_EDITS_ONLY.get()
 
 
 class LayerDecodingState:

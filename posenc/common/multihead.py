@@ -10,11 +10,15 @@ import torch
 from torch import Tensor, nn
 
 from .attention import _attend, make_plan
-from .call import AttentionCall, check_attention_args, check_encoding, normalize_positions
+from .call import (
+    AttentionCall,
+    check_attention_args,
+    check_encoding,
+    normalize_positions,
+)
 from .checks import check_bool, check_int, check_number
-from .derived import tracked_edits_only
+from .decoding_state import LayerDecodingState, tracked_edits_only
 from .encoding import PositionEncoding
-from .decoding_state import LayerDecodingState
 from .kv_cache import LayerKVCache
 from .linear_attention import FeatureMap
 from .masks import AttentionMask

@@ -35,13 +35,20 @@ from torch import Tensor, nn
 from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time FutureWarning)
 
 # isort: split
-from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
+from torch_geometric.nn import (
+    GINConv,
+    GINEConv,
+    global_add_pool,
+    global_max_pool,
+    global_mean_pool,
+)
 
 from ..common.attention import Backend
-from ..common.checks import check_build, check_number
+from ..common.checks import check_number
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build
+from ..primitives.budget import check_build
 from ..training.pretrained import PretrainedMixin
 from .edges import check_batch, check_edge_index, check_same_graph
 from .gps_layer import GPSLayer, NormKind
@@ -266,7 +273,11 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
     from .maglap_encoding import MagLapPE
     from .rrwp import rrwp_positions
     from .rrwp_bias import RRWPBias
-    from .shortest_path import ShortestPathBias, shortest_path_distances_batch, spd_positions
+    from .shortest_path import (
+        ShortestPathBias,
+        shortest_path_distances_batch,
+        spd_positions,
+    )
     from .stable_pe import StablePE, stable_pe_positions
     from .structure_transforms import (
         MAGLAP_ATTR,

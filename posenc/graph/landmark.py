@@ -40,8 +40,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..common.checks import check_allocation, check_int
-from .edges import check_batch, check_edge_index, check_same_graph, graph_sizes, local_index
+from ..common.checks import check_int
+from ..primitives.budget import check_allocation
+from .edges import (
+    check_batch,
+    check_edge_index,
+    check_same_graph,
+    graph_sizes,
+    local_index,
+)
 from .shortest_path import check_sources, shortest_path_distances_batch
 
 AnchorMethod = Literal["degree", "random"]

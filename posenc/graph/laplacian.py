@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..common.checks import check_allocation, check_int
+from ..common.checks import check_int
+from ..primitives.budget import check_allocation
 from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
 from .edges import (
     check_batch,

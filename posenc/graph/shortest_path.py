@@ -26,11 +26,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_int, check_number
+from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather
 from ..common.registry import register
-from .edges import check_batch, check_edge_index, check_same_graph, dense_adjacency_stack, graph_sizes, local_index
+from ..primitives.budget import check_allocation
+from .edges import (
+    check_batch,
+    check_edge_index,
+    check_same_graph,
+    dense_adjacency_stack,
+    graph_sizes,
+    local_index,
+)
 
 #: Single graphs up to this size use the batched breadth-first search on CPU under "auto";
 #: larger ones ``scipy.sparse.csgraph``.

@@ -35,9 +35,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_int, check_number, check_positions
+from ..common.checks import check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 from ._threads import batch_parts, run_items, single_threaded
 from .edges import check_batch, graph_sizes, local_index
 from .laplacian import _check_options as _check_laplacian_options

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from ..common.checks import (
-    check_allocation,
     check_bool,
     check_dtype,
     check_int,
@@ -28,6 +27,7 @@ from ..common.checks import (
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, take
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 from .relative import relative_position_grid
 
 

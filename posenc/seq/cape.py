@@ -30,10 +30,10 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_choice, check_int, check_transform_backward_inputs
-from ..common.derived import DerivedTensors, doubling_length
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import shared_run_offset
 from ..common.registry import ModelDims, build, register
+from ..primitives.derived import DerivedTensors, doubling_length
 
 CAPE_BASES = ("alibi", "kerple", "fire")
 _DISTANCE_ONLY_BASES = ("alibi", "kerple")  # a bias of the distance alone: kept by distance for decoding
@@ -164,7 +164,7 @@ class CAPE(PositionEncoding):
         """For one query row at or after every key of one run of positions (a cached decoding
         step) with no gradient wanted: the static bias ``[1, H, 1, Tk]`` and its part of ``f``'s
         first layer ``[hidden, Tk]`` (``W_static B + b_1``), as views of a table by distance kept
-        between calls (:class:`~posenc.common.derived.DerivedTensors`, one per doubling of the
+        between calls (:class:`~posenc.primitives.derived.DerivedTensors`, one per doubling of the
         context). A step then evaluates neither the base bias nor that product. Only for a base
         that is a function of the distance alone (ALiBi, KERPLE; FIRE's depends on the query's
         own position too). None where this does not apply."""

@@ -17,7 +17,7 @@ computes its c2p rows ``q_t Kr^T`` ``[B, H, rows, 2k]`` by one matmul and gather
 ``delta(i,j)``.
 
 A score-bias call builds the per-call table ``p2c = k Qr^T / sqrt(3d)`` ``[B, H, 2k, Tk]``, read
-bucket-major through a :class:`~posenc.common.shared_table.SharedGradTable` whose gradient every
+bucket-major through a :class:`~posenc.primitives.shared_table.SharedGradTable` whose gradient every
 block adds into one buffer (FlexAttention reads it with scalar indices, a ``d``-long dot product
 per element). It holds ``2k`` values per key: linear in ``T``, but as large as ``T x T / 2`` at
 ``T = 4k``. (A skewed form over runs of consecutive positions, which built no such table, was no
@@ -45,7 +45,6 @@ from ..common.checks import (
     check_number,
     check_sequence_positions,
 )
-from ..common.derived import DerivedTensors
 from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
@@ -59,8 +58,9 @@ from ..common.pairwise import (
     shared_run_offset,
     take,
 )
-from ..common.shared_table import SharedGradTable
 from ..common.registry import register
+from ..primitives.derived import DerivedTensors
+from ..primitives.shared_table import SharedGradTable
 
 
 def log_bucket_position(rel: Tensor, bucket_size: int, max_position: int) -> Tensor:
@@ -158,7 +158,7 @@ class DeBERTa(PositionEncoding):
         the relative tables ``[H, 2k, d]``, scaled here rather than a ``[B, H, 2k, Tk]`` product.
         The tables depend on the parameters alone: without gradients (a cached decoding step,
         inference) they are kept while the parameters are unchanged
-        (:class:`~posenc.common.derived.DerivedTensors`): two ``[2k, C] x [C, C]`` products per
+        (:class:`~posenc.primitives.derived.DerivedTensors`): two ``[2k, C] x [C, C]`` products per
         layer and step were most of a decoding step."""
         d = self.head_dim
         if q.shape[1] != k.shape[1]:

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from ..common.amp import autocast_off
 from ..common.checks import check_int, check_number, check_sequence_positions
-from ..common.derived import DerivedTensors, doubling_length
 from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
@@ -39,6 +38,7 @@ from ..common.pairwise import (
     take,
 )
 from ..common.registry import register
+from ..primitives.derived import DerivedTensors, doubling_length
 
 _EPS = 1e-6
 _PSI_TABLE_MAX = 1 << 20  # distances looked up in a table up to this span; past it, a logarithm per pair
@@ -202,7 +202,7 @@ class FIRE(PositionEncoding):
     def _kept_psi(self, distance: int, device: torch.device) -> Tensor:
         """``psi(n) = log(1 + |c| n)`` for ``n = 0 .. m - 1`` ``[m]``, ``m >= distance + 1`` a power
         of two (at least 256), kept between calls without gradients to ``c``
-        (:class:`~posenc.common.derived.DerivedTensors`; comparing it costs one value): a cached
+        (:class:`~posenc.primitives.derived.DerivedTensors`; comparing it costs one value): a cached
         decoding step reaches one distance further each time, so the table is built once per
         doubling of the context instead of a logarithm per key, layer and step."""
         n = doubling_length(distance)

@@ -48,11 +48,17 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_choice, check_int, check_number, check_sequence_positions
+from ..common.checks import (
+    check_choice,
+    check_int,
+    check_number,
+    check_sequence_positions,
+)
 from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 from .alibi import alibi_slopes
 
 GATE_INITS = ("zero", "alibi")

@@ -32,11 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import check_bool, check_choice, check_int, check_number, check_sequence_positions
-from ..common.derived import DerivedTensors, doubling_length
+from ..common.checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_sequence_positions,
+)
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
+from ..primitives.derived import DerivedTensors, doubling_length
 
 KERPLE_VARIANTS = ("log", "power")
 _EPS = 0.01  # the floor of r1 and r2 in the paper's code
@@ -146,7 +152,7 @@ class KERPLE(PositionEncoding):
     def _kept_kernel(self, distance: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """The kernel of the distances ``0 .. n - 1`` ``[n, H]`` for an ``n >= distance + 1`` (a
         power of two, at least 256), kept between calls without gradients to ``raw_r1, raw_r2``
-        (:class:`~posenc.common.derived.DerivedTensors`; comparing them costs ``2H`` values). A
+        (:class:`~posenc.primitives.derived.DerivedTensors`; comparing them costs ``2H`` values). A
         cached decoding step reaches one distance further each time: one table per doubling of
         the context instead of a logarithm per distance, head and layer at every step."""
         n = doubling_length(distance)

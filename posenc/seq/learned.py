@@ -23,9 +23,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_choice, check_int, check_number, check_positions
+from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 
 BEYOND = ("error", "interpolate")
 

@@ -2,7 +2,7 @@
 
 Every layer asks at every call (a cached decoding step included) for the same parameter-free
 tables, such as T5's bucket of each offset up to ``max_distance``. They depend on a few integers
-alone, so unlike :class:`~posenc.common.derived.DerivedTensors` (tables derived from parameters,
+alone, so unlike :class:`~posenc.primitives.derived.DerivedTensors` (tables derived from parameters,
 checked against them at each use) nothing can make a kept one wrong.
 :class:`ValueMemo` keeps the last few, least recently used dropped first.
 """

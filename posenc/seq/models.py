@@ -14,15 +14,17 @@ import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
-from ..common.checks import check_bool, check_build, check_int, check_number
-from ..common.encoding import PositionEncoding
+from ..common.checks import check_bool, check_int, check_number
 from ..common.decoding_state import DecodingState
+from ..common.encoding import PositionEncoding
 from ..common.kv_cache import KVCache
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims
+from ..primitives.budget import check_build
 from ..training.pretrained import PretrainedMixin
 from .context import load_rope_scaling_state, rope_scaling_state
-from .generation import check_token_ids, generate as _generate
+from .generation import check_token_ids
+from .generation import generate as _generate
 from .model_encodings import (  # the layers' encodings; their names stay importable from here
     SHARED_IN_PAPER,
     build_layer_encodings,

@@ -35,7 +35,7 @@ from torch import Tensor
 from ..common.checks import check_choice, check_static_positions, is_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import Pairing, apply_rotary
+from ..primitives.rotary import Pairing, apply_rotary
 from .rope import check_rope_arguments, rope_frequencies
 from .rope_scaling import RopeScaling
 

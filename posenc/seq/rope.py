@@ -34,11 +34,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common.checks import check_dtype, check_int, check_positions, check_sequence_positions, check_tensor
-from ..common.derived import DerivedTensors, doubling_length
+from ..common.checks import (
+    check_dtype,
+    check_int,
+    check_positions,
+    check_sequence_positions,
+    check_tensor,
+)
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import (
+from ..primitives.derived import DerivedTensors, doubling_length
+from ..primitives.rotary import (
     PAIRINGS,
     Pairing,
     apply_rotary_qk,
@@ -302,7 +308,7 @@ class RotaryEncoding(PositionEncoding):
 
     def _kept_tables(self, q_pos: Tensor, kv_pos: Tensor, q: Tensor) -> tuple[Tensor, Tensor] | None:
         """``cos`` and ``sin`` by position ``[L, r/2]`` in ``q``'s dtype, kept between calls
-        (:class:`~posenc.common.derived.DerivedTensors`, ``L`` doubling as positions grow), for a
+        (:class:`~posenc.primitives.derived.DerivedTensors`, ``L`` doubling as positions grow), for a
         call of a few integer positions that shares them between queries and keys (a cached
         decoding step): two lookups in place of the angles' six operations per layer. The same
         numbers: the table is the same float64 computation, cast as the rotation casts it. None

@@ -7,7 +7,7 @@ all heads (as in the paper). ``i, j`` are the query and key positions.
 Key term: a content-dependent bias. Per call the table ``q @ aK^T / sqrt(d)`` ``[B, H, Tq, 2k+1]``
 is built once; a block of query rows takes its rows and gathers them by the clipped offset (no
 ``[B, H, Tq, Tk]`` tensor of it). It is read through a
-:class:`~posenc.common.shared_table.SharedGradTable`, whose handle is listed as ``learned``, so the
+:class:`~posenc.primitives.shared_table.SharedGradTable`, whose handle is listed as ``learned``, so the
 chunked backward adds every chunk's gradient into one buffer (and through it reaches ``q`` and
 ``aK``).
 
@@ -44,9 +44,10 @@ from ..common.pairwise import (
     is_dense_block,
     take,
 )
-from ..common.shared_table import SharedGradTable
 from ..common.registry import register
+from ..primitives.shared_table import SharedGradTable
 from .relative import clipped_relative_index, relative_positions
+
 
 def clipped_offsets(q_pos: Tensor, kv_pos: Tensor, max_relative: int) -> Tensor:
     """``clip(j - i, -k, k) + k`` as ``[B or 1, 1, Tq, Tk]`` (long), the slot of each pair."""

@@ -3,7 +3,7 @@
 Liutkus et al. 2021, Relative Positional Encoding for Transformers with Linear Complexity (ICML),
 https://arxiv.org/abs/2105.08399; authors' code: aliutkus/spe. The shared machinery (gating,
 chunked codes, the ``1 / sqrt(R)`` estimate, noise as a function of position) is
-:mod:`posenc.common.spe`; this module defines the two 1D kernels.
+:mod:`posenc.primitives.spe`; this module defines the two 1D kernels.
 
 * ``sine_spe``: ``P_d(tau) = sum_k lambda_{dk}^2 cos(2 pi f_{dk} tau + theta_{dk})`` with
   learned frequencies ``f = sigmoid(w) / 2`` (cycles per position, in ``(0, 1/2)``), phases
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..common.checks import check_int, check_positions
 from ..common.registry import register
-from ..common.spe import (
+from ..primitives.spe import (
     StochasticPositionalEncoding,
     _block_seed,
     check_integer_positions,

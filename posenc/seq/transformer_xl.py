@@ -1,7 +1,7 @@
 """Transformer-XL relative attention (Dai et al. 2019, https://arxiv.org/abs/1901.02860).
 
 ``A_ij = q_i.k_j + q_i.W_R R_(i-j) + u.k_j + v.W_R R_(i-j)`` (then times ``1/sqrt(d)``), with
-``R`` the sinusoid table of the distance ``i - j`` (width ``dim``, :func:`posenc.common.sinusoid.sinusoid_table`),
+``R`` the sinusoid table of the distance ``i - j`` (width ``dim``, :func:`posenc.primitives.sinusoid.sinusoid_table`),
 ``W_R`` a learned ``dim -> H * d`` projection and ``u, v [H, d]`` learned per head.
 
 Two hooks:
@@ -15,7 +15,7 @@ Two hooks:
   ``((q + v) W_R^h) . R``: ``[B, H, Tq, dim]`` dotted with the raw sinusoids, ``d`` times less
   work than projecting every distance again. Without gradients to ``W_R`` (a cached decoding
   step, inference) ``W_R R`` is cut from a table kept between calls over a growing range of
-  distances, rebuilt when ``W_R`` changes (:class:`~posenc.common.derived.DerivedTensors`). The bias
+  distances, rebuilt when ``W_R`` changes (:class:`~posenc.primitives.derived.DerivedTensors`). The bias
   receives the already shifted ``q + u`` and uses ``(q + u) - u + v``, so the positional term reads
   ``q``, not ``q + u``. ``q + v`` and ``W_R R`` are listed as ``learned`` so the chunked dense
   path's backward carries the gradient to ``q``, ``v`` and ``W_R``.
@@ -40,7 +40,6 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import check_int, check_sequence_positions
-from ..common.derived import DerivedTensors
 from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import (
@@ -51,9 +50,10 @@ from ..common.pairwise import (
     shared_run_offset,
     take,
 )
-from ..common.shared_table import SharedGradTable
 from ..common.registry import register
-from ..common.sinusoid import sinusoid_table
+from ..primitives.derived import DerivedTensors
+from ..primitives.shared_table import SharedGradTable
+from ..primitives.sinusoid import sinusoid_table
 
 
 @register(
@@ -206,7 +206,7 @@ class TransformerXLRelative(PositionEncoding):
 
     def _kept_table(self, lo: int, hi: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """``W_R R`` ``[H, hi - lo + 1, d]`` cut from a table kept between calls (valid while
-        ``W_R`` is unchanged, see :class:`~posenc.common.derived.DerivedTensors`). A call past its
+        ``W_R`` is unchanged, see :class:`~posenc.primitives.derived.DerivedTensors`). A call past its
         range grows the range by half its width at least, so a cached decoding step, whose
         distances reach one further each time, neither evaluates every distance's sinusoid
         (float64 angles) nor projects it again: about one table per doubling of the context."""

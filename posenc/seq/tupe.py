@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from ..common.checks import (
-    check_allocation,
     check_bool,
     check_int,
     check_number,
@@ -46,9 +45,11 @@ from ..common.pairwise import (
     run_first,
     take,
 )
-from ..common.shared_table import SharedGradTable
 from ..common.registry import register
+from ..primitives.budget import check_allocation
+from ..primitives.shared_table import SharedGradTable
 from .learned import lerp_rows
+
 
 @register(
     "tupe",

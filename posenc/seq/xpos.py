@@ -41,7 +41,7 @@ from torch import Tensor
 from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import apply_rotary, rotary_angles
+from ..primitives.rotary import apply_rotary, rotary_angles
 from .rope import PAIRINGS, Pairing, check_rotary_dims, current_length, rope_inv_freq
 
 # max_k |ln zeta_k| = ln(1.4 r / 0.4 r): the steepest pair decays like 3.5^(-n/B), for every r.

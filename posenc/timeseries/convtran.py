@@ -34,10 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.attention import Backend, attend
-from ..common.checks import check_build, check_number
+from ..common.checks import check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import ModelDims, build, get
+from ..primitives.budget import check_build
 from ..training.pretrained import PretrainedMixin
 
 AttnScale = Literal["d_model", "head_dim"]

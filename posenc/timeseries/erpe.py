@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_int
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 
 
 @register(

@@ -25,11 +25,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_bool, check_int, check_number
+from ..common.checks import check_bool, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, is_dense_block, rows_times_table, take
-from ..common.shared_table import SharedGradTable
 from ..common.registry import register
+from ..primitives.budget import check_allocation
+from ..primitives.shared_table import SharedGradTable
 
 
 @register(

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..common.checks import check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.sinusoid import sinusoid_table
+from ..primitives.sinusoid import sinusoid_table
 
 
 @register(

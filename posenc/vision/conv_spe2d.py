@@ -7,7 +7,7 @@ version of :class:`posenc.seq.ConvSPE`: white noise on the grid through learned 
 ``phi^K``), so the kernel is the filters' 2D cross-correlation
 ``P_d(dy, dx) = sum_{a,b} phi^Q_{a,b} phi^K_{a+dy, b+dx}``: a function of the 2D offset only,
 zero beyond ``kernel_size - 1`` on either axis. Gating, the ``1 / sqrt(R)`` estimate and the
-chunked, recomputed codes are :mod:`posenc.common.spe`'s. Prefix tokens (class token, registers)
+chunked, recomputed codes are :mod:`posenc.primitives.spe`'s. Prefix tokens (class token, registers)
 get the position-free code: their scores are plain dot products (in expectation).
 
 Hook: q/k transform to width ``R``; linear attention only (``feature_map=`` on the ViT).
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation
 from ..common.registry import register
-from ..common.spe import (
+from ..primitives.budget import check_allocation
+from ..primitives.spe import (
     StochasticPositionalEncoding,
     check_integer_positions,
     conv_cross_correlation,

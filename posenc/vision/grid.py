@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..common.checks import check_allocation, check_positions
+from ..common.checks import check_positions
+from ..primitives.budget import check_allocation
 
 AXIS_NAMES = {2: ("row", "col"), 3: ("t", "row", "col")}
 

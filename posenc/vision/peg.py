@@ -26,10 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import check_allocation, check_int
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
 from ..common.masks import AttentionMask
 from ..common.registry import register
+from ..primitives.budget import check_allocation
 from .grid import grid_extent, integer_coords, patch_coords
 
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from ..common.encoding import Hook, PositionEncoding, attention_part
 from ..common.registry import ModelDims, available, build, get
-from ..common.spe import StochasticPositionalEncoding
+from ..primitives.spe import StochasticPositionalEncoding
 from .peg import PEG
 from .prefix import PatchTokensOnly
 

@@ -18,7 +18,7 @@ through the 2D offset ``(x_i - x_j, y_i - y_j)``.
 Pairing: ``"interleaved"`` pairs ``(2k, 2k+1)`` as RoPE-ViT (complex view); ``"half_split"``
 pairs ``(k, k + D/2)``. Coordinates are patch indices, so a larger image extrapolates to larger
 angles as in RoPE-ViT (nothing is resampled). Prefix tokens (class, registers) are not rotated.
-Hook: q/k transform (:func:`posenc.common.rotary.apply_rotary`). Kernel: SDPA (flash).
+Hook: q/k transform (:func:`posenc.primitives.rotary.apply_rotary`). Kernel: SDPA (flash).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..common.checks import check_choice, check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import apply_rotary
+from ..primitives.rotary import apply_rotary
 from .grid import patch_coords
 
 PAIRINGS = ("interleaved", "half_split")

@@ -19,7 +19,7 @@ So ``q_i . k_j`` depends on positions only through the 3D offset ``(dt, drow, dc
 per-frame encoding). Pairing: ``"interleaved"`` pairs ``(2k, 2k+1)`` (RoPE-ViT) or
 ``"half_split"`` pairs ``(k, k + r/2)`` over the ``r = 2 * sum(axis_pairs)`` rotated features. Coordinates are tubelet indices: more frames or larger
 frames extrapolate to larger angles (nothing is resampled). Prefix tokens (class, registers) are
-not rotated. Hook: q/k transform (:func:`posenc.common.rotary.apply_rotary`). Kernel: SDPA.
+not rotated. Hook: q/k transform (:func:`posenc.primitives.rotary.apply_rotary`). Kernel: SDPA.
 """
 
 from __future__ import annotations

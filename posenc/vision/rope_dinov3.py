@@ -46,7 +46,7 @@ from ..common.checks import (
 )
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.rotary import apply_rotary
+from ..primitives.rotary import apply_rotary
 from .grid import patch_coords
 from .rope2d import PAIRINGS, _rotate_patches
 

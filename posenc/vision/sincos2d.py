@@ -27,7 +27,7 @@ from torch import Tensor
 from ..common.checks import check_choice, check_int, check_number, check_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.sinusoid import sinusoid_frequencies
+from ..primitives.sinusoid import sinusoid_frequencies
 from .grid import patch_coords
 
 LAYOUTS = ("timm", "mae")

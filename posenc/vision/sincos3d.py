@@ -12,7 +12,7 @@ The width ``d`` is split over the three axes and a 1D sin-cos table of each axis
   remaining ``d - time_dim`` split equally between columns and rows (``3d/8`` each by default);
 * each axis block of width ``w`` holds ``[sin(p omega), cos(p omega)]`` with
   ``omega_k = base^(-2k/w)``, ``k = 0 .. w/2 - 1`` (base 10000): the 1D table of
-  :func:`posenc.common.sinusoid.sinusoid_table`, sines first then cosines (MAE's 1D layout);
+  :func:`posenc.primitives.sinusoid.sinusoid_table`, sines first then cosines (MAE's 1D layout);
 * layout ``[t | col | row]`` = ``[sin t, cos t, sin c, cos c, sin r, cos r]``: time first, then
   MAE's 2D table (whose ``meshgrid(w, h)`` puts the column first). So the spatial part is
   exactly ``sincos2d(layout="mae")`` of width ``d - time_dim``.
@@ -32,7 +32,7 @@ from torch import Tensor
 from ..common.checks import check_int, check_number
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
-from ..common.sinusoid import sinusoid_table
+from ..primitives.sinusoid import sinusoid_table
 from .grid import patch_coords
 
 

@@ -48,8 +48,9 @@ import torch
 from torch import Tensor, nn
 
 from ..common.block import TransformerEncoder
-from ..common.checks import check_build, check_number
+from ..common.checks import check_number
 from ..common.encoding import PositionEncoding
+from ..primitives.budget import check_build
 from ..training.pretrained import PretrainedMixin
 from .grid import grid_positions, grid_positions3d, raster_positions, to_pair
 from .resolve import resolve_vit_encoding

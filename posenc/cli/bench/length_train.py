@@ -37,7 +37,7 @@ def prepare(args: argparse.Namespace) -> None:
 def _check_lm_memory(args: argparse.Namespace) -> None:
     """Refuse LM scoring lengths whose attention scores (CAPE: its MLP's input and hidden layer too)
     could not fit, before anything trains."""
-    from ...common.checks import check_allocation
+    from ...primitives.budget import check_allocation
 
     device = "cpu" if args.device == "auto" and not torch.cuda.is_available() else (
         "cuda" if args.device == "auto" else args.device)

@@ -4,38 +4,23 @@
 
 A kept value is a pure function of the parameters, checked against them at every use: bit by bit,
 so that an edit no version counter sees (``param.data.copy_(...)``) rebuilds it (bits, not values:
-NaN in a parameter must not force a rebuild); inside :func:`tracked_edits_only` by torch's version
-counters instead, which read no bytes. Calls that track gradients to the sources, and code being
+NaN in a parameter must not force a rebuild); inside
+:class:`~posenc.common.decoding_state.tracked_edits_only` by torch's version counters instead,
+which read no bytes. Calls that track gradients to the sources, and code being
 traced by ``torch.compile``, always rebuild (the result must be part of their graph).
 """
 
 from __future__ import annotations
 
-import contextvars
 import weakref
 from typing import Callable, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
+from ..common.decoding_state import edits_tracked_only
+
 T = TypeVar("T")
-
-_TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("posenc_tracked_edits_only", default=False)
-
-
-class tracked_edits_only:  # a context manager named as one: with tracked_edits_only(): ...
-    """Within this block, a kept value is checked against its sources by torch's version counters,
-    not bit by bit (an edit through ``.data``, which no counter sees, is not caught): for code whose
-    result already assumes unchanged parameters, as a step that reads a KV cache does. (A class,
-    not a generator: it is entered in every layer of every decoding step.)"""
-
-    __slots__ = ("_token",)
-
-    def __enter__(self) -> None:
-        self._token = _TRACKED_EDITS_ONLY.set(True)
-
-    def __exit__(self, *exc) -> None:
-        _TRACKED_EDITS_ONLY.reset(self._token)
 
 
 class DerivedTensors(Generic[T]):
@@ -71,7 +56,7 @@ class DerivedTensors(Generic[T]):
         if not self.keeps(sources):
             return build()
         if self._sources is not None and key == self._key:
-            if _TRACKED_EDITS_ONLY.get() and _same_stamps(self._stamps, sources):
+            if edits_tracked_only() and _same_stamps(self._stamps, sources):
                 return self._value  # type: ignore[return-value]
             if _same(self._sources, sources):
                 self._stamps = _stamps(sources)  # (an edit that kept every bit: the versions moved on)

@@ -8,8 +8,8 @@ import threading
 import torch
 from torch import Tensor
 
-from .amp import autocast_off
-from .pairwise import run_start
+from ..common.amp import autocast_off
+from ..common.pairwise import run_start
 
 
 class _DeferredTableGrad(torch.autograd.Function):

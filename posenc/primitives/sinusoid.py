@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import check_dtype, check_int, check_number, check_positions
+from ..common.checks import check_dtype, check_int, check_number, check_positions
 
 
 def sinusoid_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:

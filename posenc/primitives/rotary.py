@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .amp import autocast_off
+from ..common.amp import autocast_off
 
 PAIRINGS = ("half_split", "interleaved")
 Pairing = Literal["half_split", "interleaved"]

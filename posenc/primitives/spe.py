@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .checks import check_bool, check_int, check_positions
-from .encoding import Hook, PositionEncoding
+from ..common.checks import check_bool, check_int, check_positions
+from ..common.encoding import Hook, PositionEncoding
 
 # Tokens per chunk of the code computation (codes are [B', chunk, H, D, R] at a time).
 SPE_CHUNK_TOKENS = 128
