@@ -462,60 +462,6 @@ def test_cape_fused_backward_rejects_bad_input_in_one_line():
     assert probs.shape == d_scores.shape == scores.shape
 
 
-def test_cope_written_out_backward_is_taken_and_equals_autograd_through_the_transform(monkeypatch):
-    """A training call on CPU: the math path's backward goes through CoPE's own backward of
-    transform and softmax, which returns q's gradient beside the table's, and gives the
-    gradients of the generic chunk backward (autograd through transform_scores) to q, k, v and
-    the position table, with a padded batch row and rows that see no key."""
-    import posenc.seq.cope as cope_module
-
-    gen = torch.Generator().manual_seed(4)
-    enc = posenc.build("cope", dims=posenc.ModelDims(dim=32, num_heads=4, max_len=12)).double()
-    with torch.no_grad():
-        enc.pos_emb.copy_(torch.randn(enc.pos_emb.shape, dtype=torch.float64, generator=gen))
-    q, k, v, pos, mask, grad = _padded_causal_inputs(gen)
-    params = [q, k, v, enc.pos_emb]
-
-    def gradients():
-        out = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="math")
-        return out, torch.autograd.grad(out, params, grad)
-
-    calls = []
-    written = cope_module._positional_backward
-    monkeypatch.setattr(cope_module, "_positional_backward", lambda *a: calls.append(1) or written(*a))
-    real = cope_module.CoPE.transform_softmax_backward
-    monkeypatch.setattr(cope_module.CoPE, "transform_softmax_backward",
-                        lambda self, *a: calls.append("hook") or real(self, *a))
-    out, got = gradients()
-    assert "hook" in calls and 1 in calls, "the written-out backward did not run"
-    monkeypatch.setattr(cope_module.CoPE, "transform_softmax_backward", lambda self, *args: None)
-    want_out, want = gradients()
-    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
-    for name, g, w in zip(["q", "k", "v", "pos_emb"], got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"grad {name}: {m}")
-    assert got[3].abs().max() > 0 and got[0].abs().max() > 0
-    assert got[0][1, :, :5].abs().max() == 0  # rows that see no key: no gradient
-
-
-def test_cope_written_out_backward_rejects_bad_input_in_one_line():
-    enc = posenc.build("cope", dims=posenc.ModelDims(dim=32, num_heads=4, max_len=12))
-    scores, q, pos = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 8), torch.arange(5)[None]
-    ok_mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
-    cases = ((scores.tolist(), scores, q, None, TypeError, "scores must be a tensor; got list"),
-             (scores.long(), scores, q, None, TypeError, "scores must be a floating-point tensor"),
-             (scores, scores[:, :, :4], q, None, ValueError, r"must both be \[B, H, queries, keys\]"),
-             (scores, scores, q[..., :4], None, ValueError, r"q \[B, H, queries, 8\]"),
-             (scores, scores, q, ok_mask.float(), ValueError, "allowed must be a bool mask"),
-             (scores, scores, q, ok_mask.expand(3, 1, 5, 5), ValueError, "allowed must be a bool mask"),
-             (scores, scores, q, ok_mask.expand(1, 4, 5, 5), ValueError, "allowed must be a bool mask"))
-    for s, centered, qq, allowed, error, match in cases:
-        with pytest.raises(error, match=match) as info:
-            enc.transform_softmax_backward(s, centered, qq, q, pos, pos, allowed)
-        assert "\n" not in str(info.value)
-    probs, d_scores, pairs = enc.transform_softmax_backward(scores, scores, q, q, pos, pos, ok_mask)
-    assert probs.shape == d_scores.shape == scores.shape and pairs[0][0] is q and pairs[0][1].shape == q.shape
-
-
 def test_transformer_xl_position_term_uses_q_not_q_plus_u():
     """Terms (a)-(d) separately: changing u moves only u.k_j, changing v only v.W_R R."""
     torch.manual_seed(0)

@@ -9,8 +9,8 @@ It needs the whole score matrix: the encoding sets ``needs_scores`` and implemen
 ``transform_scores``, which only the math path serves (``backend="auto"`` picks it; another
 backend is a clear error). On CPU, with a static bias shared by the batch, ``f`` runs over tiles of
 pairs with its backward written out (:class:`_TiledAdaptiveBias`): its hidden layer lives a tile at
-a time, in cache, and is evaluated again in the backward pass rather than stored (B=4, H=8,
-T=1024: 4-7% of a training step, peak 162 -> 127 MB), and the math path's backward takes its own
+a time, in cache, and is evaluated again in the backward pass rather than stored (less memory and
+time: results/bench-2026-12-06/special-paths), and the math path's backward takes its own
 pass over tiles of rows (:meth:`CAPE.transform_softmax_backward`: transform, softmax and gradients
 from one evaluation of the hidden layer). Elsewhere (CUDA, a per-sequence bias,
 weights in another dtype, tracing) autograd keeps the ``O(B * rows * T * hidden)`` activations of
@@ -87,8 +87,7 @@ class CAPE(PositionEncoding):
         # or the result): [hidden, H] x [H, pairs] per batch row. The first layer splits into a
         # part on the scores and a part on the static bias, made once when the batch shares the
         # bias and added by the product itself; the activation runs in place; the second
-        # layer's product adds onto scores + static. (B=4, H=8, a 24 x 600 block on one thread,
-        # forward + backward of f: 13.9 -> 7.5 ms against the channel-last F.linear.)
+        # layer's product adds onto scores + static (F.linear would want the pairs channel-last).
         pairs = tq * tk
         w_scores, w_static = first.weight[:, :h], first.weight[:, h:]  # [hidden, H] x2
         kept = self._kept_row(scores, q, k, q_pos, kv_pos)
@@ -127,8 +126,8 @@ class CAPE(PositionEncoding):
         math path's backward of a block in tiles of whole rows (:func:`_fused_softmax_backward`),
         each tile's hidden layer made once and used by the transform, the softmax and the
         gradients while it is in cache; the generic backward makes it twice (the transform again
-        under autograd, then its backward) and passes over the whole block between them. B=4,
-        H=8, one 64-row chunk over 1024 keys, one thread: 48.6 -> 42.1 ms. None elsewhere."""
+        under autograd, then its backward) and passes over the whole block between them. None
+        elsewhere."""
         check_transform_backward_inputs(scores, centered_grad, allowed, heads=self.num_heads)
         first, act, second = self.mlp
         if scores.device.type != "cpu" or torch.compiler.is_compiling() or first.weight.dtype != scores.dtype:
@@ -199,9 +198,8 @@ class CAPE(PositionEncoding):
 
 
 # Pairs per tile of the CPU form of f: its [hidden, tile] layer (1 MB at hidden 32) stays in cache
-# between the products that write and read it. (One chunk of the math path, B=4, H=8, 32 x 1024
-# pairs, forward + backward of f on one thread: 20.1 ms with the whole layer in memory, 16.8 in
-# tiles of 8192 pairs; 2048 and 16384 within 1 ms of it, 1024 19.5.)
+# between the products that write and read it; a flat optimum (a few thousand to tens of
+# thousands of pairs time alike), so no machine's cache size is tuned in.
 _TILE_PAIRS = 8192
 
 
@@ -270,7 +268,7 @@ class _TiledAdaptiveBias(torch.autograd.Function):
 class _WeightGrads:
     """The gradients of ``f``'s weights, gathered tile by tile by both CPU backward passes
     (:class:`_TiledAdaptiveBias`, :func:`_fused_softmax_backward`). The first layer's as
-    ``[H, hidden]`` products ``x dp^T`` (1.4x faster than ``[hidden, H]`` ones, ``dp x^T``, over a
+    ``[H, hidden]`` products ``x dp^T`` (faster than ``[hidden, H]`` ones, ``dp x^T``, over a
     tile); its static side, shared by the batch, once per tile on ``d_pre`` summed over the batch
     rows. ``needs``: which of ``(w1, b1, w2, b2)`` want a gradient."""
 

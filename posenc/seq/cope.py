@@ -15,9 +15,10 @@ math path): ``O(B H T^2)`` memory is inherent to CoPE (the positions differ for 
 ``q.e`` is computed once per query as ``[B, H, Tq, npos]`` (``npos``: the rows a position can
 reach) and read at ``floor p`` as ``q.e(p) = L[floor p] + w * (L[floor p + 1] - L[floor p])``
 (:class:`_PositionalScores`, with its backward written out: the gates' gradient is a forward
-cumulative sum of the positions', and no float copy of the indices is kept). On CPU the math
-path's chunk backward takes :meth:`CoPE.transform_softmax_backward`: the positional scores, the
-masked softmax and every gradient (scores, ``q``, the table) without an autograd graph.
+cumulative sum of the positions', and no float copy of the indices is kept). The math path's
+chunk backward differentiates it and the softmax through autograd: a backward of the two written
+out together gained 4-6% of a training step on CPU (results/bench-2026-12-07/cope-fold), short of
+the 10% a special path must earn.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..common.amp import autocast_off
-from ..common.checks import check_int, check_tensor, check_transform_backward_inputs
+from ..common.checks import check_int
 from ..common.encoding import Hook, PositionEncoding
-from ..common.kernels import masked_softmax
 from ..common.registry import register
 
 
@@ -73,35 +73,6 @@ class CoPE(PositionEncoding):
             # autograd Function's context and the tensors it keeps for a backward
             return _positional_forward(scores, q, self.pos_emb, allowed, scale)[0]
         return _PositionalScores.apply(scores, q, self.pos_emb, allowed, scale)
-
-    def transform_softmax_backward(
-        self, scores: Tensor, centered_grad: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
-        allowed: Tensor | None,
-    ) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]] | None:
-        """On CPU: the math path's backward of a block written out -- the positional scores, the
-        masked softmax, ``P * centered_grad`` and :func:`_positional_backward`, with the gradients
-        of the scores, ``q`` and ``pos_emb`` -- where the generic backward evaluates the transform
-        under autograd and differentiates it and the mask's ``where`` through the graph. B=4, H=8,
-        one 32-row chunk over 1024 keys, one thread: 17.3-18.0 -> 15.2-15.9 ms; the attention
-        step (alternate steps in one process) 0.97x on two threads, 1.00x on one. None elsewhere."""
-        check_transform_backward_inputs(scores, centered_grad, allowed)
-        check_tensor("q", q, floating=True, ndim=(4,))
-        if q.shape[:3] != scores.shape[:3] or q.shape[-1] != self.head_dim:
-            raise ValueError(f"scores {tuple(scores.shape)} need q [B, H, queries, {self.head_dim}] of their batch, "
-                             f"heads and queries; got {tuple(q.shape)}")
-        if scores.device.type != "cpu" or torch.compiler.is_compiling():
-            return None
-        scale = self.head_dim ** -0.5
-        with torch.no_grad():
-            out, saved = _positional_forward(scores, q, self.pos_emb, allowed, scale)
-            probs = masked_softmax(out, allowed)  # [B, H, rows, keys]
-            del out
-            grad = centered_grad * probs  # the transformed scores' gradient
-            d_scores, d_q, d_emb = _positional_backward(
-                grad, saved, q, scale, self.pos_emb.shape[0], self.pos_emb.dtype, True, True,
-                self.pos_emb.requires_grad)
-        pairs = ((q, d_q),) if d_emb is None else ((q, d_q), (self.pos_emb, d_emb))
-        return probs, d_scores, pairs
 
 
 def _reachable_rows(gates_total: Tensor, npos_max: int, keys: int) -> int:

@@ -70,8 +70,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
     bias read (``q``, ``k``, the encoding's parameters, the bias's ``learned``). The generic
     chunks (:class:`_RowChunks`) differentiate the masking, softmax and both matmuls through
     autograd as well: fewer, larger kernels here, which hold up better beside a busy process. An encoding
-    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE and
-    CoPE on CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
+    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE on
+    CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
     tensors' gradients instead.
 
     ``others``: the tensors the transform and the bias read by closure that may need a
