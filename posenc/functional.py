@@ -81,12 +81,7 @@ from .seq.rope_scaling import (
     rope_scaling_from_dict,
 )
 from .seq.t5 import t5_bias, t5_relative_buckets
-from .vision.rope_dinov3 import (
-    apply_dinov3_rope,
-    dinov3_augment_coords,
-    dinov3_patch_coords,
-    dinov3_rope_angles,
-)
+from .vision.rope_dinov3 import apply_dinov3_rope, dinov3_augment_coords, dinov3_patch_coords, dinov3_rope_angles
 from .vision.sincos2d import sincos2d_grid, sincos2d_table
 
 __all__ = [

@@ -10,14 +10,7 @@ import torch
 
 import posenc
 from posenc.common.attention import attend
-from posenc.graph import (
-    RRWPBias,
-    random_walk_se,
-    rrwp,
-    rrwp_batch,
-    rrwp_diagonal,
-    rrwp_positions,
-)
+from posenc.graph import RRWPBias, random_walk_se, rrwp, rrwp_batch, rrwp_diagonal, rrwp_positions
 
 from . import reference as ref
 

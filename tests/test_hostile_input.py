@@ -24,11 +24,7 @@ from posenc.common import registry
 from posenc.common.attention import attend
 from posenc.common.checks import check_number
 from posenc.common.encoding import Hook
-from posenc.common.linear_attention import (
-    EluFeatureMap,
-    FavorFeatureMap,
-    linear_attention,
-)
+from posenc.common.linear_attention import EluFeatureMap, FavorFeatureMap, linear_attention
 from posenc.common.masks import AttentionMask
 from posenc.common.multihead import MultiheadAttention
 from posenc.common.registry import ModelDims, build

@@ -10,12 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import _attend, make_plan
-from .call import (
-    AttentionCall,
-    check_attention_args,
-    check_encoding,
-    normalize_positions,
-)
+from .call import AttentionCall, check_attention_args, check_encoding, normalize_positions
 from .checks import check_bool, check_int, check_number
 from .decoding_state import LayerDecodingState, tracked_edits_only
 from .encoding import PositionEncoding

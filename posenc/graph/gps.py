@@ -35,13 +35,7 @@ from torch import Tensor, nn
 from . import pyg as _pyg  # noqa: F401  (first: PyG without its import-time FutureWarning)
 
 # isort: split
-from torch_geometric.nn import (
-    GINConv,
-    GINEConv,
-    global_add_pool,
-    global_max_pool,
-    global_mean_pool,
-)
+from torch_geometric.nn import GINConv, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 
 from ..common.attention import Backend
 from ..common.checks import check_number

@@ -42,13 +42,7 @@ from torch import Tensor
 
 from ..common.checks import check_int
 from ..primitives.budget import check_allocation
-from .edges import (
-    check_batch,
-    check_edge_index,
-    check_same_graph,
-    graph_sizes,
-    local_index,
-)
+from .edges import check_batch, check_edge_index, check_same_graph, graph_sizes, local_index
 from .shortest_path import check_sources, shortest_path_distances_batch
 
 AnchorMethod = Literal["degree", "random"]

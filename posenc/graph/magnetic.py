@@ -49,14 +49,7 @@ from torch import Tensor
 from ..common.checks import check_bool, check_choice, check_int, check_number
 from ..primitives.budget import check_allocation
 from ._threads import batch_parts, blas_single_threaded, run_items, single_threaded
-from .edges import (
-    check_batch,
-    check_edge_index,
-    check_edge_weight,
-    check_same_graph,
-    graph_sizes,
-    local_index,
-)
+from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
 from .laplacian import SPARSE_MIN_NODES, _select, laplacian_pe_batch
 
 PHASES = ("largest", "paper")

@@ -35,14 +35,7 @@ from torch import Tensor
 from ..common.checks import check_int
 from ..primitives.budget import check_allocation
 from ._threads import batch_parts, run_items, single_threaded
-from .edges import (
-    check_batch,
-    check_edge_index,
-    check_edge_weight,
-    check_same_graph,
-    graph_sizes,
-    local_index,
-)
+from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, local_index
 from .random_walk import _csr, _transition_weights
 
 #: Graphs with at least this many nodes use the blocked sparse path under ``method="auto"``.

@@ -31,14 +31,7 @@ from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather
 from ..common.registry import register
 from ..primitives.budget import check_allocation
-from .edges import (
-    check_batch,
-    check_edge_index,
-    check_same_graph,
-    dense_adjacency_stack,
-    graph_sizes,
-    local_index,
-)
+from .edges import check_batch, check_edge_index, check_same_graph, dense_adjacency_stack, graph_sizes, local_index
 
 #: Single graphs up to this size use the batched breadth-first search on CPU under "auto";
 #: larger ones ``scipy.sparse.csgraph``.

@@ -48,12 +48,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from ..common.checks import (
-    check_choice,
-    check_int,
-    check_number,
-    check_sequence_positions,
-)
+from ..common.checks import check_choice, check_int, check_number, check_sequence_positions
 from ..common.decoding_state import LayerDecodingState
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather

@@ -32,13 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..common.checks import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
-    check_sequence_positions,
-)
+from ..common.checks import check_bool, check_choice, check_int, check_number, check_sequence_positions
 from ..common.encoding import Hook, PositionEncoding
 from ..common.pairwise import PairwiseBias, gather, take
 from ..common.registry import register

@@ -34,23 +34,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..common.checks import (
-    check_dtype,
-    check_int,
-    check_positions,
-    check_sequence_positions,
-    check_tensor,
-)
+from ..common.checks import check_dtype, check_int, check_positions, check_sequence_positions, check_tensor
 from ..common.encoding import Hook, PositionEncoding
 from ..common.registry import register
 from ..primitives.derived import DerivedTensors, doubling_length
-from ..primitives.rotary import (
-    PAIRINGS,
-    Pairing,
-    apply_rotary_qk,
-    check_pairing,
-    rotary_cos_sin,
-)
+from ..primitives.rotary import PAIRINGS, Pairing, apply_rotary_qk, check_pairing, rotary_cos_sin
 from .rope_scaling import RopeScaling, default_inv_freq
 
 
