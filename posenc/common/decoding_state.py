@@ -26,10 +26,11 @@ _TRACKED_EDITS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("pose
 
 
 class tracked_edits_only:  # a context manager named as one: with tracked_edits_only(): ...
-    """Within this block, a kept value is checked against its sources by torch's version counters,
-    not bit by bit (an edit through ``.data``, which no counter sees, is not caught): for code whose
-    result already assumes unchanged parameters, as a step that reads a KV cache does. (A class,
-    not a generator: it is entered in every layer of every decoding step.)"""
+    """Within this block, a value kept from parameters
+    (:class:`~posenc.primitives.derived.DerivedTensors`) is checked against them by torch's version
+    counters, not bit by bit (an edit through ``.data``, which no counter sees, is not caught): for
+    code whose result already assumes unchanged parameters, as a step that reads a KV cache does.
+    (A class, not a generator: it is entered in every layer of every decoding step.)"""
 
     __slots__ = ("_token",)
 
