@@ -16,9 +16,9 @@ math path): ``O(B H T^2)`` memory is inherent to CoPE (the positions differ for 
 reach) and read at ``floor p`` as ``q.e(p) = L[floor p] + w * (L[floor p + 1] - L[floor p])``
 (:class:`_PositionalScores`, with its backward written out: the gates' gradient is a forward
 cumulative sum of the positions', and no float copy of the indices is kept). The math path's
-chunk backward differentiates it and the softmax through autograd: a backward of the two written
-out together gained 4-6% of a training step on CPU (results/bench-2026-12-07/cope-fold), short of
-the 10% a special path must earn.
+chunk backward writes out the softmax's and asks autograd for this transform's: a backward of the
+two written out together gained 4-6% of a training step on CPU (results/bench-2026-12-07/cope-fold),
+short of the 10% a special path must earn.
 """
 
 from __future__ import annotations
