@@ -64,6 +64,7 @@ __all__ = [
     "AttentionNeeds", "MLP", "TransformerBlock",
     "TransformerEncoder", "Hook", "PositionEncoding", "KVCache", "LayerKVCache", "AttentionMask",
     "DecodingState", "LayerDecodingState",
-    "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "FeatureMap", "EluFeatureMap", "FavorFeatureMap",
+    "PairwiseBias", "EncodingInfo", "ModelDims", "available", "build", "register", "FeatureMap", "EluFeatureMap",
+    "FavorFeatureMap",
     "linear_attention",
 ]

@@ -40,10 +40,10 @@ class tracked_edits_only:  # a context manager named as one: with tracked_edits_
     def __exit__(self, *exc) -> None:
         _TRACKED_EDITS_ONLY.reset(self._token)
 
-
-def edits_tracked_only() -> bool:
-    """Whether the caller is inside :class:`tracked_edits_only`."""
-    return _TRACKED_EDITS_ONLY.get()
+    @staticmethod
+    def active() -> bool:
+        """Whether the caller is inside such a block."""
+        return _TRACKED_EDITS_ONLY.get()
 
 
 class LayerDecodingState:

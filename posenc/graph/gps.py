@@ -267,11 +267,7 @@ def node_positions(data, encoding: PositionEncoding) -> Tensor:
     from .maglap_encoding import MagLapPE
     from .rrwp import rrwp_positions
     from .rrwp_bias import RRWPBias
-    from .shortest_path import (
-        ShortestPathBias,
-        shortest_path_distances_batch,
-        spd_positions,
-    )
+    from .shortest_path import ShortestPathBias, shortest_path_distances_batch, spd_positions
     from .stable_pe import StablePE, stable_pe_positions
     from .structure_transforms import (
         MAGLAP_ATTR,

@@ -38,15 +38,7 @@ from torch import Tensor
 from ..common.checks import check_int
 from ..primitives.budget import check_allocation
 from ._threads import batch_parts, run_items, single_threaded
-from .edges import (
-    check_batch,
-    check_edge_index,
-    check_edge_weight,
-    check_same_graph,
-    graph_sizes,
-    is_undirected,
-    local_index,
-)
+from .edges import check_batch, check_edge_index, check_edge_weight, check_same_graph, graph_sizes, is_undirected, local_index
 
 Method = Literal["auto", "dense", "sparse"]
 

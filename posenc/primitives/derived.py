@@ -18,7 +18,7 @@ from typing import Callable, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from ..common.decoding_state import edits_tracked_only
+from ..common.decoding_state import tracked_edits_only
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class DerivedTensors(Generic[T]):
         if not self.keeps(sources):
             return build()
         if self._sources is not None and key == self._key:
-            if edits_tracked_only() and _same_stamps(self._stamps, sources):
+            if tracked_edits_only.active() and _same_stamps(self._stamps, sources):
                 return self._value  # type: ignore[return-value]
             if _same(self._sources, sources):
                 self._stamps = _stamps(sources)  # (an edit that kept every bit: the versions moved on)

@@ -23,8 +23,7 @@ from ..common.registry import ModelDims
 from ..primitives.budget import check_build
 from ..training.pretrained import PretrainedMixin
 from .context import load_rope_scaling_state, rope_scaling_state
-from .generation import check_token_ids
-from .generation import generate as _generate
+from .generation import check_token_ids, generate as _generate
 from .model_encodings import (  # the layers' encodings; their names stay importable from here
     SHARED_IN_PAPER,
     build_layer_encodings,
