@@ -63,6 +63,49 @@ def test_auto_picks_the_fastest_allowed_path():
     assert _plan(mask=posenc.AttentionMask(causal=True), device=cuda).path == "sdpa"
 
 
+def test_the_plan_names_the_math_backward_and_why():
+    """One place decides the chunked math path's backward: the encoding's own only on CPU, with
+    no score bias beside the transform, not traced; an after-softmax term takes autograd."""
+    own = NEEDS(score_bias=False, score_transform=True, tiled_transform=True, own_transform_backward=True)
+    plain = NEEDS(score_bias=True, score_transform=True)  # a transform without its own backward (CoPE)
+    cases = [
+        (own, {}, "encoding", "the encoding's own backward"),
+        (own, dict(device=torch.device("cuda")), "explicit", "the encoding's own backward is for CPU"),
+        (dataclasses.replace(own, score_bias=True), {}, "explicit", "a score bias beside the transform"),
+        (own, dict(traced=True), "autograd", "traced"),
+        (plain, {}, "explicit", "written out around the transform's autograd"),
+        (NEEDS(score_bias=True, value_term=True), {}, "autograd", "an after-softmax term"),
+        (NEEDS(score_bias=True), dict(backend="math"), "explicit", "written out"),
+    ]
+    for needs, kw, want, why in cases:
+        chosen = _plan(needs, **kw)
+        assert chosen.path == "math" and chosen.math_backward == want, (needs, kw, chosen)
+        assert f"backward {want}: {why}" in chosen.reason
+    step = _plan(own, needs_grad=False, q_len=1)  # a decoding step: one pass, no backward
+    assert step.form == "one_pass" and step.math_backward is None
+    quiet = _plan(own, needs_grad=False)  # no gradient: the kernel is named, the reason says no backward
+    assert quiet.math_backward == "encoding" and "backward" not in quiet.reason
+    assert _plan(NEEDS(score_bias=True)).math_backward is None  # the dense path has its own
+    from posenc.seq.cape import CAPE
+    from posenc.seq.cope import CoPE
+
+    assert CAPE(64, 4, 16).attention_needs().own_transform_backward
+    assert not CoPE(4, 8).attention_needs().own_transform_backward
+
+
+def test_the_math_kernel_refuses_a_backward_its_terms_cannot_take():
+    q = torch.randn(1, 2, 4, 8)
+    terms = kernels.EncodingTerms(value_term=lambda probs, rows, keys: probs.new_zeros(1, 2, 4, 8))
+    for backward in ("explicit", "encoding"):
+        with pytest.raises(ValueError, match=f"backward='{backward}' cannot serve an after-softmax term") as info:
+            kernels.math_path(q, q, q, None, terms, 1.0, backward=backward)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="backward='encoding' needs the encoding's transform_softmax_backward"):
+        kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="encoding")
+    torch.testing.assert_close(kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="explicit"),
+                               kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="autograd"))
+
+
 def test_chunked_paths_report_their_chunk_rows():
     # a bias shared by the batch chunks by heads x keys only; a per-sequence one by batch too
     shared = _plan(NEEDS(score_bias=True), q_len=4096, kv_len=4096)

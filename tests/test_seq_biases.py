@@ -407,12 +407,14 @@ def _padded_causal_inputs(gen: torch.Generator):
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
 @pytest.mark.parametrize("tile_pairs", [8192, 20])
 def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(base, tile_pairs, monkeypatch):
-    """A training call on CPU: the math path's backward goes through CAPE's own pass over tiles
-    of rows (transform, softmax and gradients from one hidden layer), and gives the gradients the
-    generic chunk backward (autograd through transform_scores) gives, to q, k, v, the MLP and a
-    learned base, with a padded batch row, rows that see no key, and tiles of one row (20 pairs
-    over 12 keys) or of many."""
+    """A training call on CPU: the plan names CAPE's own backward (one pass over tiles of rows:
+    transform, softmax and gradients from one hidden layer), and it gives the gradients of the
+    two other backwards of the math path, the explicit one (autograd through transform_scores)
+    and plain autograd per chunk, to q, k, v, the MLP and a learned base, with a padded batch
+    row, rows that see no key, and tiles of one row (20 pairs over 12 keys) or of many."""
     import posenc.seq.cape as cape_module
+    from posenc.common.attention import prepare
+    from posenc.common.call import AttentionCall
 
     monkeypatch.setattr(cape_module, "_TILE_PAIRS", tile_pairs)
     gen = torch.Generator().manual_seed(3)
@@ -423,21 +425,27 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
     q, k, v, pos, mask, grad = _padded_causal_inputs(gen)
     params = [q, k, v, *enc.parameters()]
 
-    def gradients():
-        out = attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="math")
+    def gradients(backward):
+        ready = prepare(AttentionCall.checked(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask, backend="math"))
+        assert ready.plan.math_backward == "encoding", ready.plan
+        c = ready.call
+        out = kernels.math_path(c.q, c.k, c.v, c.mask, ready.terms, c.scale, ready.plan.chunk_rows, backward=backward)
         return out, torch.autograd.grad(out, params, grad)
 
     calls = []
     fused = cape_module._fused_softmax_backward
     monkeypatch.setattr(cape_module, "_fused_softmax_backward", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
-    out, got = gradients()
+    out, got = gradients("encoding")
     assert calls, "the fused backward did not run"
-    monkeypatch.setattr(CAPE, "transform_softmax_backward", lambda self, *args: None)
-    want_out, want = gradients()
-    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask), out, rtol=0, atol=0)
     names = ["q", "k", "v", *(n for n, _ in enc.named_parameters())]
-    for name, g, w in zip(names, got, want):
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"grad {name}: {m}")
+    for other in ("explicit", "autograd"):
+        calls.clear()
+        want_out, want = gradients(other)
+        assert not calls, f"{other}: the fused backward ran"
+        torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+        for name, g, w in zip(names, got, want):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{other}, grad {name}: {m}")
     assert got[0][1, :, :5].abs().max() == 0  # rows that see no key: no gradient
 
 

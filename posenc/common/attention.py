@@ -148,7 +148,8 @@ def run(prepared: PreparedCall) -> Tensor:
         return linear_path(q, k, v, call.feature_map, mask, plan.chunk_rows or LINEAR_CHUNK_ROWS)
     one_pass = plan.form == "one_pass"
     if plan.path == "math":
-        return kernels.math_path(q, k, v, mask, terms, scale, plan.chunk_rows, form=plan.form)
+        return kernels.math_path(q, k, v, mask, terms, scale, plan.chunk_rows, form=plan.form,
+                                 backward=plan.math_backward)
     if plan.offset_values:
         if plan.grad:  # compacted once for both terms' backward (a decoding step's keys stay a view of the cache)
             q, k = q.contiguous(), k.contiguous()

@@ -32,7 +32,8 @@ class AttentionNeeds:
     """What an encoding asks of the attention core; the kernel plan reads nothing else. Each field
     says whether the encoding uses the :class:`PositionEncoding` method of that role (``score_transform``:
     :meth:`~PositionEncoding.transform_scores`; ``offset_values``: the value term's clipped-offset
-    form; ``tiled_transform`` and ``linear_only``: the class attributes of those names).
+    form; ``tiled_transform`` and ``linear_only``: the class attributes of those names;
+    ``own_transform_backward``: :meth:`~PositionEncoding.transform_softmax_backward` is implemented).
     """
 
     qk: bool = False
@@ -43,6 +44,7 @@ class AttentionNeeds:
     offset_values: bool = False
     linear_only: bool = False
     tiled_transform: bool = False
+    own_transform_backward: bool = False
 
 
 NO_NEEDS = AttentionNeeds()
@@ -144,8 +146,10 @@ class PositionEncoding(nn.Module):
         ``allowed`` and on rows that see no key), the gradient of ``S`` and of the encoding's
         tensors that need one; a transform that reads ``q`` or ``k`` (CoPE's positional logits
         read ``q``) adds the gradient it sends there as ``(q, gradient)``, ``q`` the very tensor
-        passed in -- or None where the core should differentiate :meth:`transform_scores` itself
-        (the default)."""
+        passed in -- or None for an input it cannot take, which the core then differentiates
+        through :meth:`transform_scores` itself. Whether it is called is the plan's choice
+        (:attr:`~posenc.common.planning.Plan.math_backward`), not the encoding's: it does not
+        check the device. Not overriding it keeps the core's backward."""
         return None
 
     def prob_bias(self, q_pos: Tensor, kv_pos: Tensor) -> PairwiseBias:
@@ -193,7 +197,9 @@ class PositionEncoding(nn.Module):
         return _needs(self.hooks, self.needs_probs, self.needs_scores, self.linear_only,
                       score_bias=self.has_score_bias, prob_bias=self.has_prob_bias,
                       offset_values=Hook.POST_SOFTMAX in self.hooks and bool(self.needs_probs)
-                      and self.offset_values() is not None, tiled_transform=self.tiled_transform)
+                      and self.offset_values() is not None, tiled_transform=self.tiled_transform,
+                      own_transform_backward=type(self).transform_softmax_backward
+                      is not PositionEncoding.transform_softmax_backward)
 
 
 def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
@@ -206,7 +212,7 @@ def class_needs(cls: type[PositionEncoding]) -> AttentionNeeds:
 def _needs(
     hooks: frozenset[Hook], needs_probs: bool, needs_scores: bool, linear_only: bool, *,
     score_bias: bool | None = None, prob_bias: bool | None = None, offset_values: bool = False,
-    tiled_transform: bool = False,
+    tiled_transform: bool = False, own_transform_backward: bool = False,
 ) -> AttentionNeeds:
     """The one derivation of an encoding's needs from its hooks and flags. ``score_bias`` and
     ``prob_bias`` (None: as the hooks declare) say whether the bias methods are implemented."""
@@ -220,6 +226,7 @@ def _needs(
         offset_values=offset_values,
         linear_only=bool(linear_only),
         tiled_transform=Hook.SCORE_BIAS in hooks and bool(needs_scores) and bool(tiled_transform),
+        own_transform_backward=Hook.SCORE_BIAS in hooks and bool(needs_scores) and own_transform_backward,
     )
 
 

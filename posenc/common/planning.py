@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 from . import kernels
-from .kernels.chunking import Form
+from .kernels.chunking import Form, MathBackward
 from .encoding import NO_NEEDS, AttentionNeeds
 from .kernels.linear import LINEAR_CHUNK_ROWS
 from .linear_attention import check_linear_mask
@@ -54,6 +54,12 @@ class Plan:
             backward; a constant bias on CPU only, :func:`constant_bias_backward`); None elsewhere.
         key_column: the ``sdpa`` path carries the score bias's key term as one more key column
             (:func:`posenc.common.kernels.key_column_path`).
+        math_backward: how the chunked ``math`` path's backward goes (its forward follows):
+            ``"explicit"`` (the attention backward written out, autograd for the transform alone),
+            ``"encoding"`` (that, with the encoding's own backward of transform and softmax,
+            :meth:`~posenc.common.encoding.PositionEncoding.transform_softmax_backward`; CPU) or
+            ``"autograd"`` (each row chunk differentiated whole: an after-softmax term, or traced);
+            None off the math path and for a decoding step.
     """
 
     path: Path
@@ -67,6 +73,7 @@ class Plan:
     offset_start: int | None = None
     bias_backward: BiasBackward | None = None
     key_column: bool = False
+    math_backward: MathBackward | None = None
 
     @property
     def label(self) -> str:
@@ -215,8 +222,13 @@ def decide(inputs: PlanInputs) -> Plan:
     if plan.path == "dense" and form == "chunked" and grad:
         bias_backward, why = _bias_backward(inputs, plan.offset_values)
         reason += f"; backward {bias_backward}: {why}"
+    math_backward = None
+    if plan.path == "math" and form == "chunked":
+        math_backward, why = _math_backward(inputs)
+        if grad:
+            reason += f"; backward {math_backward}: {why}"
     return replace(plan, reason=reason, decode=decode, form=form, grad=grad, offset_start=offset_start,
-                   bias_backward=bias_backward)
+                   bias_backward=bias_backward, math_backward=math_backward)
 
 
 def _bias_backward(inputs: PlanInputs, offset_values: bool) -> tuple[BiasBackward, str]:
@@ -228,6 +240,23 @@ def _bias_backward(inputs: PlanInputs, offset_values: bool) -> tuple[BiasBackwar
     if inputs.device.type != "cpu":
         return "explicit", "no flash backward with a bias off CPU"
     return constant_bias_backward()
+
+
+def _math_backward(inputs: PlanInputs) -> tuple[MathBackward, str]:
+    """The chunked math path's backward and why. The encoding's own backward is taken on CPU
+    only, where it was measured against the explicit one; elsewhere it has never been timed."""
+    needs = inputs.needs
+    if needs.prob_bias or needs.value_term:
+        return "autograd", "an after-softmax term, differentiated with each row chunk"
+    if inputs.traced:
+        return "autograd", "traced: plain autograd"
+    if not needs.own_transform_backward:
+        return "explicit", "written out around the transform's autograd"
+    if needs.score_bias:
+        return "explicit", "a score bias beside the transform goes through autograd with it"
+    if inputs.device.type != "cpu":
+        return "explicit", "the encoding's own backward is for CPU"
+    return "encoding", "the encoding's own backward of transform and softmax"
 
 
 def _key_column_refusal(inputs: PlanInputs) -> str | None:

@@ -122,15 +122,15 @@ class CAPE(PositionEncoding):
         self, scores: Tensor, centered_grad: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
         allowed: Tensor | None,
     ) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]] | None:
-        """On CPU, with a static bias shared by the batch and weights in the scores' dtype: the
-        math path's backward of a block in tiles of whole rows (:func:`_fused_softmax_backward`),
-        each tile's hidden layer made once and used by the transform, the softmax and the
-        gradients while it is in cache; the generic backward makes it twice (the transform again
-        under autograd, then its backward) and passes over the whole block between them. None
-        elsewhere."""
+        """With a static bias shared by the batch and weights in the scores' dtype: the math
+        path's backward of a block in tiles of whole rows (:func:`_fused_softmax_backward`), each
+        tile's hidden layer made once and used by the transform, the softmax and the gradients
+        while it is in cache; the generic backward makes it twice (the transform again under
+        autograd, then its backward) and passes over the whole block between them. The plan asks
+        for it on CPU (``Plan.math_backward``); None for the inputs it cannot take."""
         check_transform_backward_inputs(scores, centered_grad, allowed, heads=self.num_heads)
         first, act, second = self.mlp
-        if scores.device.type != "cpu" or torch.compiler.is_compiling() or first.weight.dtype != scores.dtype:
+        if first.weight.dtype != scores.dtype:
             return None
         h, tq, tk = scores.shape[1:]
         base_learned = [p for p in self.base.parameters() if p.requires_grad]  # (called in a backward: grad mode is off)

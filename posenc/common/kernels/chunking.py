@@ -15,6 +15,9 @@ from ..amp import autocast_off
 #: How a chunked kernel goes through the rows (:attr:`posenc.common.planning.Plan.form`).
 Form = Literal["chunked", "one_pass", "whole"]
 
+#: How the chunked math path's backward goes (:attr:`posenc.common.planning.Plan.math_backward`).
+MathBackward = Literal["encoding", "explicit", "autograd"]
+
 # Query rows such that one [B, H, rows, Tk] block holds about this many elements, and at least
 # MIN_CHUNK_ROWS rows: small enough to stay in cache-friendly sizes, large enough to keep the
 # per-chunk overhead (and the number of parallel regions, which cost most when another process

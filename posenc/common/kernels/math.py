@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import chunk_pool
 from ..amp import autocast_off
 from ..masks import AttentionMask, allowed_of, causal_of
-from .chunking import (Form, add_key_part, chunk_rows, frontier, indices, largest_first, repeat_kv, row_chunked,
+from .chunking import (Form, MathBackward, add_key_part, chunk_rows, frontier, indices, largest_first, repeat_kv, row_chunked,
                        row_chunks)
 from .probs import masked_softmax
 from .terms import EncodingTerms
@@ -69,17 +69,18 @@ class _ChunkedTransformAttention(torch.autograd.Function):
     vector-Jacobian product at ``dA``: ``dS`` and the gradients of whatever the transform and the
     bias read (``q``, ``k``, the encoding's parameters, the bias's ``learned``). The generic
     chunks (:class:`_RowChunks`) differentiate the masking, softmax and both matmuls through
-    autograd as well: fewer, larger kernels here, which hold up better beside a busy process. An encoding
-    with its own backward of transform and softmax (``terms.transform_softmax_backward``, CAPE on
-    CPU) takes each chunk's ``S`` and ``dO V^T - rowsum(dO * O)`` and returns ``P``, ``dS`` and its
-    tensors' gradients instead.
+    autograd as well: fewer, larger kernels here, which hold up better beside a busy process. Where
+    the plan says ``math_backward="encoding"``, the encoding's own backward of transform and softmax
+    (``terms.transform_softmax_backward``, CAPE on CPU) takes each chunk's ``S`` and ``dO V^T -
+    rowsum(dO * O)`` and returns ``P``, ``dS`` and its tensors' gradients instead (or None for an
+    input it cannot take, which goes the explicit way).
 
     ``others``: the tensors the transform and the bias read by closure that may need a
     gradient; they must not depend on one another. Returns ``[B, H, Tq, D]`` in the working
     dtype; ``q, k, v`` arrive compact in that dtype with the key heads repeated."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, terms, scale, chunk, *others):
+    def forward(ctx, q, k, v, mask, terms, scale, chunk, own_backward, *others):
         ctx.set_materialize_grads(False)
         b, h, tq, _ = q.shape
         tk = k.shape[2]
@@ -95,6 +96,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
             pass
         ctx.save_for_backward(q, k, v, out)
         ctx.mask, ctx.terms, ctx.scale, ctx.chunk, ctx.others = mask, terms, scale, chunk, others
+        ctx.own_backward = own_backward
         return out
 
     @staticmethod
@@ -102,10 +104,10 @@ class _ChunkedTransformAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
         if grad_out is None:
-            return (None,) * (7 + len(ctx.others))
+            return (None,) * (8 + len(ctx.others))
         mask, terms, scale, others = ctx.mask, ctx.terms, ctx.scale, ctx.others
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        wanted = [t for t, need in zip(others, ctx.needs_input_grad[7:]) if need]
+        wanted = [t for t, need in zip(others, ctx.needs_input_grad[8:]) if need]
         b, h, tq, _ = q.shape
         tk = k.shape[2]
         causal = causal_of(mask)
@@ -113,9 +115,7 @@ class _ChunkedTransformAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         delta = (grad_out * out).sum(dim=-1, keepdim=True)  # [B, H, Tq, 1]
         dq = torch.empty_like(q)
-        # the encoding's own backward of transform and softmax, where it has one (only the
-        # transform's own terms: a score bias beside it goes through autograd with the transform)
-        fused = terms.transform_softmax_backward is not None and terms.bias is None
+        fused = ctx.own_backward  # the plan's math_backward="encoding"
 
         def qk_grads(d_raw: Tensor, rows: tuple[int, int, int], k_c: Tensor, q_scaled: Tensor,
                      extra_q: Tensor | None, extra_k: Tensor | None) -> Tensor | None:
@@ -188,8 +188,8 @@ class _ChunkedTransformAttention(torch.autograd.Function):
                     grads[i] = grad if grads[i] is None else grads[i] + grad
             dk, dv = add_key_part(dk, gk, kv_end, k), add_key_part(dv, gv, kv_end, v)
         found = iter(grads)
-        others_grads = [next(found) if need else None for need in ctx.needs_input_grad[7:]]
-        return (dq if need_q else None, dk, dv, None, None, None, None, *others_grads)
+        others_grads = [next(found) if need else None for need in ctx.needs_input_grad[8:]]
+        return (dq if need_q else None, dk, dv, None, None, None, None, None, *others_grads)
 
 
 def _transform_chunk(
@@ -248,6 +248,7 @@ def math_path(
     scale: float,
     chunk: int | None = None,
     form: Form = "chunked",
+    backward: MathBackward | None = None,
 ) -> Tensor:
     """Explicit ``P = softmax(mask(transform(QK^T * scale + bias)))``,
     ``out = (P + prob_bias) V + value_term(P)`` with the :class:`EncodingTerms` ``terms``,
@@ -257,8 +258,15 @@ def math_path(
 
     ``terms.score_transform`` sees the finite scores ``[B, H, rows, keys]`` of query rows ``rows``
     (a slice) and keys ``keys`` at every pair; the mask is applied to its result. With a causal
-    mask a chunk's keys stop at its last visible key (the rest are masked anyway).
+    mask a chunk's keys stop at its last visible key (the rest are masked anyway). ``backward``:
+    the plan's :attr:`~posenc.common.planning.Plan.math_backward` for the chunked form (None:
+    ``"autograd"``, which serves every term).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
+    written = backward in ("explicit", "encoding")
+    if written and (terms.prob_bias is not None or terms.value_term is not None):
+        raise ValueError(f"backward={backward!r} cannot serve an after-softmax term; the plan gives 'autograd' there")
+    if backward == "encoding" and terms.transform_softmax_backward is None:
+        raise ValueError("backward='encoding' needs the encoding's transform_softmax_backward; it has none")
     dtype = q.dtype
     b, h, tq, _ = q.shape
     tk = k.shape[2]
@@ -281,9 +289,10 @@ def math_path(
         bias.learned if bias is not None else (), prob_bias.learned if prob_bias is not None else (),
         terms.transform_inputs,
     )
-    if prob_bias is None and terms.value_term is None and not one_pass and not torch.compiler.is_compiling():
+    if written and not one_pass:
         # A transform (and bias) alone: the explicit attention backward around the transform's own.
-        return _ChunkedTransformAttention.apply(q, k, v, mask, terms, scale, chunk, *others).to(dtype)
+        return _ChunkedTransformAttention.apply(q, k, v, mask, terms, scale, chunk, backward == "encoding",
+                                                *others).to(dtype)
     return row_chunked(rows_out, chunks, [q], [k, v], others, one_pass=one_pass)
 
 
