@@ -357,6 +357,32 @@ def test_peak_of_events_ignores_frees_of_older_blocks():
     assert peak_of_events([(1, -1, 100), (2, -1, -100), (3, -1, 30)]) == (100, 130)
 
 
+def test_held_bytes_counts_each_storage_once_and_never_a_module():
+    from posenc.common.decoding_state import DecodingState
+    from posenc.cli.bench.memory import held_bytes
+    from posenc.seq.models import CausalLM
+
+    base = torch.zeros(1000)  # 4000 bytes
+    holder = type("Holder", (), {"__slots__": ("a",)})()
+    holder.a = base[10:20]  # a view: the whole storage is held
+    cycle: list = [base]
+    cycle.append(cycle)
+    tree = {"views": (base, base[:5]), "slot": holder, "cycle": cycle, "other": [torch.zeros(3, dtype=torch.float64)],
+            "model": torch.nn.Linear(100, 100)}  # a module's 40 KB of weights are not the cache's
+    assert held_bytes(tree) == 4000 + 24
+    assert held_bytes(torch.zeros(2, 3)) == 24 and held_bytes(None) == 0 and held_bytes([1, "a", 2.0]) == 0
+    assert held_bytes([[[base]]], max_depth=2) == 0 and held_bytes([[[base]]], max_depth=3) == 4000
+    # posenc's cache: each layer's keys, values and positions at their capacity
+    model = CausalLM(32, 16, 2, 2, encoding="rope", max_len=64).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 32, (1, 10)), cache=cache, decoding_state=DecodingState(len(cache)))
+        model(torch.randint(0, 32, (1, 1)), cache=cache, decoding_state=None)  # grows the buffers past 10
+    want = sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer._k, layer._v, layer._pos))
+    assert want > 2 * (2 * 11 * 8 * 4 + 11 * 8)  # the capacity doubled: more than the 11 tokens use
+    assert held_bytes(cache) == want
+
+
 def test_peak_memory_rejects_other_devices():
     with pytest.raises(ValueError, match="device"):
         peak_memory_bytes(lambda: None, "meta")

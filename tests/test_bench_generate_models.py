@@ -39,8 +39,10 @@ def test_bench_generate_tiny_writes_every_row(tmp_path, capsys):
         for cell in row["cells"]:
             assert cell["error"] is None, cell["error"]
             assert cell["prefill_ms"] > 0 and cell["tokens_per_s"] > 0
+            assert cell["cache_mb"] > 0
     assert data["ratios"]["posenc:rope"]["8/1"] == 1.0
-    assert (tmp_path / "generate.txt").read_text().startswith("cached decoding")
+    text = (tmp_path / "generate.txt").read_text()
+    assert text.startswith("cached decoding") and "cache held after the last round" in text
     assert "batch 2" in capsys.readouterr().out
 
 
@@ -60,6 +62,23 @@ def test_x_rope_pairs_the_rounds_of_round_robin_cells():
     got = ratios(GenerateResult(config={}, rows=[rope, alibi], notes=[]))["posenc:alibi"]
     assert got["8/1"] == 0.5  # half RoPE's speed in every round; the medians (40 / 20) would say 2
     assert got["16/1"] == 2.0
+
+
+def test_the_cache_table_gives_megabytes_and_the_ratio_to_rope():
+    from posenc.cli.bench.generate_report import cache_table
+
+    def row(name, impl, mbs):
+        return Row(name, impl, [Cell(t, 1, cache_mb=mb, error=None if mb else "failed") for t, mb in zip((8, 16), mbs)])
+
+    result = GenerateResult(config={"contexts": [8, 16], "batches": [1], "decode_tokens": 2},
+                            rows=[row("rope", "posenc", [1.0, 4.0]), row("llama (rope)", "transformers", [0.5, 2.0]),
+                                  row("alibi", "posenc", [1.0, None])], notes=[])
+    lines = cache_table(result).splitlines()
+    assert lines[0].startswith("cache held after the last round") and "2 decoded tokens" in lines[0]
+    assert lines[1].split() == ["name", "impl", "MB@8/b1", "MB@16/b1", "x", "rope@16/b1"]
+    assert lines[3].split() == ["rope", "posenc", "1.00", "4.00", "1.00"]
+    assert lines[4].split() == ["llama", "(rope)", "transformers", "0.50", "2.00", "0.50"]
+    assert lines[5].split() == ["alibi", "posenc", "1.00", "-", "-"]  # a failed cell has no figure
 
 
 @pytest.mark.parametrize("argv", [["--encodings", "rope_longrope"], ["--contexts", "16,8"], ["--batches", "0"]])

@@ -44,6 +44,12 @@ process for the whole run (see :mod:`.load`); the header and the JSON say so. ``
 rounds too: the median over rounds of RoPE's ms per step over the row's in the same round
 (:func:`.timing.paired_ratio`; the ratio of the medians where the two did not run in the same rounds).
 
+**Cache memory** (the last table): after a cell's last round, the bytes of every tensor storage its
+cache holds (:func:`.memory.held_bytes`: keys, values, positions, posenc's decoding state, spare
+capacity included), at ``T + --decode-tokens`` tokens. It does not depend on the load. posenc's
+cache doubles its buffers when full, so it holds up to twice what it uses; Hugging Face's
+``DynamicCache`` concatenates every step and holds what it uses.
+
 This module is the command: its arguments, their checks (the settings and the encoding names of
 :mod:`.generate_config`, read from the registry's snapshot) and the size estimate, all before
 torch is imported; the measuring is :mod:`.generate_rows`, the tables and the plot

@@ -28,6 +28,7 @@ class Cell:
     step_times_ms: list[float] = field(default_factory=list)
     error: str | None = None
     round_robin: bool = True  # decoded in the same rounds as the other rows of its context and batch
+    cache_mb: float | None = None  # what the decoder holds between steps after the last round, capacity included
 
 
 @dataclass
@@ -111,6 +112,7 @@ def render(result: GenerateResult) -> str:
             cells.append(_num(growth, ".2f"))
             body.append(cells)
         lines.append(format_table(headers, body, align="ll" + "r" * (len(headers) - 2)))
+    lines += ["", cache_table(result)]
     errors = [(r.name, r.error) for r in result.rows if r.error]
     errors += [(f"{r.name} T={c.context} B={c.batch}", c.error) for r in result.rows for c in r.cells if c.error]
     if errors:
@@ -118,6 +120,28 @@ def render(result: GenerateResult) -> str:
     if result.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+def cache_table(result: GenerateResult) -> str:
+    """The memory each row's cache holds after its last round (``context + decode_tokens`` tokens):
+    every tensor storage reachable from it, spare capacity included, in MB; and over posenc RoPE's."""
+    cfg = result.config
+    shapes = [(t, b) for b in cfg["batches"] for t in cfg["contexts"]]
+    ref = next((r for r in result.rows if r.name == REFERENCE and r.impl == "posenc"), None)
+    headers = ["name", "impl"] + [f"MB@{t}/b{b}" for t, b in shapes] + [f"x rope@{t}/b{b}" for t, b in shapes[-1:]]
+    body = []
+    for row in result.rows:
+        cells = [row.name, row.impl]
+        for t, b in shapes:
+            c = row.cell(t, b)
+            cells.append(_num(None if c is None or c.error else c.cache_mb, ".2f"))
+        last, base = row.cell(*shapes[-1]), ref.cell(*shapes[-1]) if ref is not None else None
+        ok = last is not None and base is not None and last.cache_mb is not None and base.cache_mb
+        cells.append(_num(last.cache_mb / base.cache_mb if ok else None, ".2f"))
+        body.append(cells)
+    title = (f"cache held after the last round (MB at context/batch, {cfg['decode_tokens']} decoded tokens on top: "
+             "every tensor the decoder keeps between steps, spare capacity included)")
+    return title + "\n" + format_table(headers, body, align="ll" + "r" * (len(headers) - 2))
 
 
 def plot(result: GenerateResult, path: str | os.PathLike) -> bool:
@@ -157,4 +181,4 @@ def plot(result: GenerateResult, path: str | os.PathLike) -> bool:
     return True
 
 
-__all__ = ["Cell", "GenerateResult", "Row", "plot", "ratios", "render"]
+__all__ = ["Cell", "GenerateResult", "Row", "cache_table", "plot", "ratios", "render"]

@@ -22,6 +22,7 @@ from .devices import require_available
 from .generate_config import HF_ROW, LONG_CONTEXT, PEERS, XT_ENCODINGS, GenerateBenchConfig, causal_encodings
 from .generate_report import Cell, GenerateResult, Row
 from .load import background_load, describe, load_average
+from .memory import MB, held_bytes
 from .peers import installed, versions
 from .timing import error_text
 
@@ -275,6 +276,8 @@ def measure_cells_round_robin(decoders: dict[str, Decoder], tokens: Tensor, conf
             state[name] = (cache, first)
             if r >= config.warmup:
                 cells[name].step_times_ms.append(ms)
+    for name, (cache, _) in state.items():
+        cells[name].cache_mb = held_bytes(cache) / MB
     return {name: cell if cell.error else finish_cell(cell) for name, cell in cells.items()}
 
 

@@ -189,3 +189,39 @@ def peak_memory_bytes(step: Callable[[], object], device: torch.device | str) ->
         assert mem.peak_bytes is not None
         return mem.peak_bytes
     raise ValueError(f"peak memory is measured on 'cpu' or 'cuda' devices; got device {str(device)!r}")
+
+
+def held_bytes(obj: object, *, max_depth: int = 8) -> int:
+    """Bytes of the tensor storages that ``obj`` holds: what a KV cache keeps between decoding
+    steps, spare capacity included. Reached through lists, tuples, dicts, sets and plain objects'
+    attributes (``__dict__`` and ``__slots__``) down to ``max_depth`` levels, never through a
+    module (a cache that points back to its model does not hold the weights). A storage shared by
+    several views counts once, with its whole size."""
+    import torch
+
+    seen: set[int] = set()
+    storages: dict[tuple[str, int], int] = {}
+    stack: list[tuple[object, int]] = [(obj, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if id(item) in seen or item is None or isinstance(item, (str, bytes, int, float, bool, torch.nn.Module)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            storages[(str(item.device), storage.data_ptr())] = storage.nbytes()
+            continue
+        if depth >= max_depth:
+            continue
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = list(item)
+        else:
+            children = list(getattr(item, "__dict__", {}).values())
+            for cls in type(item).__mro__:
+                for name in getattr(cls, "__slots__", ()):
+                    if isinstance(name, str) and hasattr(item, name):
+                        children.append(getattr(item, name))
+        stack.extend((child, depth + 1) for child in children)
+    return sum(storages.values())
