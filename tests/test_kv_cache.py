@@ -1,4 +1,5 @@
-"""The KV cache's growable buffers: the same history as concatenation, room that doubles, crop."""
+"""The KV cache's growable buffers: the same history as concatenation, room that doubles or is
+reserved up front, crop."""
 
 from __future__ import annotations
 
@@ -72,6 +73,64 @@ def test_the_cache_holds_keys_values_and_positions_only():
             cache.append(k, v, pos)
     cache.crop(3)
     # and the bookkeeping of its appends (ints: which entries a mark still names), no tensor beside
-    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length", "_id", "_appends", "_stamps", "_ends"}
+    # and the capacity it reserves at its first append (an int or None)
+    assert set(vars(cache)) == {"_k", "_v", "_pos", "_length", "_id", "_appends", "_stamps", "_ends", "capacity"}
     assert all(isinstance(n, int) for n in (cache._id, cache._appends, *cache._stamps, *cache._ends))
+    assert cache.capacity is None
     assert cache.k.shape[2] == cache.v.shape[2] == cache.pos.shape[1] == 3
+
+
+def test_a_reserved_capacity_holds_the_whole_sequence_without_growing():
+    """``capacity``: the first append reserves it (at least what it brings), later steps write in
+    place until it is full, then the buffers double as before; a crop to nothing and a new
+    prefill reserve it again; the history is the concatenation's either way."""
+    steps = _steps()  # 5 entries, then 8 of 1: 13 in all
+    cache, plain, capacities, storages = LayerKVCache(capacity=13), LayerKVCache(), [], set()
+    with torch.no_grad():
+        for k, v, pos in steps:
+            got = cache.append(k, v, pos)
+            want = plain.append(k, v, pos)
+            capacities.append(cache._k.shape[2])
+            storages.add(cache._k.untyped_storage().data_ptr())
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert capacities == [13] * 9 and len(storages) == 1  # one buffer, never copied
+        cache.append(*_steps(2)[1])  # the 14th entry: doubling from here
+        assert cache._k.shape[2] == 26 and cache.length == 14
+        cache.crop(0)
+        cache.append(*steps[0])
+        assert cache._k.shape[2] == 13
+        small = LayerKVCache(capacity=2)  # less than the first append: that append's size
+        small.append(*steps[0])
+        assert small._k.shape[2] == 5
+    k, v, pos = steps[0]
+    before = k.clone()
+    with torch.no_grad():
+        LayerKVCache(capacity=8).append(k, v, pos)[0].zero_()
+    assert torch.equal(k, before)  # the reserved buffer is a copy, not the caller's tensor
+
+
+def test_a_cache_reserves_its_capacity_in_every_layer_and_its_token_rows():
+    cache = KVCache(2, capacity=40)
+    assert [layer.capacity for layer in cache.layers] == [40, 40] and cache.rows(0).capacity == 40
+    rows = cache.rows(1)
+    with torch.no_grad():
+        rows.append(torch.randn(2, 3, 4))
+    assert rows._rows.shape[1] == 40 and KVCache(2).rows(0).capacity is None
+    for bad in (0, -1, True, 2.5, "8"):
+        with pytest.raises((ValueError, TypeError), match="capacity must be") as info:
+            KVCache(2, capacity=bad)
+        assert "\n" not in str(info.value)
+
+
+def test_generate_reserves_what_it_will_hold_and_never_grows(monkeypatch):
+    from posenc.seq.generation import generate
+    from posenc.seq.models import CausalLM
+
+    model = CausalLM(32, 16, 2, 2, encoding="rope", max_len=64).eval()
+    prompt = torch.randint(0, 32, (2, 7), generator=torch.Generator().manual_seed(0))
+    plain = generate(model, prompt, 6, greedy=True, use_cache=False)
+    grown = []
+    original = LayerKVCache._grow
+    monkeypatch.setattr(LayerKVCache, "_grow", lambda self, capacity, old: grown.append(capacity) or original(self, capacity, old))
+    assert torch.equal(generate(model, prompt, 6, greedy=True), plain)
+    assert grown == [7 + 6 - 1] * 2  # each layer's one reservation: the prompt and the 5 tokens fed back

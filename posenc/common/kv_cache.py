@@ -22,11 +22,15 @@ class LayerKVCache:
 
     The history lives in buffers whose capacity doubles when full, so a decoding step writes its
     one new key in place instead of copying the whole cache; ``k``, ``v`` and ``pos`` are views of
-    the filled part. While a gradient flows through the keys, appending concatenates instead, as
-    autograd needs. :meth:`crop` drops the newest entries (as HF's ``DynamicCache.crop``).
+    the filled part. ``capacity``: the entries per sequence the first buffers hold (at least the
+    first append's), for a caller that knows how long the sequence will get (``generate``): the
+    buffers then never grow, nor hold the up to twice what they use that doubling leaves. While a
+    gradient flows through the keys, appending concatenates instead, as autograd needs.
+    :meth:`crop` drops the newest entries (as HF's ``DynamicCache.crop``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = None if capacity is None else check_int("capacity", capacity, minimum=1)
         self._k: Tensor | None = None  # [B, Hkv, capacity, D]
         self._v: Tensor | None = None  # [B, Hkv, capacity, Dv]
         self._pos: Tensor | None = None  # [B or 1, capacity(, C)]
@@ -113,11 +117,14 @@ class LayerKVCache:
         if self._k is None or grad:
             # the first entries (copied: later steps write into the buffer) or a history autograd follows
             k_all, v_all, pos_all = self.peek(k, v, pos)
+            self._length = k_all.shape[2]
             if grad:
                 self._k, self._v, self._pos = k_all, v_all, pos_all
+            elif self.capacity is not None and self.capacity > self._length:
+                self._k, self._v, self._pos = k_all, v_all, pos_all
+                self._grow(self.capacity, pos_all)  # copies them into buffers of that capacity
             else:
                 self._k, self._v, self._pos = k_all.clone(), v_all.clone(), pos_all.clone()
-            self._length = k_all.shape[2]
             self._record_append()
             return self.k, self.v, self.pos
         old, pos = self._check_new(k, pos)
@@ -170,9 +177,11 @@ class LayerKVCache:
 
 class TokenRows:
     """The rows ``[B, length, C]`` of the token stream at one place of a stack (the input of a
-    conditional module after a block), one per cached token, cropped with the keys."""
+    conditional module after a block), one per cached token, cropped with the keys; ``capacity``
+    as :class:`LayerKVCache`'s."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = None if capacity is None else check_int("capacity", capacity, minimum=1)
         self._rows: Tensor | None = None  # [B, capacity, C]
         self._length = 0
 
@@ -200,7 +209,8 @@ class TokenRows:
             self._length = n + t
             return
         if self._rows is None or n + t > self._rows.shape[1]:
-            grown = x.new_empty(x.shape[0], max(2 * n, n + t, 16), x.shape[2])
+            first = self.capacity if self._rows is None and self.capacity is not None else 16
+            grown = x.new_empty(x.shape[0], max(2 * n, n + t, first), x.shape[2])
             if n:
                 grown[:, :n] = self._rows[:, :n]
             self._rows = grown
@@ -216,16 +226,18 @@ class TokenRows:
 
 class KVCache:
     """One :class:`LayerKVCache` per layer of a stack, and the :class:`TokenRows` that the
-    conditional modules between blocks read (:meth:`rows`)."""
+    conditional modules between blocks read (:meth:`rows`); ``capacity``: the entries per sequence
+    each reserves at its first append (see :class:`LayerKVCache`), None to grow by doubling."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, capacity: int | None = None) -> None:
         num_layers = check_int("num_layers", num_layers, minimum=1)  # True was one layer, "2" a TypeError of <=
-        self.layers = [LayerKVCache() for _ in range(num_layers)]
+        self.capacity = None if capacity is None else check_int("capacity", capacity, minimum=1)
+        self.layers = [LayerKVCache(self.capacity) for _ in range(num_layers)]
         self._rows: dict[int, TokenRows] = {}
 
     def rows(self, place: int) -> TokenRows:
         """The token rows kept after block ``place`` (made on first use)."""
-        return self._rows.setdefault(place, TokenRows())
+        return self._rows.setdefault(place, TokenRows(self.capacity))
 
     @property
     def length(self) -> int:

@@ -97,7 +97,9 @@ def generate(
     if max_new_tokens == 0:
         return out
     if use_cache:
-        cache = model.new_cache()  # refuses clearly when an encoding does not support a cache
+        # refuses clearly when an encoding does not support a cache; holds the prompt and every
+        # token fed back (the last one drawn is not), so its buffers never grow
+        cache = model.new_cache(capacity=tokens.shape[1] + max_new_tokens - 1)
         state = DecodingState(len(cache))
         logits = model(tokens, cache=cache, decoding_state=state)[:, -1]
         for step in range(max_new_tokens):

@@ -154,10 +154,12 @@ class CausalLM(nn.Module, PretrainedMixin):
         """Whether every encoding of the model allows incremental decoding with a KV cache."""
         return all(enc.supports_kv_cache for enc in self.encodings)
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for this model (refused when an encoding does not support one)."""
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty KV cache for this model (refused when an encoding does not support one);
+        ``capacity``: the tokens per sequence it reserves at the first append, when the final length
+        is known (:class:`~posenc.common.kv_cache.KVCache`)."""
         self._check_cache_allowed()
-        return KVCache(self.depth)
+        return KVCache(self.depth, capacity)
 
     def _check_cache_allowed(self) -> None:
         refusing = [type(e).__name__ for e in self.encodings if not e.supports_kv_cache]

@@ -47,7 +47,8 @@ rounds too: the median over rounds of RoPE's ms per step over the row's in the s
 **Cache memory** (the last table): after a cell's last round, the bytes of every tensor storage its
 cache holds (:func:`.memory.held_bytes`: keys, values, positions, posenc's decoding state, spare
 capacity included), at ``T + --decode-tokens`` tokens. It does not depend on the load. posenc's
-cache doubles its buffers when full, so it holds up to twice what it uses; Hugging Face's
+cache reserves the prompt and a round's tokens at the prefill, as ``generate`` does (without a
+capacity its buffers double when full and may hold up to twice what they use); Hugging Face's
 ``DynamicCache`` concatenates every step and holds what it uses.
 
 This module is the command: its arguments, their checks (the settings and the encoding names of

@@ -54,11 +54,16 @@ class Decoder:
 
 class PosencDecoder(Decoder):
     """:class:`posenc.seq.CausalLM` with its :class:`~posenc.KVCache` and
-    :class:`~posenc.DecodingState`, as ``generate`` runs it, rewound by the cache's ``crop`` (the
-    conditional modules' token rows included; the state keeps what the crop left)."""
+    :class:`~posenc.DecodingState`, as ``generate`` runs it (the cache reserving the prompt and the
+    ``decode_tokens`` steps of a round), rewound by the cache's ``crop`` (the conditional modules'
+    token rows included; the state keeps what the crop left)."""
+
+    def __init__(self, model: nn.Module, decode_tokens: int) -> None:
+        super().__init__(model)
+        self.decode_tokens = decode_tokens
 
     def prefill(self, tokens: Tensor):
-        cache = self.model.new_cache()
+        cache = self.model.new_cache(capacity=tokens.shape[1] + self.decode_tokens)
         state = DecodingState(len(cache))
         return (cache, state), self.model(tokens, cache=cache, decoding_state=state)[:, -1]
 
@@ -115,7 +120,7 @@ def build_posenc(config: GenerateBenchConfig, encoding: str) -> Decoder:
     linear = get(encoding).cls.linear_only
     model = CausalLM(config.vocab, config.dim, config.depth, config.heads, encoding=encoding, max_len=config.max_len,
                      feature_map="elu" if linear else None)
-    return PosencDecoder(model)
+    return PosencDecoder(model, config.decode_tokens)
 
 
 def build_llama(config: GenerateBenchConfig) -> Decoder:
