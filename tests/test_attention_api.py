@@ -100,6 +100,8 @@ def test_the_math_kernel_refuses_a_backward_its_terms_cannot_take():
         with pytest.raises(ValueError, match=f"backward='{backward}' cannot serve an after-softmax term") as info:
             kernels.math_path(q, q, q, None, terms, 1.0, backward=backward)
         assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="backward must be 'encoding', 'explicit', 'autograd' or None; got 'fast'"):
+        kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="fast")
     with pytest.raises(ValueError, match="backward='encoding' needs the encoding's transform_softmax_backward"):
         kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="encoding")
     torch.testing.assert_close(kernels.math_path(q, q, q, None, kernels.NO_TERMS, 1.0, backward="explicit"),

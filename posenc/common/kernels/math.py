@@ -262,6 +262,8 @@ def math_path(
     the plan's :attr:`~posenc.common.planning.Plan.math_backward` for the chunked form (None:
     ``"autograd"``, which serves every term).
     ``q [B, Hq, Tq, D]``, ``k, v [B, Hkv, Tk, D]`` -> ``[B, Hq, Tq, D]``."""
+    if backward not in (None, "encoding", "explicit", "autograd"):
+        raise ValueError(f"backward must be 'encoding', 'explicit', 'autograd' or None; got {backward!r}")
     written = backward in ("explicit", "encoding")
     if written and (terms.prob_bias is not None or terms.value_term is not None):
         raise ValueError(f"backward={backward!r} cannot serve an after-softmax term; the plan gives 'autograd' there")
