@@ -14,8 +14,8 @@ from torch import Tensor
 from .. import chunk_pool
 from ..amp import autocast_off
 from ..masks import AttentionMask, allowed_of, causal_of
-from .chunking import (Form, MathBackward, add_key_part, chunk_rows, frontier, indices, largest_first, repeat_kv, row_chunked,
-                       row_chunks)
+from .chunking import (Form, MathBackward, add_key_part, chunk_rows, frontier, indices, largest_first, repeat_kv,
+                       row_chunked, row_chunks)
 from .probs import masked_softmax
 from .terms import EncodingTerms
 
