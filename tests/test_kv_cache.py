@@ -131,6 +131,7 @@ def test_generate_reserves_what_it_will_hold_and_never_grows(monkeypatch):
     plain = generate(model, prompt, 6, greedy=True, use_cache=False)
     grown = []
     original = LayerKVCache._grow
-    monkeypatch.setattr(LayerKVCache, "_grow", lambda self, capacity, old: grown.append(capacity) or original(self, capacity, old))
+    monkeypatch.setattr(LayerKVCache, "_grow",
+                        lambda self, capacity, old: grown.append(capacity) or original(self, capacity, old))
     assert torch.equal(generate(model, prompt, 6, greedy=True), plain)
     assert grown == [7 + 6 - 1] * 2  # each layer's one reservation: the prompt and the 5 tokens fed back

@@ -445,7 +445,8 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
         assert not calls, f"{other}: the fused backward ran"
         torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
         for name, g, w in zip(names, got, want):
-            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{other}, grad {name}: {m}")
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12,
+                                       msg=lambda m, name=name: f"{other}, grad {name}: {m}")
     assert got[0][1, :, :5].abs().max() == 0  # rows that see no key: no gradient
 
 
