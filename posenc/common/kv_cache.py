@@ -231,8 +231,8 @@ class KVCache:
 
     def __init__(self, num_layers: int, capacity: int | None = None) -> None:
         num_layers = check_int("num_layers", num_layers, minimum=1)  # True was one layer, "2" a TypeError of <=
-        self.capacity = None if capacity is None else check_int("capacity", capacity, minimum=1)
-        self.layers = [LayerKVCache(self.capacity) for _ in range(num_layers)]
+        self.layers = [LayerKVCache(capacity) for _ in range(num_layers)]
+        self.capacity = self.layers[0].capacity  # checked there
         self._rows: dict[int, TokenRows] = {}
 
     def rows(self, place: int) -> TokenRows:

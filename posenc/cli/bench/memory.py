@@ -204,7 +204,7 @@ def held_bytes(obj: object, *, max_depth: int = 8) -> int:
     stack: list[tuple[object, int]] = [(obj, 0)]
     while stack:
         item, depth = stack.pop()
-        if id(item) in seen or item is None or isinstance(item, (str, bytes, int, float, bool, torch.nn.Module)):
+        if id(item) in seen or item is None or isinstance(item, (str, bytes, int, float, torch.nn.Module)):
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
