@@ -93,6 +93,29 @@ def test_the_plan_names_the_math_backward_and_why():
     assert not CoPE(4, 8).attention_needs().own_transform_backward
 
 
+def test_the_plan_names_the_tiled_transform():
+    """The encoding's tiled transform is the plan's choice: on CPU with the rows in chunks, not
+    traced, and its chunks are twice as tall; CUDA and tracing take the plain transform in the
+    default chunks, a decoding step the encoding's decoding hook."""
+    tiled = NEEDS(score_transform=True, tiled_transform=True)
+    on = _plan(tiled, batch=2, q_len=1024, kv_len=1024)
+    assert on.tiled_transform and "the encoding's transform in its own tiles (CPU)" in on.reason
+    assert on.chunk_rows == kernels.math_chunk_rows(2, 4, 1024, 1024)
+    for kw in (dict(device=torch.device("cuda")), dict(traced=True)):
+        off = _plan(tiled, batch=2, q_len=1024, kv_len=1024, **kw)
+        assert off.path == "math" and not off.tiled_transform and "tiles" not in off.reason, kw
+        assert off.chunk_rows == kernels.chunk_rows(2, 4, 1024, 1024)
+    step = _plan(tiled, needs_grad=False, q_len=1)
+    assert step.decode and step.form == "one_pass" and not step.tiled_transform
+    assert _plan(tiled, needs_grad=False).tiled_transform  # no gradient, but rows in chunks
+    assert not _plan(NEEDS(score_transform=True)).tiled_transform
+    from posenc.seq.cape import CAPE
+    from posenc.seq.cope import CoPE
+
+    assert CAPE(64, 4, 16).attention_needs().tiled_transform
+    assert not CoPE(4, 8).attention_needs().tiled_transform
+
+
 def test_the_math_kernel_refuses_a_backward_its_terms_cannot_take():
     q = torch.randn(1, 2, 4, 8)
     terms = kernels.EncodingTerms(value_term=lambda probs, rows, keys: probs.new_zeros(1, 2, 4, 8))

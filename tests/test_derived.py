@@ -252,10 +252,12 @@ def test_kerple_decoding_cuts_its_kernel_from_a_kept_table(variant):
 
 @pytest.mark.parametrize("base", ["alibi", "kerple", "fire"])
 def test_cape_decoding_reads_its_static_bias_from_a_kept_table(base):
-    """Without gradients, a decoding row of CAPE over ALiBi or KERPLE reads the static bias and its
-    first-layer part from a table by distance kept per doubling of the context; every step equals
-    the transform computed from scratch (gradients on), also after the MLP is edited through
-    .data. FIRE's bias depends on the query's own position too: it keeps no such table."""
+    """CAPE's decoding hook over ALiBi or KERPLE reads the static bias and its first-layer part
+    from a table by distance kept per doubling of the context, for one row or a few (query rows
+    after every key); every step equals the transform computed from scratch, also after the MLP
+    is edited through .data. Rows that see later keys (a speculative step whose own rows are in
+    the cache) and FIRE, whose bias depends on the query's own position too, take the transform
+    itself: no table."""
     from posenc.seq.cape import CAPE
 
     torch.manual_seed(0)
@@ -266,26 +268,30 @@ def test_cape_decoding_reads_its_static_bias_from_a_kept_table(base):
     get = enc._static_table.get
     enc._static_table.get = lambda *a, **kw: sizes.append(kw["key"][0]) or get(*a, **kw)
 
-    def step(e, n):  # query n over keys 0 .. n, scores and q, k as the math path passes them
+    def inputs(n, rows, keys):  # query rows n .. n + rows - 1 over keys 0 .. keys - 1, as the math path passes them
         g = torch.Generator().manual_seed(n)
-        scores = torch.randn(2, heads, 1, n + 1, generator=g)
-        q, k = torch.randn(2, heads, 1, 4, generator=g), torch.randn(2, heads, n + 1, 4, generator=g)
-        return e.transform_scores(scores, q, k, torch.tensor([[n]]), torch.arange(n + 1)[None], None)
+        scores = torch.randn(2, heads, rows, keys, generator=g)
+        q, k = torch.randn(2, heads, rows, 4, generator=g), torch.randn(2, heads, keys, 4, generator=g)
+        return scores, q, k, torch.arange(n, n + rows)[None], torch.arange(keys)[None], None
 
-    def reference(n):
-        with torch.enable_grad():
-            return step(fresh, n).detach()
+    def check(n, rows=1, keys=None):
+        args = inputs(n, rows, n + 1 if keys is None else keys)
+        torch.testing.assert_close(enc.decode_transform_scores(*args), fresh.transform_scores(*args),
+                                   rtol=1e-6, atol=1e-6)
 
     with torch.no_grad():
         for n in (0, 5, 255, 256, 700):
-            torch.testing.assert_close(step(enc, n), reference(n), rtol=1e-6, atol=1e-6)
+            check(n)
         enc.mlp[0].weight.data.mul_(-1)
         fresh.mlp[0].weight.data.mul_(-1)
-        torch.testing.assert_close(step(enc, 701), reference(701), rtol=1e-6, atol=1e-6)
+        check(701)
+        check(300, rows=4, keys=300)  # four rows after every key: each its own slice of the table
+        check(1021, rows=3, keys=1021)  # the farthest pair (distance 1023) still in the 1024 table
+        check(40, rows=3, keys=43)  # speculative: rows 40, 41 see keys after them, masked later
     if base == "fire":
         assert sizes == []
     else:
-        assert sizes == [256, 256, 256, 512, 1024, 1024]
+        assert sizes == [256, 256, 256, 512, 1024, 1024, 512, 1024]
 
 
 def test_doubling_length_known_values_and_bad_input():

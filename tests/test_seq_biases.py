@@ -351,12 +351,13 @@ def test_cope_nan_scores_give_nan_where_they_reach_not_an_error():
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
 def test_cape_transform_and_gradients_match_reference_with_per_sequence_positions(base, tile_pairs, monkeypatch):
     """f in the head-major layout: the transform and the gradients to the scores, the MLP and a
-    learned base (KERPLE) equal the float64 reference, with a static bias shared by the batch (the
-    CPU form over tiles of pairs, its backward written out: one tile, and 81 pairs in tiles of 7)
-    or one per sequence (positions that differ between the sequences: batched products)."""
-    import posenc.seq.cape as cape_module
+    learned base (KERPLE) equal the float64 reference, in both forms (batched products, and the
+    tiled form over tiles of pairs with its backward written out: one tile, and 81 pairs in tiles
+    of 7) with a static bias shared by the batch; with one per sequence (positions that differ
+    between the sequences) the tiled form declines (None) and the batched one serves it."""
+    import posenc.seq.cape_tiles as cape_tiles
 
-    monkeypatch.setattr(cape_module, "_TILE_PAIRS", tile_pairs)
+    monkeypatch.setattr(cape_tiles, "TILE_PAIRS", tile_pairs)
     gen = torch.Generator().manual_seed(5)
     h, t = 4, 9
     enc = CAPE(16, h, 16, base=base, hidden=6).double()
@@ -366,8 +367,11 @@ def test_cape_transform_and_gradients_match_reference_with_per_sequence_position
     scores = torch.randn(2, h, t, t, dtype=torch.float64, generator=gen, requires_grad=True)
     grad = torch.randn(scores.shape, dtype=torch.float64, generator=gen)
     shared = torch.arange(t)[None]
-    for pos in (shared, torch.stack((torch.arange(t), torch.arange(t) + 3))):
-        out = enc.transform_scores(scores, scores, scores, pos, pos, None)
+    per_sequence = torch.stack((torch.arange(t), torch.arange(t) + 3))
+    assert enc.transform_scores_tiled(scores, scores, scores, per_sequence, per_sequence, None) is None
+    for pos, form in ((shared, "tiled"), (shared, "batched"), (per_sequence, "batched")):
+        transform = enc.transform_scores_tiled if form == "tiled" else enc.transform_scores
+        out = transform(scores, scores, scores, pos, pos, None)
         if base == "alibi":
             static = ref.alibi_bias([2.0 ** -(2 * i) for i in range(1, h + 1)], pos, pos)
         else:
@@ -378,7 +382,7 @@ def test_cape_transform_and_gradients_match_reference_with_per_sequence_position
         params = [scores, *enc.parameters()]
         for name, g, w in zip(["scores", *(n for n, _ in enc.named_parameters())],
                               torch.autograd.grad(out, params, grad), torch.autograd.grad(want, params, grad)):
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"{form} grad {name}: {m}")
 
 
 def test_cape_with_bfloat16_weights_on_float32_scores():
@@ -388,7 +392,10 @@ def test_cape_with_bfloat16_weights_on_float32_scores():
     scores = torch.randn(2, 4, 7, 7)
     pos = torch.arange(7)[None]
     want = enc.transform_scores(scores, scores, scores, pos, pos, None)
-    out = enc.to(torch.bfloat16).transform_scores(scores, scores, scores, pos, pos, None)
+    torch.testing.assert_close(enc.transform_scores_tiled(scores, scores, scores, pos, pos, None), want)
+    enc = enc.to(torch.bfloat16)
+    assert enc.transform_scores_tiled(scores, scores, scores, pos, pos, None) is None  # another dtype: declined
+    out = enc.transform_scores(scores, scores, scores, pos, pos, None)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, want, rtol=0.05, atol=0.05)
 
@@ -404,6 +411,46 @@ def _padded_causal_inputs(gen: torch.Generator):
     return q, k, v, torch.arange(12)[None], mask, torch.randn(2, 4, 12, 8, dtype=torch.float64, generator=gen)
 
 
+def test_cape_runs_the_form_of_its_transform_the_plan_names(monkeypatch):
+    """Through the core, CAPE's transform is the form the plan names: the tiled one for a training
+    call on CPU (and any call with its rows in chunks), the decoding hook for a decoding step (one
+    row or a few, no gradient), each with the output of the plain transform."""
+    from posenc.common.attention import prepare
+    from posenc.common.call import AttentionCall
+
+    torch.manual_seed(0)
+    enc = CAPE(16, 4, 16, hidden=6)
+    calls = []
+    for name in ("transform_scores", "transform_scores_tiled", "decode_transform_scores"):
+        method = getattr(enc, name)
+        monkeypatch.setattr(enc, name, lambda *a, _m=method, _n=name, **kw: calls.append(_n) or _m(*a, **kw))
+    q, k, v = (torch.randn(2, 4, 12, 8, requires_grad=True) for _ in range(3))
+    pos, causal = torch.arange(12)[None], posenc.AttentionMask(causal=True)
+
+    def run(rows):
+        calls.clear()
+        call = AttentionCall.checked(q[:, :, -rows:], k, v, q_pos=pos[:, -rows:], kv_pos=pos, encoding=enc, mask=causal)
+        ready = prepare(call)
+        out = kernels.math_path(ready.call.q, ready.call.k, ready.call.v, ready.call.mask, ready.terms,
+                                ready.call.scale, ready.plan.chunk_rows, form=ready.plan.form,
+                                backward=ready.plan.math_backward)
+        return ready.plan, out, list(calls)
+
+    plan, trained, seen = run(12)
+    assert plan.tiled_transform and seen and set(seen) == {"transform_scores_tiled"}, (plan, seen)
+    with torch.no_grad():
+        # one row reads the kept table; three that see one another (speculative) take the plain transform
+        for rows, want in ((1, ["decode_transform_scores"]), (3, ["decode_transform_scores", "transform_scores"])):
+            plan, out, seen = run(rows)
+            assert plan.decode and seen == want, (plan, seen)
+            torch.testing.assert_close(out, trained[:, :, -rows:].detach(), rtol=1e-5, atol=1e-6)
+        calls.clear()
+        monkeypatch.setattr(enc, "transform_scores_tiled", lambda *a, **kw: calls.append("declined"))
+        plan, out, seen = run(12)  # an input the tiled form declines: the plain transform serves it
+        assert plan.tiled_transform and seen[:2] == ["declined", "transform_scores"], seen
+        torch.testing.assert_close(out, trained.detach(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
 @pytest.mark.parametrize("tile_pairs", [8192, 20])
 def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(base, tile_pairs, monkeypatch):
@@ -413,10 +460,11 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
     and plain autograd per chunk, to q, k, v, the MLP and a learned base, with a padded batch
     row, rows that see no key, and tiles of one row (20 pairs over 12 keys) or of many."""
     import posenc.seq.cape as cape_module
+    import posenc.seq.cape_tiles as cape_tiles
     from posenc.common.attention import prepare
     from posenc.common.call import AttentionCall
 
-    monkeypatch.setattr(cape_module, "_TILE_PAIRS", tile_pairs)
+    monkeypatch.setattr(cape_tiles, "TILE_PAIRS", tile_pairs)
     gen = torch.Generator().manual_seed(3)
     enc = CAPE(16, 4, 16, base=base, hidden=6).double()
     with torch.no_grad():
@@ -433,8 +481,8 @@ def test_cape_fused_backward_is_taken_and_equals_autograd_through_the_transform(
         return out, torch.autograd.grad(out, params, grad)
 
     calls = []
-    fused = cape_module._fused_softmax_backward
-    monkeypatch.setattr(cape_module, "_fused_softmax_backward", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    fused = cape_module.fused_softmax_backward
+    monkeypatch.setattr(cape_module, "fused_softmax_backward", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
     out, got = gradients("encoding")
     assert calls, "the fused backward did not run"
     torch.testing.assert_close(attend(q, k, v, q_pos=pos, kv_pos=pos, encoding=enc, mask=mask), out, rtol=0, atol=0)

@@ -16,6 +16,7 @@ from .call import AttentionCall
 from .encoding import NO_NEEDS, AttentionNeeds, PositionEncoding
 from .kernels import NO_TERMS, EncodingTerms
 from .kernels.linear import LINEAR_CHUNK_ROWS, linear_path
+from .kernels.terms import ScoreTransform
 from .linear_attention import FeatureMap
 from .masks import AttentionMask
 from .pairwise import dense_bias, shared_run_offset, sum_of_biases
@@ -73,7 +74,24 @@ def prepare(call: AttentionCall) -> PreparedCall:
         bias_pointwise=bias is None or bias.pointwise, bias_by_offset=by_offset, run_offset=run_offset,
         bias_key_term=bias is not None and bias.key_term is not None,
     )
-    return PreparedCall(ready, terms, decide(inputs), inputs)
+    plan = decide(inputs)
+    if plan.tiled_transform:
+        terms = replace(terms, score_transform=_tiled_transform(ready))
+    return PreparedCall(ready, terms, plan, inputs)
+
+
+def _tiled_transform(call: AttentionCall) -> ScoreTransform:
+    """The encoding's tiled transform, as the plan's ``tiled_transform`` asks; its plain
+    :meth:`~posenc.common.encoding.PositionEncoding.transform_scores` for an input the tiled
+    form cannot take."""
+    enc, q_pos, kv_pos = call.encoding, call.q_pos, call.kv_pos
+
+    def score_transform(scores: Tensor, q: Tensor, k: Tensor, rows: slice, keys: slice, allowed) -> Tensor:
+        args = (scores, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
+        out = enc.transform_scores_tiled(*args)
+        return enc.transform_scores(*args) if out is None else out
+
+    return score_transform
 
 
 def _encoding_terms(call: AttentionCall, own: AttentionNeeds, decode: bool) -> EncodingTerms:
@@ -94,7 +112,10 @@ def _encoding_terms(call: AttentionCall, own: AttentionNeeds, decode: bool) -> E
     if own.score_transform:
 
         def score_transform(scores: Tensor, q: Tensor, k: Tensor, rows: slice, keys: slice, allowed) -> Tensor:
-            return enc.transform_scores(scores, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
+            args = (scores, q, k, q_pos[:, rows], kv_pos[:, keys], allowed)
+            if decode:  # the plan's decoding step: the encoding's decoding hook
+                return enc.decode_transform_scores(*args, call.decoding_state)
+            return enc.transform_scores(*args)
 
         if type(enc).transform_softmax_backward is not PositionEncoding.transform_softmax_backward:
 

@@ -32,8 +32,9 @@ class AttentionNeeds:
     """What an encoding asks of the attention core; the kernel plan reads nothing else. Each field
     says whether the encoding uses the :class:`PositionEncoding` method of that role (``score_transform``:
     :meth:`~PositionEncoding.transform_scores`; ``offset_values``: the value term's clipped-offset
-    form; ``tiled_transform`` and ``linear_only``: the class attributes of those names;
-    ``own_transform_backward``: :meth:`~PositionEncoding.transform_softmax_backward` is implemented).
+    form; ``linear_only``: the class attribute of that name; ``tiled_transform``:
+    :meth:`~PositionEncoding.transform_scores_tiled` is implemented; ``own_transform_backward``:
+    :meth:`~PositionEncoding.transform_softmax_backward` is implemented).
     """
 
     qk: bool = False
@@ -61,8 +62,6 @@ class PositionEncoding(nn.Module):
         needs_probs: ``value_term`` is implemented; only the math path can serve it.
         needs_scores: ``transform_scores`` is implemented (part of the score-bias hook); only
             the math path can serve it.
-        tiled_transform: ``transform_scores`` works in tiles of its own and keeps little beside
-            the scores of a chunk (CAPE's MLP), so the math path may take taller chunks.
         per_layer: models build one instance per block (RoPE-Mixed, 2D relative bias) instead
             of sharing one across blocks.
         num_heads: the query head count the instance was built for (per-head parameters), or
@@ -83,7 +82,6 @@ class PositionEncoding(nn.Module):
     supports_kv_cache: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
     needs_scores: ClassVar[bool] = False
-    tiled_transform: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
     linear_only: ClassVar[bool] = False
     num_heads: int | None = None
@@ -128,6 +126,27 @@ class PositionEncoding(nn.Module):
         ``-inf`` by the core after this call.
         """
         raise TypeError(f"{type(self).__name__} has no score transform")
+
+    def transform_scores_tiled(
+        self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None
+    ) -> Tensor | None:
+        """Optional: :meth:`transform_scores` computed in tiles of its own that keep little beside
+        the scores (CAPE's MLP a tile of pairs at a time, its hidden layer never stored), with the
+        same arguments and result, or None for an input it cannot take (the core then calls
+        :meth:`transform_scores`). Whether it is called is the plan's choice
+        (:attr:`~posenc.common.planning.Plan.tiled_transform`: on CPU, rows in chunks, not
+        traced), which also gives the math path taller chunks for it. Default: None."""
+        return None
+
+    def decode_transform_scores(
+        self, scores: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, allowed: Tensor | None,
+        state: LayerDecodingState | None = None,
+    ) -> Tensor:
+        """The decoding hook of the score transform: :meth:`transform_scores` for a decoding step
+        (:func:`~posenc.common.planning.decoding_step`: a few rows, no gradient, not traced), with
+        the same values; an override may read what it keeps between steps (CAPE's static bias by
+        distance). ``state`` as for :meth:`decode_score_bias`. Default: :meth:`transform_scores`."""
+        return self.transform_scores(scores, q, k, q_pos, kv_pos, allowed)
 
     def transform_softmax_backward(
         self, scores: Tensor, centered_grad: Tensor, q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor,
@@ -197,7 +216,8 @@ class PositionEncoding(nn.Module):
         return _needs(self.hooks, self.needs_probs, self.needs_scores, self.linear_only,
                       score_bias=self.has_score_bias, prob_bias=self.has_prob_bias,
                       offset_values=Hook.POST_SOFTMAX in self.hooks and bool(self.needs_probs)
-                      and self.offset_values() is not None, tiled_transform=self.tiled_transform,
+                      and self.offset_values() is not None,
+                      tiled_transform=type(self).transform_scores_tiled is not PositionEncoding.transform_scores_tiled,
                       own_transform_backward=type(self).transform_softmax_backward
                       is not PositionEncoding.transform_softmax_backward)
 

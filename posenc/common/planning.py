@@ -60,6 +60,10 @@ class Plan:
             :meth:`~posenc.common.encoding.PositionEncoding.transform_softmax_backward`; CPU) or
             ``"autograd"`` (each row chunk differentiated whole: an after-softmax term, or traced);
             None off the math path and for a decoding step.
+        tiled_transform: the math path's transform is the encoding's own tiled form
+            (:meth:`~posenc.common.encoding.PositionEncoding.transform_scores_tiled`, CAPE), in
+            chunks of rows twice as tall: on CPU, rows in chunks, not traced. A decoding step
+            takes the encoding's decoding hook (``decode_transform_scores``) instead.
     """
 
     path: Path
@@ -74,6 +78,7 @@ class Plan:
     bias_backward: BiasBackward | None = None
     key_column: bool = False
     math_backward: MathBackward | None = None
+    tiled_transform: bool = False
 
     @property
     def label(self) -> str:
@@ -223,12 +228,22 @@ def decide(inputs: PlanInputs) -> Plan:
         bias_backward, why = _bias_backward(inputs, plan.offset_values)
         reason += f"; backward {bias_backward}: {why}"
     math_backward = None
+    tiled = plan.path == "math" and form == "chunked" and _tiled_transform(inputs)
+    if tiled:
+        reason += "; the encoding's transform in its own tiles (CPU)"
     if plan.path == "math" and form == "chunked":
         math_backward, why = _math_backward(inputs)
         if grad:
             reason += f"; backward {math_backward}: {why}"
     return replace(plan, reason=reason, decode=decode, form=form, grad=grad, offset_start=offset_start,
-                   bias_backward=bias_backward, math_backward=math_backward)
+                   bias_backward=bias_backward, math_backward=math_backward, tiled_transform=tiled)
+
+
+def _tiled_transform(inputs: PlanInputs) -> bool:
+    """Whether the math path takes the encoding's tiled transform (outside a decoding step):
+    on CPU, where it was measured against the batched one, and not traced (its tiles are a
+    Python loop). Elsewhere it has never been timed."""
+    return inputs.needs.tiled_transform and inputs.device.type == "cpu" and not inputs.traced
 
 
 def _bias_backward(inputs: PlanInputs, offset_values: bool) -> tuple[BiasBackward, str]:
@@ -351,7 +366,7 @@ def _softmax_plan(inputs: PlanInputs) -> Plan:
         return Plan("dense", reason, rows, prob_bias=prob_bias, **extra)
 
     def math(reason: str) -> Plan:
-        rows = (kernels.math_chunk_rows if needs.tiled_transform else kernels.chunk_rows)(batch, heads, kv_len, q_len)
+        rows = (kernels.math_chunk_rows if _tiled_transform(inputs) else kernels.chunk_rows)(batch, heads, kv_len, q_len)
         return Plan("math", reason, rows, prob_bias=False)
 
     if backend == "math":
