@@ -168,6 +168,34 @@ def test_bench_models_lm_encodings_option(tmp_path, capsys):
         models_bench.ModelsBenchConfig(lm_encodings=("foo",))
 
 
+def test_bench_models_vit_encodings_option(tmp_path, capsys):
+    """--vit-encodings picks the vit pair's encodings: one timm has keeps its peer row, the others
+    (PEG, no encoding) have the posenc row alone; video and linear-only encodings are refused by name."""
+    argv = ["bench", "models", "--models", "vit", "--vit-encodings", "peg,none,learned2d", "--batch", "1",
+            "--repeats", "1", "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = json.loads((tmp_path / "models.json").read_text())["rows"]
+    assert [r["impl"] for r in rows if r["pair"] == "vit/peg"] == ["posenc"]
+    assert [r["impl"] for r in rows if r["pair"] == "vit/none"] == ["posenc"]
+    assert {r["impl"] for r in rows if r["pair"] == "vit/learned2d"} == {"posenc", "timm"}
+    assert all(r["error"] is None and r["ms"] > 0 for r in rows)
+    # every vit row ran in the same rounds: each posenc row has its ratio to the none row, which is 1 to itself
+    assert [r["vs_none"] for r in rows if r["pair"] == "vit/none"] == [1.0]
+    assert all(r["vs_none"] > 0 for r in rows if r["impl"] == "posenc")
+    assert all(r["vs_none"] is None for r in rows if r["impl"] != "posenc")
+    capsys.readouterr()
+    for bad, said in (("sincos3d", "'sincos3d' is a video encoding"), ("conv_spe2d", "runs on linear attention only"),
+                      ("rope", "'rope' is a seq encoding"), ("pegg", "unknown encoding 'pegg' (did you mean 'peg'?)")):
+        assert cli.main(["bench", "models", "--vit-encodings", bad]) == 2
+        assert "--vit-encodings: " in (err := capsys.readouterr().err) and said in err, err
+    names = models_bench.vit_encoding_names()
+    assert {"none", "peg", "sincos2d", "axial", "relbias2d", "rope2d_dinov3", *models_bench.VIT_ENCODINGS} <= set(names)
+    assert not {"sincos3d", "rope3d", "axial3d", "conv_spe2d"} & set(names)
+    assert models_bench._vit_encodings("all") == names
+    with pytest.raises(ValueError, match="vit_encodings must be some of .*; got foo"):
+        models_bench.ModelsBenchConfig(vit_encodings=("foo",))
+
+
 _FAKE_AUTHORS_MODEL = '''
 import torch
 from torch import nn
@@ -267,3 +295,26 @@ def test_every_timing_bench_checks_its_device_alike(bench, capsys, monkeypatch):
         assert cli.main(["bench", bench, "--device", device, "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"posenc bench {bench}: error: device '{device}' was requested but torch.cuda.is_available() is False"]
+
+
+def test_bench_models_ratios_pair_rounds_within_a_model():
+    """vs_peer and vs_none are medians of per-round ratios among rows of one model's rounds."""
+    from types import SimpleNamespace
+
+    from posenc.cli.bench.models_run import Row, _paired_ratios
+    from posenc.cli.bench.models_units import Candidate
+
+    def member(pair, impl, times):
+        cand, row = Candidate(pair, "ViT" if impl == "posenc" else "peer", impl, lambda: None), Row(pair, "m", impl)
+        row.ms = sorted(times)[len(times) // 2]
+        return cand, row, f"{pair} {impl}", SimpleNamespace(times_ms=times)
+
+    built = [member("vit/none", "posenc", [10.0, 20.0, 40.0]), member("vit/peg", "posenc", [15.0, 40.0, 40.0]),
+             member("vit/learned2d", "posenc", [20.0, 20.0, 20.0]), member("vit/learned2d", "timm", [10.0, 40.0, 20.0])]
+    members = [(c, r, k) for c, r, k, _ in built]
+    _paired_ratios(members, {k: t for _, _, k, t in built})
+    none, peg, learned, timm = (r for _, r, _, _ in built)
+    assert none.vs_none == 1.0 and none.vs_peer is None
+    assert peg.vs_none == 1.5 and peg.vs_peer is None  # rounds: 1.5, 2.0, 1.0
+    assert learned.vs_none == 1.0 and learned.vs_peer == 1.0  # none: 2.0, 1.0, 0.5; timm: 2.0, 0.5, 1.0
+    assert timm.vs_none is None and timm.vs_peer is None

@@ -21,7 +21,9 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     absolute table, class token), ``rope2d_axial`` / ``rope2d_mixed`` against timm's
     ``vit_small_patch16_rope_224`` / ``..._rope_mixed_224`` architectures (EVA blocks with axial
     or mixed RoPE) rebuilt at the same width, depth, heads, patch and image size (no
-    pretrained weights); cross-entropy on random images.
+    pretrained weights); cross-entropy on random images. ``--vit-encodings`` picks other
+    encodings (``all``: none and every registered image encoding of softmax attention); those timm
+    lacks have the posenc row alone.
 ``gps``
     :class:`posenc.graph.GPS` (RWSE input encoding, GINE local layer, mean pool) against a model
     written here from PyG's ``GPSConv`` (``GINEConv`` local, multi-head attention global) with the
@@ -36,10 +38,11 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     repository: its ``Models/model.py`` is imported from there (the repository's own code runs;
     name only a checkout you trust). Without it the pair has the posenc row alone.
 
-Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (rows of a
-pair interleaved round robin, see :mod:`.timing`), steps/s, peak memory of one step (see
-:mod:`.memory`), the posenc row's time over its peer's round by round (the median over rounds
-of the two rows' ratio in each round, :func:`.timing.paired_ratio`). ``--device cuda`` runs every model and
+Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (every row of
+one model, the lm's or the vit's, interleaved round robin, see :mod:`.timing`), steps/s, peak
+memory of one step (see :mod:`.memory`), the posenc row's time over its peer's round by round
+(the median over rounds of the two rows' ratio in each round, :func:`.timing.paired_ratio`), and
+likewise over posenc's ``none`` row of the same model where the run has one (``vs none``). ``--device cuda`` runs every model and
 its batch there; ``--dtype bfloat16`` runs each step's forward pass and loss under
 ``torch.autocast`` in bfloat16 (float32 weights and optimizer: mixed precision, as models are
 trained), the same for every row. With compiling on (the default) each row
@@ -63,7 +66,7 @@ from ..sizes import CALL_SECONDS, Work, add_allow_large, defaults_of, size_error
 from .devices import device_arg, require_available
 from .models_config import (
     ALL, DEFAULT_MODELS, DTYPES, LM_ENCODINGS, MODELS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig, convtran_repo_error,
-    lm_encoding_error, lm_encoding_names,
+    lm_encoding_error, lm_encoding_names, vit_encoding_error, vit_encoding_names,
 )
 
 
@@ -92,6 +95,20 @@ def _lm_encodings(text: str) -> tuple[str, ...]:
     return names
 
 
+def _vit_encodings(text: str) -> tuple[str, ...]:
+    """``--vit-encodings``: ``all``, or comma-separated image encodings a ViT trains with."""
+    if text.strip() == ALL:
+        return vit_encoding_names()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; name some (e.g. sincos2d,peg) or {ALL}")
+    for name in names:
+        error = vit_encoding_error(name)
+        if error is not None:
+            raise argparse.ArgumentTypeError(error)
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ModelsBenchConfig()
     parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
@@ -100,6 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"encodings of the lm pair ({ALL}: every sequence and time-series encoding of softmax "
                              f"attention; x-transformers rows for {', '.join(XT_LM)}) (default: "
                              f"{','.join(LM_ENCODINGS)})")
+    parser.add_argument("--vit-encodings", type=_vit_encodings, default=d.vit_encodings, metavar="A,B|all",
+                        help=f"encodings of the vit pair ({ALL}: none and every image encoding of softmax attention; "
+                             f"timm rows for {', '.join(VIT_ENCODINGS)}) (default: {','.join(VIT_ENCODINGS)})")
     parser.add_argument("--batch", type=positive_int, default=d.batch, help="LM sequences / images per step (default: %(default)s)")
     parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="LM tokens (default: %(default)s)")
     parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="graphs per GPS batch (default: %(default)s)")
@@ -140,7 +160,8 @@ def estimate(args: argparse.Namespace) -> Work:
         work = work + (step * rounds + compiling) * rows
     if "vit" in models:
         step = transformer(args.batch, (d.img_size // d.patch) ** 2 + 1, d.vit_dim, d.vit_depth)
-        work = work + (step * rounds + compiling) * (2 * len(VIT_ENCODINGS))
+        rows = len(args.vit_encodings) + len(set(args.vit_encodings) & set(VIT_ENCODINGS))
+        work = work + (step * rounds + compiling) * rows
     if "gps" in models:
         making = Work(calls=0.2 * args.graphs, bytes=4 * args.graphs * d.nodes * (16 + d.rwse_steps + 4 * 8))
         step = transformer(args.graphs, d.nodes, d.gps_dim, d.gps_depth)
@@ -163,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     if error is not None:
         return usage_error(PROG, error)
     try:
-        cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings), batch=args.batch,
+        cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings),
+                                vit_encodings=tuple(args.vit_encodings), batch=args.batch,
                                 seq_len=args.seq_len, graphs=args.graphs, repeats=args.repeats, warmup=args.warmup,
                                 compile=args.compile, seed=args.seed, background_processes=args.background_processes,
                                 convtran_repo=args.convtran_repo, device=args.device, dtype=args.dtype)

@@ -17,8 +17,8 @@ DEFAULT_MODELS = ("lm", "vit", "gps")
 XT_LM = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}  # x-transformers' kwargs
 LM_ENCODINGS = tuple(XT_LM)  # the default lm rows: the encodings with an x-transformers peer
 LM_MODALITIES = ("seq", "timeseries")  # the encodings a CausalLM builds with
-ALL = "all"  # --lm-encodings all
-VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")
+ALL = "all"  # --lm-encodings all, --vit-encodings all
+VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")  # the default vit rows: the encodings with a timm peer
 PROG = "posenc bench models"
 DTYPES = ("float32", "bfloat16")  # bfloat16: the forward pass and loss under torch.autocast
 
@@ -29,6 +29,7 @@ class ModelsBenchConfig:
 
     models: tuple[str, ...] = DEFAULT_MODELS
     lm_encodings: tuple[str, ...] = LM_ENCODINGS
+    vit_encodings: tuple[str, ...] = VIT_ENCODINGS
     batch: int = 8
     seq_len: int = 256
     lm_dim: int = 256
@@ -83,6 +84,10 @@ class ModelsBenchConfig:
         unknown = [e for e in self.lm_encodings if e not in known]
         if not self.lm_encodings or unknown:
             raise ValueError(f"lm_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
+        known = vit_encoding_names()
+        unknown = [e for e in self.vit_encodings if e not in known]
+        if not self.vit_encodings or unknown:
+            raise ValueError(f"vit_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
         if self.img_size % self.patch:
             raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
 
@@ -116,7 +121,30 @@ def lm_encoding_error(name: str) -> str | None:
     return unknown_name("encoding", name, known, listing="posenc list --modality seq")
 
 
+def vit_encoding_names() -> tuple[str, ...]:
+    """``none`` and every registered image encoding of softmax attention (a
+    :class:`posenc.vision.ViT` builds with each at one image size; the video encodings need a
+    clip, ``conv_spe2d`` linear attention), from the registry's snapshot."""
+    return ("none", *(e.name for e in entries() if e.modality == "vision" and e.grid_ndim == 2 and not e.linear_only))
+
+
+def vit_encoding_error(name: str) -> str | None:
+    """Why ``name`` cannot be a row of the vit pair (one line), or None."""
+    known = vit_encoding_names()
+    if name in known:
+        return None
+    found = next((e for e in entries() if e.name == name), None)
+    if found is not None and found.linear_only:
+        return f"{name!r} runs on linear attention only, and the vit pair trains softmax attention"
+    if found is not None and found.modality == "vision":
+        return f"{name!r} is a video encoding (a 3D grid); the vit pair trains on images"
+    if found is not None:
+        return (f"{name!r} is a {found.modality} encoding; the vit pair takes image encodings "
+                "(posenc list --modality vision)")
+    return unknown_name("encoding", name, known, listing="posenc list --modality vision")
+
+
 __all__ = [
     "ALL", "DEFAULT_MODELS", "DTYPES", "LM_ENCODINGS", "MODELS", "PROG", "VIT_ENCODINGS", "XT_LM", "ModelsBenchConfig",
-    "convtran_repo_error", "lm_encoding_error", "lm_encoding_names",
+    "convtran_repo_error", "lm_encoding_error", "lm_encoding_names", "vit_encoding_error", "vit_encoding_names",
 ]

@@ -1,5 +1,5 @@
-"""The timing of ``posenc bench models`` (see :mod:`.models`): each pair's rows built, one checked
-training step each, then timed round robin, their peak memory, and with compiling the graph
+"""The timing of ``posenc bench models`` (see :mod:`.models`): the rows of each model (every
+pair of the lm, the vit, ...) built, one checked training step each, then timed round robin together, their peak memory, and with compiling the graph
 breaks and the compiled rounds; the table of the result."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Row:
     steps_per_s: float | None = None
     peak_mb: float | None = None
     vs_peer: float | None = None  # this row's ms over the peer's (posenc rows)
+    vs_none: float | None = None  # this row's ms over the same model's without an encoding (posenc rows)
     graph_breaks: int | None = None
     graphs: int | None = None
     compiled_ms: float | None = None
@@ -85,18 +86,26 @@ def _explain(unit: Unit, device: torch.device, autocast: torch.dtype | None) -> 
     return info.graph_break_count, info.graph_count, list(dict.fromkeys(reasons))
 
 
+def _kind(pair: str) -> str:
+    """The model a pair trains (``"vit/peg"`` -> ``"vit"``): the rows of one kind are timed together."""
+    return pair.split("/", 1)[0]
+
+
 def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
     notes: list[str] = []
     todo = candidates(cfg, notes)
     rows = [Row(c.pair, c.name, c.impl) for c in todo]
-    pairs = list(dict.fromkeys(c.pair for c in todo))
-    bar = Progress(len(pairs), "pairs", enabled=progress)
+    keys = [f"{c.pair} {c.impl} {c.name}" for c in todo]  # one key per row: a kind's posenc rows share a model name
+    kinds = list(dict.fromkeys(_kind(c.pair) for c in todo))
+    bar = Progress(len(kinds), "models", enabled=progress)
     device = require_available(cfg.device)
     autocast = torch.bfloat16 if cfg.dtype == "bfloat16" else None
-    for pair in pairs:
-        members = [(c, r) for c, r in zip(todo, rows) if c.pair == pair]
+    for kind in kinds:
+        # every row of a kind in the same rounds: its encodings compare with one another and
+        # with the kind's ``none`` row, not only within a pair (the machine drifts between minutes)
+        members = [(c, r, k) for c, r, k in zip(todo, rows, keys) if _kind(c.pair) == kind]
         steps, units = {}, {}
-        for cand, row in members:
+        for cand, row, key in members:
             try:
                 torch.manual_seed(cfg.seed)
                 unit = cand.factory()
@@ -104,52 +113,48 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
                 opt = torch.optim.AdamW(unit.model.parameters(), lr=1e-4)
                 step = _train_step(unit, unit.model, opt, device, autocast)
                 step()  # one checked step before timing
-                steps[cand.name], units[cand.name] = step, (unit, opt)
+                steps[key], units[key] = step, (unit, opt)
             except Exception as exc:
                 row.error = error_text(exc)
         timings = time_interleaved(steps, repeats=cfg.repeats, warmup=cfg.warmup, device=device, progress=False)
-        for cand, row in members:
-            if cand.name not in steps:
+        for cand, row, key in members:
+            if key not in steps:
                 continue
-            t = timings[cand.name]
+            t = timings[key]
             row.error = t.error
             row.ms = t.median_ms
             row.steps_per_s = 1e3 / row.ms if row.ms else None
             try:
-                row.peak_mb = peak_memory_bytes(steps[cand.name], device) / MB
+                row.peak_mb = peak_memory_bytes(steps[key], device) / MB
             except Exception as exc:
                 row.error = row.error or f"memory: {error_text(exc)}"
         if cfg.compile:
             compiled_steps = {}
-            for cand, row in members:
-                if cand.name not in units or row.error:
+            for cand, row, key in members:
+                if key not in units or row.error:
                     continue
-                unit, _ = units[cand.name]
+                unit, _ = units[key]
                 try:
                     row.graph_breaks, row.graphs, row.break_reasons = _explain(unit, device, autocast)
                     torch._dynamo.reset()
                     compiled = torch.compile(unit.model)  # the same parameters, compiled
                     cstep = _train_step(unit, compiled, torch.optim.AdamW(unit.model.parameters(), lr=1e-4), device, autocast)
                     cstep()  # compiles
-                    compiled_steps[cand.name] = cstep
+                    compiled_steps[key] = cstep
                 except Exception as exc:
                     row.compile_error = error_text(exc)
             # at least one untimed round: the first calls after compiling may still recompile
             ctimes = time_interleaved(compiled_steps, repeats=cfg.repeats, warmup=max(1, cfg.warmup), device=device,
                                       progress=False)
-            for cand, row in members:
-                if cand.name in compiled_steps:
-                    t = ctimes[cand.name]
+            for cand, row, key in members:
+                if key in compiled_steps:
+                    t = ctimes[key]
                     row.compile_error = row.compile_error or t.error
                     row.compiled_ms = t.median_ms
                     if row.compiled_ms and row.ms:
                         row.compile_speedup = row.ms / row.compiled_ms
-        ours = next(((c, r) for c, r in members if r.impl == "posenc"), None)
-        peer = next(((c, r) for c, r in members if r.impl != "posenc"), None)
-        if ours is not None and peer is not None and ours[1].ms and peer[1].ms:
-            # round by round: the pair's two rows alternate in the same rounds
-            ours[1].vs_peer = paired_ratio(timings[ours[0].name].times_ms, timings[peer[0].name].times_ms)
-        bar.update(note=pair)
+        _paired_ratios(members, timings)
+        bar.update(note=kind)
     bar.close()
     config = asdict(cfg)
     config.update(
@@ -157,9 +162,23 @@ def _measure(cfg: ModelsBenchConfig, *, progress: bool) -> ModelsResult:
         machine=platform.processor() or platform.machine(), background_load=describe(cfg.background_processes),
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         load_average=load_average(), peer_versions=versions(PEER_DISTS),
-        timing="training step (AdamW) median of repeats after warmup; the rows of a pair round robin",
+        timing="training step (AdamW) median of repeats after warmup; the rows of a model (lm, vit, ...) round robin",
     )
     return ModelsResult(config, rows, notes)
+
+
+def _paired_ratios(members: list, timings: dict) -> None:
+    """``vs_peer`` of each pair's posenc row and ``vs_none`` of each posenc row against the kind's
+    posenc ``none`` row, round by round: every row of a kind ran in the same rounds."""
+    times = {key: timings[key].times_ms for _, row, key in members if key in timings and row.ms}
+    posenc = [(c, r, k) for c, r, k in members if r.impl == "posenc" and k in times]
+    base = next((k for c, r, k in posenc if c.pair.endswith("/none")), None)
+    for cand, row, key in posenc:
+        peer = next((k for c, r, k in members if c.pair == cand.pair and r.impl != "posenc" and k in times), None)
+        if peer is not None:
+            row.vs_peer = paired_ratio(times[key], times[peer])
+        if base is not None:
+            row.vs_none = paired_ratio(times[key], times[base])
 
 
 def run_benchmark(cfg: ModelsBenchConfig, *, progress: bool = True) -> ModelsResult:
@@ -190,15 +209,17 @@ def render(result: ModelsResult) -> str:
         f"T={c['series_len']}",
         f"background load: {c['background_load']}; load average at the end: {format_load_average(c['load_average'])}",
         "vs peer: median over rounds of posenc ms / peer ms in the same round (target <= 1.10); "
-        "breaks: torch._dynamo.explain graph breaks of the forward; "
+        "vs none: the same against posenc's model without an encoding (a 'none' row); "
+        "the rows of a model run in the same rounds; breaks: torch._dynamo.explain graph breaks of the forward; "
         "compiled x: eager ms / compiled ms",
         "",
     ]
-    headers = ["pair", "model", "impl", "ms/step", "steps/s", "peak MB", "vs peer", "breaks", "compiled ms", "compiled x"]
+    headers = ["pair", "model", "impl", "ms/step", "steps/s", "peak MB", "vs peer", "vs none", "breaks", "compiled ms",
+               "compiled x"]
     body = [[r.pair, r.name, r.impl, _num(r.ms, ".1f"), _num(r.steps_per_s, ".2f"), _num(r.peak_mb, ".1f"),
-             _num(r.vs_peer, ".2f"), "-" if r.graph_breaks is None else str(r.graph_breaks),
+             _num(r.vs_peer, ".2f"), _num(r.vs_none, ".2f"), "-" if r.graph_breaks is None else str(r.graph_breaks),
              _num(r.compiled_ms, ".1f"), _num(r.compile_speedup, ".2f")] for r in result.rows]
-    lines.append(format_table(headers, body, align="lll" + "r" * 7))
+    lines.append(format_table(headers, body, align="lll" + "r" * 8))
     reasons = [(r, why) for r in result.rows for why in r.break_reasons]
     if reasons:
         lines += ["", "graph breaks:"] + [f"  {r.pair} {r.impl}: {why}" for r, why in reasons]

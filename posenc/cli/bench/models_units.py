@@ -85,7 +85,7 @@ def posenc_vit(cfg: ModelsBenchConfig, encoding: str) -> Unit:
     from ...vision.vit import ViT
 
     model = ViT(cfg.img_size, cfg.patch, num_classes=10, dim=cfg.vit_dim, depth=cfg.vit_depth, num_heads=cfg.vit_heads,
-                encoding=encoding)
+                encoding=None if encoding == "none" else encoding)
     x, y = _images(cfg)
     return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
 
@@ -222,9 +222,9 @@ def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
             notes.append("x-transformers is not installed: no LM peers (pip install 'posenc[bench]')")
     if "vit" in cfg.models:
         peer = installed("timm")
-        for e in VIT_ENCODINGS:
+        for e in cfg.vit_encodings:
             out.append(Candidate(f"vit/{e}", "ViT", "posenc", lambda e=e: posenc_vit(cfg, e)))
-            if peer:
+            if peer and e in VIT_ENCODINGS:
                 label = "VisionTransformer" if e == "learned2d" else TIMM_VIT[e]
                 out.append(Candidate(f"vit/{e}", label, "timm", lambda e=e: timm_vit(cfg, e)))
         if not peer:
