@@ -58,6 +58,7 @@ is imported; the models of each pair are :mod:`.models_units`, the timing and th
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..argtypes import nonnegative_int, out_directory, positive_int, seed_value
 from ..errors import unknown_name, usage_error
@@ -81,32 +82,29 @@ def _models(text: str) -> tuple[str, ...]:
     return names
 
 
-def _lm_encodings(text: str) -> tuple[str, ...]:
-    """``--lm-encodings``: ``all``, or comma-separated encodings a CausalLM trains with."""
+def _encoding_list(text: str, names: Callable[[], tuple[str, ...]], error_of: Callable[[str], str | None],
+                   example: str) -> tuple[str, ...]:
+    """``all`` (every name of ``names()``), or comma-separated names, each checked by ``error_of``."""
     if text.strip() == ALL:
-        return lm_encoding_names()
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; name some (e.g. rope,alibi) or {ALL}")
-    for name in names:
-        error = lm_encoding_error(name)
+        return names()
+    chosen = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; name some (e.g. {example}) or {ALL}")
+    for name in chosen:
+        error = error_of(name)
         if error is not None:
             raise argparse.ArgumentTypeError(error)
-    return names
+    return chosen
+
+
+def _lm_encodings(text: str) -> tuple[str, ...]:
+    """``--lm-encodings``: ``all``, or comma-separated encodings a CausalLM trains with."""
+    return _encoding_list(text, lm_encoding_names, lm_encoding_error, "rope,alibi")
 
 
 def _vit_encodings(text: str) -> tuple[str, ...]:
     """``--vit-encodings``: ``all``, or comma-separated image encodings a ViT trains with."""
-    if text.strip() == ALL:
-        return vit_encoding_names()
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"no encodings in {text!r}; name some (e.g. sincos2d,peg) or {ALL}")
-    for name in names:
-        error = vit_encoding_error(name)
-        if error is not None:
-            raise argparse.ArgumentTypeError(error)
-    return names
+    return _encoding_list(text, vit_encoding_names, vit_encoding_error, "sincos2d,peg")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

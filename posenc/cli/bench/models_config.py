@@ -107,18 +107,22 @@ def lm_encoding_names() -> tuple[str, ...]:
     return ("none", *(e.name for e in entries() if e.modality in LM_MODALITIES and not e.linear_only))
 
 
-def lm_encoding_error(name: str) -> str | None:
-    """Why ``name`` cannot be a row of the lm pair (one line, the closest names for a misspelt one), or None."""
-    known = lm_encoding_names()
-    if name in known:
-        return None
+def _row_error(name: str, pair: str, known: tuple[str, ...], takes: str, modality: str) -> str | None:
+    """Why ``name`` (not in ``known``) cannot be a row of ``pair``: one line, the closest names for a misspelt one."""
     found = next((e for e in entries() if e.name == name), None)
-    if found is not None and found.linear_only:
-        return f"{name!r} runs on linear attention only, and the lm pair trains softmax attention"
-    if found is not None:
-        return (f"{name!r} is a {found.modality} encoding; the lm pair takes sequence and time-series encodings "
-                "(posenc list --modality seq)")
-    return unknown_name("encoding", name, known, listing="posenc list --modality seq")
+    if found is None:
+        return unknown_name("encoding", name, known, listing=f"posenc list --modality {modality}")
+    if found.linear_only:
+        return f"{name!r} runs on linear attention only, and the {pair} pair trains softmax attention"
+    if found.modality == modality:  # a vision encoding the vit pair lacks: a video one
+        return f"{name!r} is a video encoding (a 3D grid); the {pair} pair trains on images"
+    return f"{name!r} is a {found.modality} encoding; the {pair} pair takes {takes} (posenc list --modality {modality})"
+
+
+def lm_encoding_error(name: str) -> str | None:
+    """Why ``name`` cannot be a row of the lm pair (one line), or None."""
+    known = lm_encoding_names()
+    return None if name in known else _row_error(name, "lm", known, "sequence and time-series encodings", "seq")
 
 
 def vit_encoding_names() -> tuple[str, ...]:
@@ -131,17 +135,7 @@ def vit_encoding_names() -> tuple[str, ...]:
 def vit_encoding_error(name: str) -> str | None:
     """Why ``name`` cannot be a row of the vit pair (one line), or None."""
     known = vit_encoding_names()
-    if name in known:
-        return None
-    found = next((e for e in entries() if e.name == name), None)
-    if found is not None and found.linear_only:
-        return f"{name!r} runs on linear attention only, and the vit pair trains softmax attention"
-    if found is not None and found.modality == "vision":
-        return f"{name!r} is a video encoding (a 3D grid); the vit pair trains on images"
-    if found is not None:
-        return (f"{name!r} is a {found.modality} encoding; the vit pair takes image encodings "
-                "(posenc list --modality vision)")
-    return unknown_name("encoding", name, known, listing="posenc list --modality vision")
+    return None if name in known else _row_error(name, "vit", known, "image encodings", "vision")
 
 
 __all__ = [
