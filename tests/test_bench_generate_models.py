@@ -196,6 +196,41 @@ def test_bench_models_vit_encodings_option(tmp_path, capsys):
         models_bench.ModelsBenchConfig(vit_encodings=("foo",))
 
 
+def test_bench_models_gps_encodings_option(tmp_path, capsys):
+    """--gps-encodings all: a GPS row per graph encoding and none, each with its structure
+    precomputed; RWSE alone keeps the PyG row; other modalities' encodings are refused by name."""
+    names = models_bench.gps_encoding_names()
+    assert {"none", "lap", "rwse", "landmark", "maglap", "rrwp", "spd", "stable_pe"} == set(names)
+    argv = ["bench", "models", "--models", "gps", "--gps-encodings", "all", "--graphs", "2", "--repeats", "1",
+            "--warmup", "0", "--no-compile", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = json.loads((tmp_path / "models.json").read_text())["rows"]
+    assert {r["pair"] for r in rows} == {f"gps/{e}" for e in names}
+    assert {r["impl"] for r in rows if r["pair"] == "gps/rwse"} == {"posenc", "torch_geometric"}
+    assert all(r["impl"] == "posenc" for r in rows if r["pair"] != "gps/rwse")
+    assert all(r["error"] is None and r["ms"] > 0 for r in rows), [r["error"] for r in rows]
+    assert [r["vs_none"] for r in rows if r["pair"] == "gps/none"] == [1.0]
+    capsys.readouterr()
+    for bad, said in (("rope", "'rope' is a seq encoding; the gps pair takes graph encodings"),
+                      ("lapp", "unknown encoding 'lapp' (did you mean 'lap'")):
+        assert cli.main(["bench", "models", "--gps-encodings", bad]) == 2
+        assert "--gps-encodings: " in (err := capsys.readouterr().err) and said in err, err
+    with pytest.raises(ValueError, match="nodes must be more than 8 for lap"):
+        models_bench.ModelsBenchConfig(models=("gps",), gps_encodings=("lap",), nodes=8)
+
+
+@pytest.mark.parametrize("encoding", ["lap", "landmark", "maglap", "rrwp", "spd", "stable_pe"])
+def test_bench_models_gps_rows_feed_their_encoding(encoding):
+    """Each gps row builds its model with that encoding and the structure it reads, and its step
+    reaches it: the encoding's parameters get a nonzero gradient from the row's loss."""
+    cfg = models_bench.ModelsBenchConfig(models=("gps",), gps_encodings=(encoding,), graphs=2)
+    unit = models_units.posenc_gps(cfg, encoding)
+    loss = unit.loss_of(unit.apply(unit.model))
+    loss.backward()
+    grads = [p.grad for p in unit.model.encoding.parameters() if p.requires_grad]
+    assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
 _FAKE_AUTHORS_MODEL = '''
 import torch
 from torch import nn

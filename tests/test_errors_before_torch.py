@@ -74,6 +74,7 @@ MISTAKES = [
     (["bench", "models", "--lm-encodings", "rope,sine_spe"], "'sine_spe' runs on linear attention only"),
     (["bench", "models", "--lm-encodings", "rope2d_axial"], "'rope2d_axial' is a vision encoding"),
     (["bench", "models", "--vit-encodings", "sincos3d"], "--vit-encodings: 'sincos3d' is a video encoding"),
+    (["bench", "models", "--gps-encodings", "rope"], "--gps-encodings: 'rope' is a seq encoding"),
     (["bench", "models", "--models", "vitt"], "--models: unknown pair 'vitt' (did you mean 'vit'?)"),
     (["bench", "models", "--models", "convtran", "--convtran-repo", "no/such/dir"], "convtran_repo must be a checkout"),
     (["bench", "models", "--out", "README.md/run"], "--out 'README.md/run'"),

@@ -28,6 +28,9 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     :class:`posenc.graph.GPS` (RWSE input encoding, GINE local layer, mean pool) against a model
     written here from PyG's ``GPSConv`` (``GINEConv`` local, multi-head attention global) with the
     same RWSE features through a linear layer; random graphs batched as PyG does.
+    ``--gps-encodings`` picks other encodings (``all``: none and every registered graph encoding),
+    each with its structure precomputed per graph before the timing (as a dataset transform does;
+    spd's distances read from the batch once); only RWSE has the PyG row.
 
 ``convtran``
     :class:`posenc.timeseries.ConvTranClassifier` (``tape+erpe``, ConvTran's sizes: width 16, 8
@@ -66,8 +69,9 @@ from ..outputs import out_error, write_file, write_json_file
 from ..sizes import CALL_SECONDS, Work, add_allow_large, defaults_of, size_error, transformer
 from .devices import device_arg, require_available
 from .models_config import (
-    ALL, DEFAULT_MODELS, DTYPES, LM_ENCODINGS, MODELS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig, convtran_repo_error,
-    lm_encoding_error, lm_encoding_names, vit_encoding_error, vit_encoding_names,
+    ALL, DEFAULT_MODELS, DTYPES, GPS_ENCODINGS, LM_ENCODINGS, MODELS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig,
+    convtran_repo_error, gps_encoding_error, gps_encoding_names, lm_encoding_error, lm_encoding_names,
+    vit_encoding_error, vit_encoding_names,
 )
 
 
@@ -107,6 +111,11 @@ def _vit_encodings(text: str) -> tuple[str, ...]:
     return _encoding_list(text, vit_encoding_names, vit_encoding_error, "sincos2d,peg")
 
 
+def _gps_encodings(text: str) -> tuple[str, ...]:
+    """``--gps-encodings``: ``all``, or comma-separated graph encodings a GPS trains with."""
+    return _encoding_list(text, gps_encoding_names, gps_encoding_error, "lap,spd")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ModelsBenchConfig()
     parser.add_argument("--models", type=_models, default=d.models, metavar="A,B",
@@ -118,6 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vit-encodings", type=_vit_encodings, default=d.vit_encodings, metavar="A,B|all",
                         help=f"encodings of the vit pair ({ALL}: none and every image encoding of softmax attention; "
                              f"timm rows for {', '.join(VIT_ENCODINGS)}) (default: {','.join(VIT_ENCODINGS)})")
+    parser.add_argument("--gps-encodings", type=_gps_encodings, default=d.gps_encodings, metavar="A,B|all",
+                        help=f"encodings of the gps pair ({ALL}: none and every graph encoding; the PyG row for "
+                             f"{', '.join(GPS_ENCODINGS)}) (default: {','.join(GPS_ENCODINGS)})")
     parser.add_argument("--batch", type=positive_int, default=d.batch, help="LM sequences / images per step (default: %(default)s)")
     parser.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="LM tokens (default: %(default)s)")
     parser.add_argument("--graphs", type=positive_int, default=d.graphs, help="graphs per GPS batch (default: %(default)s)")
@@ -163,7 +175,8 @@ def estimate(args: argparse.Namespace) -> Work:
     if "gps" in models:
         making = Work(calls=0.2 * args.graphs, bytes=4 * args.graphs * d.nodes * (16 + d.rwse_steps + 4 * 8))
         step = transformer(args.graphs, d.nodes, d.gps_dim, d.gps_depth)
-        work = work + (making + step * rounds + compiling) * 2
+        rows = len(args.gps_encodings) + len(set(args.gps_encodings) & set(GPS_ENCODINGS))
+        work = work + (making + step * rounds + compiling) * rows
     if "convtran" in models:
         step = transformer(d.series, d.series_len, 16, 1)
         work = work + (step * rounds + compiling) * 2
@@ -183,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(PROG, error)
     try:
         cfg = ModelsBenchConfig(models=tuple(args.models), lm_encodings=tuple(args.lm_encodings),
-                                vit_encodings=tuple(args.vit_encodings), batch=args.batch,
+                                vit_encodings=tuple(args.vit_encodings), gps_encodings=tuple(args.gps_encodings),
+                                batch=args.batch,
                                 seq_len=args.seq_len, graphs=args.graphs, repeats=args.repeats, warmup=args.warmup,
                                 compile=args.compile, seed=args.seed, background_processes=args.background_processes,
                                 convtran_repo=args.convtran_repo, device=args.device, dtype=args.dtype)

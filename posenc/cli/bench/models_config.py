@@ -17,8 +17,10 @@ DEFAULT_MODELS = ("lm", "vit", "gps")
 XT_LM = {"rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}, "none": {}}  # x-transformers' kwargs
 LM_ENCODINGS = tuple(XT_LM)  # the default lm rows: the encodings with an x-transformers peer
 LM_MODALITIES = ("seq", "timeseries")  # the encodings a CausalLM builds with
-ALL = "all"  # --lm-encodings all, --vit-encodings all
+ALL = "all"  # --lm-encodings all, --vit-encodings all, --gps-encodings all
 VIT_ENCODINGS = ("learned2d", "rope2d_axial", "rope2d_mixed")  # the default vit rows: the encodings with a timm peer
+GPS_ENCODINGS = ("rwse",)  # the default gps rows: the encoding the PyG GPSConv peer is written with
+GPS_EIGENVECTORS = 8  # k of lap, maglap, stable_pe and anchors of landmark in the gps rows: GraphGPS's LapPE k
 PROG = "posenc bench models"
 DTYPES = ("float32", "bfloat16")  # bfloat16: the forward pass and loss under torch.autocast
 
@@ -30,6 +32,7 @@ class ModelsBenchConfig:
     models: tuple[str, ...] = DEFAULT_MODELS
     lm_encodings: tuple[str, ...] = LM_ENCODINGS
     vit_encodings: tuple[str, ...] = VIT_ENCODINGS
+    gps_encodings: tuple[str, ...] = GPS_ENCODINGS
     batch: int = 8
     seq_len: int = 256
     lm_dim: int = 256
@@ -88,6 +91,14 @@ class ModelsBenchConfig:
         unknown = [e for e in self.vit_encodings if e not in known]
         if not self.vit_encodings or unknown:
             raise ValueError(f"vit_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
+        known = gps_encoding_names()
+        unknown = [e for e in self.gps_encodings if e not in known]
+        if not self.gps_encodings or unknown:
+            raise ValueError(f"gps_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
+        spectral = sorted(set(self.gps_encodings) & {"lap", "maglap", "stable_pe", "landmark"})
+        if "gps" in self.models and spectral and self.nodes <= GPS_EIGENVECTORS:
+            raise ValueError(f"nodes must be more than {GPS_EIGENVECTORS} for {', '.join(spectral)} "
+                             f"({GPS_EIGENVECTORS} eigenvectors or anchors per graph); got {self.nodes}")
         if self.img_size % self.patch:
             raise ValueError(f"img_size ({self.img_size}) must be divisible by patch ({self.patch})")
 
@@ -138,7 +149,20 @@ def vit_encoding_error(name: str) -> str | None:
     return None if name in known else _row_error(name, "vit", known, "image encodings", "vision")
 
 
+def gps_encoding_names() -> tuple[str, ...]:
+    """``none`` and every registered graph encoding of softmax attention (a :class:`posenc.graph.GPS`
+    builds with each, its structure precomputed for the batch), from the registry's snapshot."""
+    return ("none", *(e.name for e in entries() if e.modality == "graph" and not e.linear_only))
+
+
+def gps_encoding_error(name: str) -> str | None:
+    """Why ``name`` cannot be a row of the gps pair (one line), or None."""
+    known = gps_encoding_names()
+    return None if name in known else _row_error(name, "gps", known, "graph encodings", "graph")
+
+
 __all__ = [
-    "ALL", "DEFAULT_MODELS", "DTYPES", "LM_ENCODINGS", "MODELS", "PROG", "VIT_ENCODINGS", "XT_LM", "ModelsBenchConfig",
-    "convtran_repo_error", "lm_encoding_error", "lm_encoding_names", "vit_encoding_error", "vit_encoding_names",
+    "ALL", "DEFAULT_MODELS", "DTYPES", "GPS_EIGENVECTORS", "GPS_ENCODINGS", "LM_ENCODINGS", "MODELS", "PROG",
+    "VIT_ENCODINGS", "XT_LM", "ModelsBenchConfig", "convtran_repo_error", "gps_encoding_error", "gps_encoding_names",
+    "lm_encoding_error", "lm_encoding_names", "vit_encoding_error", "vit_encoding_names",
 ]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import code_notice
-from .models_config import PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig
+from .models_config import GPS_ENCODINGS, GPS_EIGENVECTORS, PROG, VIT_ENCODINGS, XT_LM, ModelsBenchConfig
 from .peers import installed
 
 TIMM_VIT = {"rope2d_axial": "vit_small_patch16_rope_224", "rope2d_mixed": "vit_small_patch16_rope_mixed_224"}
@@ -105,13 +105,14 @@ def timm_vit(cfg: ModelsBenchConfig, encoding: str) -> Unit:
     return Unit(model, lambda m: m(x), lambda out: F.cross_entropy(out, y))
 
 
-def _graphs(cfg: ModelsBenchConfig):
-    """Random graphs (a ring plus random chords, ``nodes`` each), batched, with RWSE features."""
+def _graphs(cfg: ModelsBenchConfig, encoding: str = "rwse"):
+    """Random graphs (a ring plus random chords, ``nodes`` each), batched, with the structure
+    ``encoding`` reads precomputed graph by graph, as a dataset's transform would (RWSE with PyG's
+    own transform: the peer reads the same features), and a target per graph."""
     from torch_geometric.data import Batch, Data
-    from torch_geometric.transforms import AddRandomWalkPE
 
     g = torch.Generator().manual_seed(cfg.seed)
-    walk = AddRandomWalkPE(cfg.rwse_steps, attr_name="random_walk_pe")
+    make = _structure_transform(cfg, encoding)
     items = []
     n = cfg.nodes
     for _ in range(cfg.graphs):
@@ -121,19 +122,48 @@ def _graphs(cfg: ModelsBenchConfig):
         e = torch.cat([e, e.flip(0)], dim=1)
         data = Data(x=torch.randn(n, 16, generator=g), edge_index=e, edge_attr=torch.randn(e.shape[1], 8, generator=g),
                     num_nodes=n)
-        items.append(walk(data))
+        items.append(data if make is None else make(data))
     batch = Batch.from_data_list(items)
     return batch.to(cfg.device), torch.randn(cfg.graphs, 1, generator=g).to(cfg.device)
 
 
-def posenc_gps(cfg: ModelsBenchConfig) -> Unit:
-    from ...graph.gps import GPS
+def _structure_transform(cfg: ModelsBenchConfig, encoding: str):
+    """The transform that precomputes what ``encoding`` reads (None: nothing, or spd's distances,
+    which :func:`posenc.graph.node_positions` computes from the batch's edges)."""
+    from torch_geometric.transforms import AddRandomWalkPE
 
-    batch, y = _graphs(cfg)
-    model = GPS(16, 1, dim=cfg.gps_dim, depth=cfg.gps_depth, num_heads=cfg.gps_heads, edge_dim=8, encoding="rwse",
-                encoding_options={"walk_length": cfg.rwse_steps})
+    from ...graph import AddLandmarkPE, AddLaplacianPE, AddMagneticLaplacianPE, AddRRWP, AddStablePE
+
+    k = GPS_EIGENVECTORS
+    transforms = {
+        "rwse": lambda: AddRandomWalkPE(cfg.rwse_steps, attr_name="random_walk_pe"),
+        "lap": lambda: AddLaplacianPE(k, random_sign=False, eigenvalues=True),
+        "maglap": lambda: AddMagneticLaplacianPE(k, q=0.25),
+        "stable_pe": lambda: AddStablePE(k),
+        "landmark": lambda: AddLandmarkPE(k),
+        "rrwp": lambda: AddRRWP(cfg.rwse_steps),
+    }
+    return transforms[encoding]() if encoding in transforms else None
+
+
+def _gps_options(cfg: ModelsBenchConfig, encoding: str) -> dict | None:
+    """The options a named encoding is built with: the sizes its precomputed structure has."""
+    k = GPS_EIGENVECTORS
+    return {"rwse": {"walk_length": cfg.rwse_steps}, "rrwp": {"walk_length": cfg.rwse_steps}, "lap": {"k": k},
+            "maglap": {"k": k}, "stable_pe": {"k": k}, "landmark": {"k": k}}.get(encoding)
+
+
+def posenc_gps(cfg: ModelsBenchConfig, encoding: str = "rwse") -> Unit:
+    """posenc's GPS with ``encoding`` (or none). Each encoding's per-node input is read from the
+    batch once, outside the step, as the precomputed structure is in training."""
+    from ...graph.gps import GPS, node_positions
+
+    batch, y = _graphs(cfg, encoding)
+    model = GPS(16, 1, dim=cfg.gps_dim, depth=cfg.gps_depth, num_heads=cfg.gps_heads, edge_dim=8,
+                encoding=None if encoding == "none" else encoding, encoding_options=_gps_options(cfg, encoding))
+    positions = None if model.encoding is None else node_positions(batch, model.encoding)
     return Unit(model, lambda m: m(batch.x, batch.edge_index, batch=batch.batch, edge_attr=batch.edge_attr,
-                                      positions=batch.random_walk_pe, num_graphs=batch.num_graphs), lambda out: F.mse_loss(out, y))
+                                      positions=positions, num_graphs=batch.num_graphs), lambda out: F.mse_loss(out, y))
 
 
 class PyGGPS(nn.Module):
@@ -230,8 +260,10 @@ def candidates(cfg: ModelsBenchConfig, notes: list[str]) -> list[Candidate]:
         if not peer:
             notes.append("timm is not installed: no ViT peers")
     if "gps" in cfg.models:
-        out.append(Candidate("gps/rwse", "GPS", "posenc", lambda: posenc_gps(cfg)))
-        out.append(Candidate("gps/rwse", "GPSConv stack", "torch_geometric", lambda: pyg_gps(cfg)))
+        for e in cfg.gps_encodings:
+            out.append(Candidate(f"gps/{e}", "GPS", "posenc", lambda e=e: posenc_gps(cfg, e)))
+            if e in GPS_ENCODINGS:
+                out.append(Candidate(f"gps/{e}", "GPSConv stack", "torch_geometric", lambda: pyg_gps(cfg)))
     if "convtran" in cfg.models:
         out.append(Candidate("convtran/tape+erpe", "ConvTranClassifier", "posenc", lambda: posenc_convtran(cfg)))
         if cfg.convtran_repo is not None:
