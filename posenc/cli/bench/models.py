@@ -42,7 +42,7 @@ Pairs (same sizes, same data, same optimizer: AdamW, one step = forward, loss, b
     name only a checkout you trust). Without it the pair has the posenc row alone.
 
 Each row: median ms per training step over ``--repeats`` rounds after ``--warmup`` (every row of
-one model, the lm's or the vit's, interleaved round robin, see :mod:`.timing`), steps/s, peak
+one model, the lm's, the vit's or the gps's, interleaved round robin, see :mod:`.timing`), steps/s, peak
 memory of one step (see :mod:`.memory`), the posenc row's time over its peer's round by round
 (the median over rounds of the two rows' ratio in each round, :func:`.timing.paired_ratio`), and
 likewise over posenc's ``none`` row of the same model where the run has one (``vs none``). ``--device cuda`` runs every model and
