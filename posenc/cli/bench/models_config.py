@@ -83,18 +83,12 @@ class ModelsBenchConfig:
         problem = convtran_repo_error(self.convtran_repo)
         if problem is not None:
             raise ValueError(problem)
-        known = lm_encoding_names()
-        unknown = [e for e in self.lm_encodings if e not in known]
-        if not self.lm_encodings or unknown:
-            raise ValueError(f"lm_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
-        known = vit_encoding_names()
-        unknown = [e for e in self.vit_encodings if e not in known]
-        if not self.vit_encodings or unknown:
-            raise ValueError(f"vit_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
-        known = gps_encoding_names()
-        unknown = [e for e in self.gps_encodings if e not in known]
-        if not self.gps_encodings or unknown:
-            raise ValueError(f"gps_encodings must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
+        for field, names in (("lm_encodings", lm_encoding_names), ("vit_encodings", vit_encoding_names),
+                             ("gps_encodings", gps_encoding_names)):
+            chosen, known = getattr(self, field), names()
+            unknown = [e for e in chosen if e not in known]
+            if not chosen or unknown:
+                raise ValueError(f"{field} must be some of {', '.join(known)}; got {', '.join(unknown) or 'none'}")
         spectral = sorted(set(self.gps_encodings) & {"lap", "maglap", "stable_pe", "landmark"})
         if "gps" in self.models and spectral and self.nodes <= GPS_EIGENVECTORS:
             raise ValueError(f"nodes must be more than {GPS_EIGENVECTORS} for {', '.join(spectral)} "

@@ -112,7 +112,8 @@ def _graphs(cfg: ModelsBenchConfig, encoding: str = "rwse"):
     from torch_geometric.data import Batch, Data
 
     g = torch.Generator().manual_seed(cfg.seed)
-    make = _structure_transform(cfg, encoding)
+    factory, _ = _gps_structure(cfg, encoding)
+    make = None if factory is None else factory()
     items = []
     n = cfg.nodes
     for _ in range(cfg.graphs):
@@ -127,30 +128,25 @@ def _graphs(cfg: ModelsBenchConfig, encoding: str = "rwse"):
     return batch.to(cfg.device), torch.randn(cfg.graphs, 1, generator=g).to(cfg.device)
 
 
-def _structure_transform(cfg: ModelsBenchConfig, encoding: str):
-    """The transform that precomputes what ``encoding`` reads (None: nothing, or spd's distances,
-    which :func:`posenc.graph.node_positions` computes from the batch's edges)."""
+def _gps_structure(cfg: ModelsBenchConfig, encoding: str) -> tuple[Callable[[], object] | None, dict | None]:
+    """``(transform factory, encoding options)`` of a gps row: the transform that precomputes what
+    ``encoding`` reads and the sizes the encoding is built with, from one entry so that they agree
+    (None, None: nothing to precompute, or spd's distances, which
+    :func:`posenc.graph.node_positions` computes from the batch's edges)."""
     from torch_geometric.transforms import AddRandomWalkPE
 
     from ...graph import AddLandmarkPE, AddLaplacianPE, AddMagneticLaplacianPE, AddRRWP, AddStablePE
 
-    k = GPS_EIGENVECTORS
-    transforms = {
-        "rwse": lambda: AddRandomWalkPE(cfg.rwse_steps, attr_name="random_walk_pe"),
-        "lap": lambda: AddLaplacianPE(k, random_sign=False, eigenvalues=True),
-        "maglap": lambda: AddMagneticLaplacianPE(k, q=0.25),
-        "stable_pe": lambda: AddStablePE(k),
-        "landmark": lambda: AddLandmarkPE(k),
-        "rrwp": lambda: AddRRWP(cfg.rwse_steps),
+    k, walk = GPS_EIGENVECTORS, cfg.rwse_steps
+    table = {
+        "rwse": (lambda: AddRandomWalkPE(walk, attr_name="random_walk_pe"), {"walk_length": walk}),
+        "rrwp": (lambda: AddRRWP(walk), {"walk_length": walk}),
+        "lap": (lambda: AddLaplacianPE(k, random_sign=False, eigenvalues=True), {"k": k}),
+        "maglap": (lambda: AddMagneticLaplacianPE(k, q=0.25), {"k": k}),
+        "stable_pe": (lambda: AddStablePE(k), {"k": k}),
+        "landmark": (lambda: AddLandmarkPE(k), {"k": k}),
     }
-    return transforms[encoding]() if encoding in transforms else None
-
-
-def _gps_options(cfg: ModelsBenchConfig, encoding: str) -> dict | None:
-    """The options a named encoding is built with: the sizes its precomputed structure has."""
-    k = GPS_EIGENVECTORS
-    return {"rwse": {"walk_length": cfg.rwse_steps}, "rrwp": {"walk_length": cfg.rwse_steps}, "lap": {"k": k},
-            "maglap": {"k": k}, "stable_pe": {"k": k}, "landmark": {"k": k}}.get(encoding)
+    return table.get(encoding, (None, None))
 
 
 def posenc_gps(cfg: ModelsBenchConfig, encoding: str = "rwse") -> Unit:
@@ -160,7 +156,7 @@ def posenc_gps(cfg: ModelsBenchConfig, encoding: str = "rwse") -> Unit:
 
     batch, y = _graphs(cfg, encoding)
     model = GPS(16, 1, dim=cfg.gps_dim, depth=cfg.gps_depth, num_heads=cfg.gps_heads, edge_dim=8,
-                encoding=None if encoding == "none" else encoding, encoding_options=_gps_options(cfg, encoding))
+                encoding=None if encoding == "none" else encoding, encoding_options=_gps_structure(cfg, encoding)[1])
     positions = None if model.encoding is None else node_positions(batch, model.encoding)
     return Unit(model, lambda m: m(batch.x, batch.edge_index, batch=batch.batch, edge_attr=batch.edge_attr,
                                       positions=positions, num_graphs=batch.num_graphs), lambda out: F.mse_loss(out, y))
