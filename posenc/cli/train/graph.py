@@ -117,8 +117,8 @@ CSL_NODES, MOLECULES, MOLECULE_NODES, USER_GRAPHS = 41, 5000, 30, 1000
 
 def estimate(args: argparse.Namespace) -> Work:
     """The run's work (posenc.cli.sizes): the encodings precomputed per graph (an eigensolver,
-    ``--walk-length`` dense products, a search per anchor), the training steps of a GPS over
-    dense per-graph attention, the final evaluation; memory: the graphs' encodings."""
+    ``--walk-length`` dense products, a search per anchor; RRWP's pairs, K values each), the
+    training steps of a GPS over dense per-graph attention, the final evaluation; memory: the graphs' encodings."""
     if args.dataset == "csl":
         graphs, nodes = 10 * args.csl_per_class, CSL_NODES
     elif args.dataset == "molecules":
@@ -128,8 +128,10 @@ def estimate(args: argparse.Namespace) -> Work:
     batch = args.batch_size or (10 if args.dataset == "csl" else 64)
     steps = args.steps or (args.epochs or (60 if args.dataset == "csl" else 10)) * max(1, graphs // batch)
     per_graph = {"lap": 10 * nodes ** 3, "rwse": args.walk_length * 2 * nodes ** 3,
-                 "landmark": args.landmark_k * nodes ** 2}.get(args.encoding, 0)
-    features = {"lap": 2 * args.lap_k, "rwse": args.walk_length, "landmark": args.landmark_k}.get(args.encoding, 0)
+                 "landmark": args.landmark_k * nodes ** 2, "rrwp": 8 * 2 * nodes ** 3, "maglap": 40 * nodes ** 3,
+                 "stable_pe": 10 * nodes ** 3}.get(args.encoding, 0)
+    features = {"lap": 2 * args.lap_k, "rwse": args.walk_length, "landmark": args.landmark_k,
+                "rrwp": 8 * nodes, "maglap": 3 * 8, "stable_pe": 2 * 16}.get(args.encoding, 0)
     encodings = Work(graphs * per_graph, 0, 4 * graphs * nodes * (features + 16))
     train = transformer(batch, nodes, args.dim, args.depth, steps=steps)
     evaluate = transformer(graphs, nodes, args.dim, args.depth, train=False)
@@ -257,11 +259,15 @@ def add_encoding_features(
     graphs: list, encoding: str, *, lap_k: int = 8, walk_length: int = 20, landmark_k: int = 8,
     landmark_anchors: str = "degree", seed: int = 0,
 ) -> list:
-    """Precompute the per-node features an input-hook encoding reads (see
+    """Precompute the per-node features an encoding reads (see
     :func:`posenc.graph.gps.node_positions`): ``lap`` with canonical signs and the eigenvalues,
     ``rwse``, ``landmark`` (random anchors drawn graph by graph from a generator seeded with
-    ``seed``); other encodings need nothing precomputed. Modifies and returns ``graphs``."""
+    ``seed``), and ``rrwp``, ``maglap`` and ``stable_pe`` at their encodings' default sizes (the
+    transforms' defaults: 8 walk steps, 8 eigenvectors with q = 0.25, 16 eigenpairs; no flag
+    changes them); ``spd`` computes its distances from each batch, ``none`` reads nothing.
+    Modifies and returns ``graphs``."""
     from ...graph.gps import LANDMARK_ATTR, LAP_ATTR, RWSE_ATTR
+    from ...graph.structure_transforms import AddMagneticLaplacianPE, AddRRWP, AddStablePE
     from ...graph.transforms import AddLandmarkPE, AddLaplacianPE, AddRandomWalkSE
 
     if encoding == "lap":
@@ -270,6 +276,12 @@ def add_encoding_features(
         transform = AddRandomWalkSE(walk_length, RWSE_ATTR)
     elif encoding == "landmark":
         transform = AddLandmarkPE(landmark_k, LANDMARK_ATTR, anchors=landmark_anchors, seed=seed)
+    elif encoding == "rrwp":
+        transform = AddRRWP()
+    elif encoding == "maglap":
+        transform = AddMagneticLaplacianPE()
+    elif encoding == "stable_pe":
+        transform = AddStablePE()
     else:
         return graphs
     return [transform(g) for g in graphs]
